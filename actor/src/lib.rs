@@ -1,0 +1,1 @@
+//! The Corvid actor (see the actor issue).

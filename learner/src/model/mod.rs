@@ -1,0 +1,1 @@
+//! The MoE policy model (see the model issue).

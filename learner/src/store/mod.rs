@@ -1,0 +1,1 @@
+//! The durable trajectory store (sled).

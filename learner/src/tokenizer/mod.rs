@@ -1,0 +1,1 @@
+//! Byte-level tokenizer and chat template (see the model issue).

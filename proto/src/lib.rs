@@ -1,0 +1,37 @@
+//! The protocol between Corvid actors and the learner, and the domain types every
+//! other Corvid crate speaks.
+//!
+//! # Brief overview
+//!
+//! - [`pb`] holds the code generated from `corvid/v1/learner.proto` (prost messages,
+//!   the tonic `Learner` client and server). Nothing outside this crate and the
+//!   gRPC edges of the learner and actor touches it.
+//! - [`types`] holds the domain types: [`TaskRef`], [`TrajectoryHeader`], [`Step`],
+//!   [`TrajectoryFooter`] and friends, with validated conversions to and from the
+//!   wire ([`TryFrom`] from `pb`, [`From`] into `pb`).
+//! - [`limits`] fixes the message and chunk sizes both sides enforce.
+//! - [`auth`] builds and checks the shared-token metadata.
+//!
+//! ```
+//! use corvid_proto::{Step, ProtoError};
+//! let step = Step::generated(0, vec![7, 8], vec![-0.1, -0.2], 3);
+//! let wire = corvid_proto::pb::Step::from(step.clone());
+//! assert_eq!(Step::try_from(wire)?, step);
+//! # Ok::<(), ProtoError>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod auth;
+pub mod limits;
+pub mod types;
+
+/// Code generated from `corvid/v1/learner.proto`.
+#[allow(missing_docs, clippy::all, clippy::pedantic)]
+pub mod pb {
+    tonic::include_proto!("corvid.v1");
+}
+
+pub use types::{
+    validate_trajectory_id, ProtoError, SamplingParams, Step, StepTimings, TaskRef, Termination,
+    ToolCall, ToolResult, ToolStatus, TrajectoryFooter, TrajectoryHeader,
+};

@@ -1,0 +1,1 @@
+//! Corvid process rewards, returns and advantage estimators (see the tasks issue).

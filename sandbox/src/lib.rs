@@ -1,0 +1,1 @@
+//! The Corvid tool sandbox (see the sandbox issue).

@@ -1,0 +1,70 @@
+//! `corvid bench`: benchmarks that print one JSON object each with `--json`.
+//!
+//! Every benchmark measures its baseline in the same run and reports a ratio,
+//! because these machines are noisy. Results and commands are recorded in
+//! `BENCHMARKS.md`.
+
+use std::process::ExitCode;
+
+use clap::{Args, Subcommand};
+
+pub mod ingest;
+pub mod model;
+pub mod rollout;
+pub mod sandbox;
+
+/// Benchmarks; each prints one JSON object with --json.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  corvid bench ingest --tokens 1000000 --json
+  corvid bench sandbox --json
+  corvid bench model --json")]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    which: Bench,
+}
+
+#[derive(Subcommand, Debug)]
+enum Bench {
+    /// Stream a synthetic trajectory over loopback gRPC into a fresh store, against raw sled.
+    Ingest(ingest::IngestArgs),
+    /// Sandboxed tool-call latency and throughput, against spawning a native process.
+    Sandbox(sandbox::SandboxBenchArgs),
+    /// Model cache size, cached decode and training throughput, against PyTorch eager.
+    Model(model::ModelBenchArgs),
+    /// Actor rollout throughput at several concurrencies.
+    Rollout(rollout::RolloutBenchArgs),
+}
+
+/// Runs the selected benchmark.
+pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    match args.which {
+        Bench::Ingest(a) => ingest::run(a),
+        Bench::Sandbox(a) => sandbox::run(a),
+        Bench::Model(a) => model::run(a),
+        Bench::Rollout(a) => rollout::run(a),
+    }
+}
+
+/// Peak resident set size of this process since the last [`reset_peak_rss`], in bytes.
+///
+/// Reads `VmHWM` from `/proc/self/status` (Linux); `None` elsewhere.
+pub fn peak_rss_bytes() -> Option<u64> {
+    proc_status_kb("VmHWM:").map(|kb| kb * 1024)
+}
+
+/// Current resident set size, in bytes (`VmRSS`).
+pub fn rss_bytes() -> Option<u64> {
+    proc_status_kb("VmRSS:").map(|kb| kb * 1024)
+}
+
+/// Resets the peak-RSS counter (writes 5 to `/proc/self/clear_refs`); best effort.
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn proc_status_kb(key: &str) -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+}

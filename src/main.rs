@@ -1,0 +1,109 @@
+//! `corvid`: the command line that wires Corvid's crates together.
+//!
+//! Each subcommand lives in `src/cmd/<name>.rs` with its own `Args` and `run`;
+//! benchmarks live in `src/bench/`. `main` only parses, sets up logging and maps
+//! errors to exit codes:
+//!
+//! | code | meaning |
+//! |---|---|
+//! | 0 | success |
+//! | 1 | the command failed (the message says what and where) |
+//! | 2 | bad usage (clap) or a command not available in this build |
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod bench;
+mod cmd;
+
+/// Corvid: agentic-RL post-training for Mixture-of-Experts tool-using policies.
+#[derive(Parser, Debug)]
+#[command(name = "corvid", version, about, long_about = None)]
+#[command(after_help = "Examples:
+  corvid run --config configs/demo.toml          train an agent end to end on this machine
+  corvid replay list --store runs/demo/store     list stored trajectories
+  corvid bench ingest --tokens 1000000 --json    measure trajectory ingest
+
+Logging: set RUST_LOG (e.g. RUST_LOG=corvid=debug).")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Train end to end: a learner and K actor processes, SFT then RL, evaluation and a report.
+    Run(cmd::run::RunArgs),
+    /// Serve tasks and weights to actors, ingest trajectories and train.
+    Learner(cmd::learner::LearnerArgs),
+    /// Roll out episodes against sandboxed tools and stream them to a learner.
+    Actor(cmd::actor::ActorArgs),
+    /// Evaluate a checkpoint on held-out tasks.
+    Eval(cmd::eval::EvalArgs),
+    /// List, show and export stored trajectories.
+    Replay(cmd::replay::ReplayArgs),
+    /// List, show, sample and validate task families and task packs.
+    Tasks(cmd::tasks::TasksArgs),
+    /// Run tools in the sandbox exactly as the policy would.
+    Sandbox(cmd::sandbox::SandboxArgs),
+    /// Inspect model presets: parameters, FLOPs and cache size per token.
+    Model(cmd::model::ModelArgs),
+    /// Benchmarks; each prints one JSON object with --json.
+    Bench(bench::BenchArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Run(a) => cmd::run::run(a),
+        Command::Learner(a) => cmd::learner::run(a),
+        Command::Actor(a) => cmd::actor::run(a),
+        Command::Eval(a) => cmd::eval::run(a),
+        Command::Replay(a) => cmd::replay::run(a),
+        Command::Tasks(a) => cmd::tasks::run(a),
+        Command::Sandbox(a) => cmd::sandbox::run(a),
+        Command::Model(a) => cmd::model::run(a),
+        Command::Bench(a) => bench::run(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn every_subcommand_has_help_with_an_example() {
+        let cli = Cli::command();
+        for name in [
+            "run", "learner", "actor", "eval", "replay", "tasks", "sandbox", "bench",
+        ] {
+            let sub = cli
+                .find_subcommand(name)
+                .unwrap_or_else(|| panic!("missing subcommand {name}"));
+            assert!(sub.get_about().is_some(), "{name} has no help text");
+            let after = sub.get_after_help().map(|s| s.to_string()).unwrap_or_default();
+            assert!(after.contains("corvid "), "{name} has no example in after_help");
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Corvid task families, packs, oracles, checkers and the curriculum (see the tasks issue).

@@ -1,0 +1,1 @@
+//! Corvid multi-process end-to-end tests over loopback.
