@@ -1,1 +1,116 @@
-//! The MoE policy model (see the model issue).
+//! The MoE policy model: latent attention with gating and cross-layer sharing, balanced sparse
+//! experts, cached decoding.
+//!
+//! # Brief overview
+//!
+//! - [`ModelConfig`] (serde/TOML; presets `tiny`, `small`, `k3-shape`) fixes every shape and
+//!   option; [`ModelConfig::validate`] names the bad field and value.
+//! - [`MoePolicy`] is the decoder-only transformer. [`MoePolicy::forward`] runs a packed batch
+//!   `[B, T]` and returns logits `[B, T, V]`, the balance loss, per-layer [`MoeHealth`] and the
+//!   [`BalanceStats`] that [`MoePolicy::update_balance`] consumes after each optimizer step.
+//!   [`MoePolicy::token_logprobs`] gives per-token log-probs of target tokens (for RL).
+//! - [`KvCache`] holds only the latent and the RoPE key per token;
+//!   [`MoePolicy::forward_cached`] appends tokens to every sequence of a batch (prefill, a new
+//!   turn, or one decode step) using the absorbed attention. [`sample`] draws the next token
+//!   with temperature and top-p and returns its log-prob.
+//! - [`checkpoint`] saves and loads safetensors plus `config.json`, and turns the weights into
+//!   bytes and back for streaming to actors.
+//!
+//! Files, bottom-up: `config` → `rope`, `layers` → `attention` (MLA + gate), `cross_layer` →
+//! `router`, `experts`, `balance`, `health` → `moe` → `cache` → `model` → `sample`,
+//! `checkpoint`. `docs/model.md` explains the shapes.
+//!
+//! ```
+//! use corvid_learner::model::{sample, ModelConfig, MoePolicy, SamplingParams};
+//! use tch::{nn, Device, Kind, Tensor};
+//!
+//! tch::set_num_threads(1);
+//! let cfg = ModelConfig { num_hidden_layers: 2, ..ModelConfig::tiny() };
+//! let vs = nn::VarStore::new(Device::Cpu);
+//! let model = MoePolicy::new(&vs.root(), &cfg)?;
+//!
+//! // Training forward over a packed batch.
+//! let tokens = Tensor::randint(cfg.vocab_size, [2, 16], (Kind::Int64, Device::Cpu));
+//! let out = model.forward(&tokens, true)?;
+//! assert_eq!(out.logits_btv.size(), [2, 16, cfg.vocab_size]);
+//! assert_eq!(out.health.len(), 2);
+//!
+//! // Cached decoding: prefill, then one step for both sequences.
+//! let mut cache = model.new_cache(2, 32);
+//! let logits = model.forward_cached(&mut cache, &tokens)?;
+//! let last = logits.select(1, 15);
+//! let (next, logp) = sample(&last, SamplingParams { temperature: 1.0, top_p: 0.9 })?;
+//! let _ = model.forward_cached(&mut cache, &next.unsqueeze(1))?;
+//! assert_eq!(cache.lens(), &[17, 17]);
+//! assert!(logp.max().double_value(&[]) <= 0.0);
+//! # Ok::<(), corvid_learner::model::ModelError>(())
+//! ```
+
+pub mod attention;
+pub mod balance;
+pub mod cache;
+pub mod checkpoint;
+pub mod config;
+pub mod cross_layer;
+pub mod experts;
+pub mod health;
+pub mod layers;
+#[allow(clippy::module_inception)]
+pub mod model;
+pub mod moe;
+pub mod rope;
+pub mod router;
+pub mod sample;
+
+pub use cache::KvCache;
+pub use config::{
+    AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, ParamCounts, RopeScaling,
+    ScoreFunc,
+};
+pub use health::MoeHealth;
+pub use model::{BalanceStats, ForwardOutput, MoePolicy};
+pub use sample::{sample, SamplingParams};
+
+/// Everything that can go wrong building, running or loading the model.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    /// `ModelConfig::preset` got an unknown name.
+    #[error("unknown model preset `{0}` (expected tiny, small or k3-shape)")]
+    UnknownPreset(String),
+    /// A config file did not parse.
+    #[error("model config does not parse: {0}")]
+    ConfigParse(String),
+    /// A config field has a bad value.
+    #[error("invalid model config: {field} = {value}: {why}")]
+    InvalidConfig {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// The rule it breaks.
+        why: &'static str,
+    },
+    /// Bad input to a forward or sampler (shapes, token ids, positions).
+    #[error("model input: {0}")]
+    Input(String),
+    /// A checkpoint tensor is missing, truncated or mismatched.
+    #[error("checkpoint tensor `{tensor}`: {problem}")]
+    Checkpoint {
+        /// The tensor name (or `<header>`).
+        tensor: String,
+        /// What is wrong.
+        problem: String,
+    },
+    /// Reading or writing a checkpoint file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// libtorch reported an error.
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}

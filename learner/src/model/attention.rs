@@ -1,0 +1,267 @@
+//! Multi-head latent attention (MLA) with a sigmoid output gate and optional CLA sharing.
+//!
+//! Shape legend: `b` batch, `t` new tokens, `s` cached keys, `h` heads, `n` nope dims,
+//! `r` RoPE dims, `v` value dims, `c` latent rank (`kv_lora_rank`), `d` hidden.
+//!
+//! Per token, the layer computes a latent `c_kv [c]` (RMS-normalised) and one RoPE key
+//! `k_pe [r]` shared by all heads; only these are cached (`c + r` elements per token per
+//! latent-owning layer). Two paths compute the same function:
+//! - [`Mla::forward_full`] (training): decompress the latent per head with `kv_b_proj` and run
+//!   causal `scaled_dot_product_attention`.
+//! - [`Mla::forward_absorbed`] (decoding): fold `W_uk` into the query and `W_uv` after the
+//!   attention, so attention runs in latent space against the cache and the cache is never
+//!   decompressed per head (DeepSeek-V3 `attn_impl="absorb"`).
+
+use tch::{nn, Kind, Tensor};
+
+use super::config::{AttnGate, ModelConfig};
+use super::layers::{Linear, RmsNorm};
+use super::rope::Rope;
+
+/// A layer's latent for some tokens: what the cache stores.
+#[derive(Debug)]
+pub struct Latent {
+    /// Normalised KV latent `[B, T, c]`.
+    pub c_kv_btc: Tensor,
+    /// Rotated RoPE key `[B, T, r]`.
+    pub k_pe_btr: Tensor,
+}
+
+/// The query projection: full or low-rank.
+#[derive(Debug)]
+enum QueryProj {
+    Full(Linear),
+    LowRank { a: Linear, norm: RmsNorm, b: Linear },
+}
+
+/// The output gate, chosen in `new`.
+#[derive(Debug)]
+enum Gate {
+    None,
+    /// `[H, d]`: one sigmoid per head.
+    Headwise(Linear),
+    /// `[H·v, d]`: one sigmoid per channel.
+    Elementwise(Linear),
+}
+
+/// Where this layer's latent comes from.
+#[derive(Debug)]
+enum LatentSource {
+    /// The layer compresses its own input.
+    Own {
+        kv_a_proj: Linear,
+        kv_a_norm: RmsNorm,
+    },
+    /// CLA: the layer reuses the latent of the layer above it in its group.
+    Shared,
+}
+
+/// One MLA layer.
+#[derive(Debug)]
+pub struct Mla {
+    q: QueryProj,
+    latent: LatentSource,
+    kv_b_proj: Linear,
+    o_proj: Linear,
+    gate: Gate,
+    n_heads: i64,
+    nope: i64,
+    rope: i64,
+    v: i64,
+    c: i64,
+}
+
+impl Mla {
+    /// Creates layer `layer` (its CLA role comes from `cfg.owns_latent(layer)`).
+    pub fn new(p: nn::Path, cfg: &ModelConfig, layer: i64) -> Self {
+        let d = cfg.hidden_size;
+        let h = cfg.num_attention_heads;
+        let std = cfg.initializer_range;
+        let qk = cfg.qk_head_dim();
+        let q = match cfg.q_lora_rank {
+            None => QueryProj::Full(Linear::new(&p / "q_proj", d, h * qk, std)),
+            Some(r) => QueryProj::LowRank {
+                a: Linear::new(&p / "q_a_proj", d, r, std),
+                norm: RmsNorm::new(&p / "q_a_norm", r, cfg.rms_norm_eps),
+                b: Linear::new(&p / "q_b_proj", r, h * qk, std),
+            },
+        };
+        let latent = if cfg.owns_latent(layer) {
+            LatentSource::Own {
+                kv_a_proj: Linear::new(
+                    &p / "kv_a_proj",
+                    d,
+                    cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+                    std,
+                ),
+                kv_a_norm: RmsNorm::new(&p / "kv_a_norm", cfg.kv_lora_rank, cfg.rms_norm_eps),
+            }
+        } else {
+            LatentSource::Shared
+        };
+        let gate = match cfg.attn_gate {
+            AttnGate::None => Gate::None,
+            AttnGate::Headwise => Gate::Headwise(Linear::new(&p / "gate_proj", d, h, std)),
+            AttnGate::Elementwise => {
+                Gate::Elementwise(Linear::new(&p / "gate_proj", d, h * cfg.v_head_dim, std))
+            }
+        };
+        // Output projection scaled down with depth (GPT-2 style) so deep stacks start stable.
+        let o_std = std / (2.0 * cfg.num_hidden_layers as f64).sqrt();
+        Mla {
+            q,
+            latent,
+            kv_b_proj: Linear::new(
+                &p / "kv_b_proj",
+                cfg.kv_lora_rank,
+                h * (cfg.qk_nope_head_dim + cfg.v_head_dim),
+                std,
+            ),
+            o_proj: Linear::new(&p / "o_proj", h * cfg.v_head_dim, d, o_std),
+            gate,
+            n_heads: h,
+            nope: cfg.qk_nope_head_dim,
+            rope: cfg.qk_rope_head_dim,
+            v: cfg.v_head_dim,
+            c: cfg.kv_lora_rank,
+        }
+    }
+
+    /// Whether this layer computes its own latent (false: CLA-shared).
+    pub fn owns_latent(&self) -> bool {
+        matches!(self.latent, LatentSource::Own { .. })
+    }
+
+    /// Computes the latent of `x [B, T, d]` at positions `pos_bt`; `None` for a CLA-shared layer.
+    pub fn latent(&self, x_btd: &Tensor, pos_bt: &Tensor, rope: &Rope) -> Option<Latent> {
+        let LatentSource::Own {
+            kv_a_proj,
+            kv_a_norm,
+        } = &self.latent
+        else {
+            return None;
+        };
+        let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
+        let kv = kv_a_proj.forward(x_btd); // [B, T, c + r]
+        let c_kv_btc = kv_a_norm.forward(&kv.narrow(2, 0, self.c));
+        let k_pe_bt1r = kv.narrow(2, self.c, self.rope).view([b, t, 1, self.rope]);
+        let k_pe_btr = rope.apply(&k_pe_bt1r, pos_bt).view([b, t, self.rope]);
+        Some(Latent { c_kv_btc, k_pe_btr })
+    }
+
+    /// Query heads: `(q_nope [B, T, H, n], q_pe [B, T, H, r])`, RoPE applied.
+    fn query(&self, x_btd: &Tensor, pos_bt: &Tensor, rope: &Rope) -> (Tensor, Tensor) {
+        let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
+        let q = match &self.q {
+            QueryProj::Full(l) => l.forward(x_btd),
+            QueryProj::LowRank { a, norm, b } => b.forward(&norm.forward(&a.forward(x_btd))),
+        };
+        let q_bthk = q.view([b, t, self.n_heads, self.nope + self.rope]);
+        let q_nope = q_bthk.narrow(3, 0, self.nope);
+        let q_pe = rope.apply(&q_bthk.narrow(3, self.nope, self.rope), pos_bt);
+        (q_nope, q_pe)
+    }
+
+    /// Applies the gate (from the layer input) and the output projection to `o [B, T, H, v]`.
+    fn gate_and_project(&self, x_btd: &Tensor, o_bthv: &Tensor) -> Tensor {
+        let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
+        let gated = match &self.gate {
+            Gate::None => o_bthv.shallow_clone(),
+            Gate::Headwise(g) => o_bthv * g.forward(x_btd).sigmoid().view([b, t, self.n_heads, 1]),
+            Gate::Elementwise(g) => {
+                o_bthv
+                    * g.forward(x_btd)
+                        .sigmoid()
+                        .view([b, t, self.n_heads, self.v])
+            }
+        };
+        self.o_proj
+            .forward(&gated.reshape([b, t, self.n_heads * self.v]))
+    }
+
+    /// Training path: causal attention over the whole sequence. `latent` covers the same
+    /// tokens as `x` (its own or the CLA owner's).
+    pub fn forward_full(
+        &self,
+        x_btd: &Tensor,
+        latent: &Latent,
+        pos_bt: &Tensor,
+        rope: &Rope,
+    ) -> Tensor {
+        let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
+        let (h, n, r, v) = (self.n_heads, self.nope, self.rope, self.v);
+        let (q_nope, q_pe) = self.query(x_btd, pos_bt, rope);
+        let q_bhtk = Tensor::cat(&[q_nope, q_pe], 3).transpose(1, 2);
+        let kv_bthk = self
+            .kv_b_proj
+            .forward(&latent.c_kv_btc)
+            .view([b, t, h, n + v]);
+        let k_pe_bthr = latent
+            .k_pe_btr
+            .view([b, t, 1, r])
+            .expand([b, t, h, r], false);
+        let k_bhtk = Tensor::cat(&[kv_bthk.narrow(3, 0, n), k_pe_bthr], 3).transpose(1, 2);
+        let v_bhtv = kv_bthk.narrow(3, n, v).transpose(1, 2);
+        let scale = self.softmax_scale(rope);
+        let o_bhtv = Tensor::scaled_dot_product_attention(
+            &q_bhtk,
+            &k_bhtk,
+            &v_bhtv,
+            None::<Tensor>,
+            0.0,
+            true,
+            scale,
+            false,
+        );
+        self.gate_and_project(x_btd, &o_bhtv.transpose(1, 2))
+    }
+
+    /// Decoding path (absorbed): attends from `x [B, T, d]` to the cached latent
+    /// `c_kv [B, S, c]`, `k_pe [B, S, r]`, where `bias_bts` is 0 for visible keys and −inf
+    /// otherwise. Never materialises per-head keys or values for the cache.
+    pub fn forward_absorbed(
+        &self,
+        x_btd: &Tensor,
+        pos_bt: &Tensor,
+        rope: &Rope,
+        c_kv_bsc: &Tensor,
+        k_pe_bsr: &Tensor,
+        bias_bts: &Tensor,
+    ) -> Tensor {
+        let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
+        let (h, n, v, c) = (self.n_heads, self.nope, self.v, self.c);
+        let s = c_kv_bsc.size()[1];
+        let (q_nope, q_pe) = self.query(x_btd, pos_bt, rope);
+        let w_hkc = self.kv_b_proj.weight.view([h, n + v, c]);
+        let w_uk_hnc = w_hkc.narrow(1, 0, n);
+        let w_uv_hvc = w_hkc.narrow(1, n, v);
+        // Fold W_uk into the query: q_lat [B, T, H, c].
+        let q_lat_bthc = Tensor::einsum("bthn,hnc->bthc", &[&q_nope, &w_uk_hnc], None::<&[i64]>);
+        let scores = q_lat_bthc
+            .reshape([b, t * h, c])
+            .bmm(&c_kv_bsc.transpose(1, 2))
+            + q_pe
+                .reshape([b, t * h, self.rope])
+                .bmm(&k_pe_bsr.transpose(1, 2));
+        let scores_bths =
+            scores.view([b, t, h, s]) * self.softmax_scale(rope) + bias_bts.view([b, t, 1, s]);
+        // Softmax in fp32 (f64 stays f64 for the gradient check).
+        let soft_kind = if x_btd.kind() == Kind::Double {
+            Kind::Double
+        } else {
+            Kind::Float
+        };
+        let attn_bths = scores_bths.softmax(-1, soft_kind).to_kind(x_btd.kind());
+        let o_lat = attn_bths
+            .reshape([b, t * h, s])
+            .bmm(c_kv_bsc)
+            .view([b, t, h, c]);
+        // Unfold W_uv: [B, T, H, v].
+        let o_bthv = Tensor::einsum("bthc,hvc->bthv", &[&o_lat, &w_uv_hvc], None::<&[i64]>);
+        self.gate_and_project(x_btd, &o_bthv)
+    }
+
+    fn softmax_scale(&self, rope: &Rope) -> f64 {
+        rope.scale_mult / ((self.nope + self.rope) as f64).sqrt()
+    }
+}

@@ -1,0 +1,176 @@
+//! The latent KV cache: per latent-owning layer, the normalised latent `c_kv [B, S, c]` and the
+//! rotated RoPE key `k_pe [B, S, r]`, plus each sequence's length.
+//!
+//! Rows are left-aligned: row `b` holds positions `0..lens[b]`, and slots beyond are padding
+//! that the attention mask hides. So one cache serves a batch of sequences of different
+//! lengths, and appending a new turn to a sequence costs only the new tokens (prefix reuse).
+//! Capacity grows by doubling.
+
+use tch::{Device, Kind, Tensor};
+
+use super::config::ModelConfig;
+use super::ModelError;
+
+/// Latent cache for a batch of sequences.
+#[derive(Debug)]
+pub struct KvCache {
+    pub(crate) c_kv: Vec<Tensor>,
+    pub(crate) k_pe: Vec<Tensor>,
+    lens: Vec<i64>,
+    capacity: i64,
+    kv_lora: i64,
+    rope: i64,
+}
+
+impl KvCache {
+    /// An empty cache for `batch` sequences with room for `capacity` tokens each.
+    pub fn new(cfg: &ModelConfig, batch: usize, capacity: i64, kind: Kind, device: Device) -> Self {
+        let n = cfg.n_latent_layers() as usize;
+        let b = batch as i64;
+        let cap = capacity.max(1);
+        KvCache {
+            c_kv: (0..n)
+                .map(|_| Tensor::zeros([b, cap, cfg.kv_lora_rank], (kind, device)))
+                .collect(),
+            k_pe: (0..n)
+                .map(|_| Tensor::zeros([b, cap, cfg.qk_rope_head_dim], (kind, device)))
+                .collect(),
+            lens: vec![0; batch],
+            capacity: cap,
+            kv_lora: cfg.kv_lora_rank,
+            rope: cfg.qk_rope_head_dim,
+        }
+    }
+
+    /// Number of sequences.
+    pub fn batch(&self) -> usize {
+        self.lens.len()
+    }
+
+    /// Tokens cached per sequence.
+    pub fn lens(&self) -> &[i64] {
+        &self.lens
+    }
+
+    /// Allocated slots per sequence.
+    pub fn capacity(&self) -> i64 {
+        self.capacity
+    }
+
+    /// Bytes cached for one token (all layers).
+    pub fn bytes_per_token(&self) -> i64 {
+        let elem = self
+            .c_kv
+            .first()
+            .map_or(4, |t| t.kind().elt_size_in_bytes() as i64);
+        self.c_kv.len() as i64 * (self.kv_lora + self.rope) * elem
+    }
+
+    /// Bytes holding live tokens (excluding padding and spare capacity).
+    pub fn used_bytes(&self) -> i64 {
+        self.lens.iter().sum::<i64>() * self.bytes_per_token()
+    }
+
+    /// Grows every layer to hold at least `needed` tokens per sequence.
+    pub(crate) fn ensure_capacity(&mut self, needed: i64) {
+        if needed <= self.capacity {
+            return;
+        }
+        let new_cap = needed.max(2 * self.capacity);
+        let grow = |t: &Tensor| {
+            let (b, s, w) = t.size3().expect("cache is [B, S, w]");
+            let pad = Tensor::zeros([b, new_cap - s, w], (t.kind(), t.device()));
+            Tensor::cat(&[t, &pad], 1)
+        };
+        self.c_kv = self.c_kv.iter().map(grow).collect();
+        self.k_pe = self.k_pe.iter().map(grow).collect();
+        self.capacity = new_cap;
+    }
+
+    /// Writes the latent of new tokens at positions `pos_bt` into layer slot `slot`.
+    pub(crate) fn write(
+        &mut self,
+        slot: usize,
+        pos_bt: &Tensor,
+        c_kv_btc: &Tensor,
+        k_pe_btr: &Tensor,
+    ) {
+        let (b, t) = pos_bt.size2().expect("positions are [B, T]");
+        let idx_c = pos_bt.unsqueeze(-1).expand([b, t, self.kv_lora], false);
+        let idx_r = pos_bt.unsqueeze(-1).expand([b, t, self.rope], false);
+        let _ = self.c_kv[slot].scatter_(1, &idx_c, c_kv_btc);
+        let _ = self.k_pe[slot].scatter_(1, &idx_r, k_pe_btr);
+    }
+
+    /// Advances every sequence by `t` tokens (after all layers have written).
+    pub(crate) fn advance(&mut self, t: i64) {
+        self.lens.iter_mut().for_each(|l| *l += t);
+    }
+
+    /// Keeps the sequences `rows` (in that order), e.g. to drop finished episodes.
+    pub fn select(&self, rows: &[usize]) -> Result<KvCache, ModelError> {
+        if let Some(bad) = rows.iter().find(|r| **r >= self.batch()) {
+            return Err(ModelError::Input(format!(
+                "cache row {bad} out of range (batch {})",
+                self.batch()
+            )));
+        }
+        let dev = self.c_kv.first().map_or(Device::Cpu, |t| t.device());
+        let idx =
+            Tensor::from_slice(&rows.iter().map(|r| *r as i64).collect::<Vec<_>>()).to_device(dev);
+        Ok(KvCache {
+            c_kv: self.c_kv.iter().map(|t| t.index_select(0, &idx)).collect(),
+            k_pe: self.k_pe.iter().map(|t| t.index_select(0, &idx)).collect(),
+            lens: rows.iter().map(|r| self.lens[*r]).collect(),
+            capacity: self.capacity,
+            kv_lora: self.kv_lora,
+            rope: self.rope,
+        })
+    }
+
+    /// Stacks caches (each possibly of a different length and capacity) into one batch, so
+    /// prompts prefilled one by one can then decode together.
+    pub fn concat(caches: &[KvCache]) -> Result<KvCache, ModelError> {
+        let first = caches
+            .first()
+            .ok_or_else(|| ModelError::Input("concat of zero caches".into()))?;
+        let cap = caches.iter().map(|c| c.capacity).max().unwrap_or(1);
+        let mut grown = Vec::with_capacity(caches.len());
+        for c in caches {
+            if c.c_kv.len() != first.c_kv.len()
+                || c.kv_lora != first.kv_lora
+                || c.rope != first.rope
+            {
+                return Err(ModelError::Input(
+                    "concat of caches from different configs".into(),
+                ));
+            }
+            let mut c2 = KvCache {
+                c_kv: c.c_kv.iter().map(|t| t.shallow_clone()).collect(),
+                k_pe: c.k_pe.iter().map(|t| t.shallow_clone()).collect(),
+                lens: c.lens.clone(),
+                capacity: c.capacity,
+                kv_lora: c.kv_lora,
+                rope: c.rope,
+            };
+            c2.ensure_capacity(cap);
+            // ensure_capacity may double past `cap`; cut back so all agree.
+            c2.c_kv = c2.c_kv.iter().map(|t| t.narrow(1, 0, cap)).collect();
+            c2.k_pe = c2.k_pe.iter().map(|t| t.narrow(1, 0, cap)).collect();
+            grown.push(c2);
+        }
+        let n = first.c_kv.len();
+        Ok(KvCache {
+            c_kv: (0..n)
+                .map(|l| Tensor::cat(&grown.iter().map(|c| &c.c_kv[l]).collect::<Vec<_>>(), 0))
+                .collect(),
+            k_pe: (0..n)
+                .map(|l| Tensor::cat(&grown.iter().map(|c| &c.k_pe[l]).collect::<Vec<_>>(), 0))
+                .collect(),
+            lens: grown.iter().flat_map(|c| c.lens.clone()).collect(),
+            capacity: cap,
+            kv_lora: first.kv_lora,
+            rope: first.rope,
+        })
+    }
+}

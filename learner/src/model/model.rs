@@ -1,0 +1,403 @@
+//! The policy: embedding → blocks (MLA + cross-layer residual, dense or MoE FFN) → norm → head.
+//!
+//! Shape legend: `b` batch, `t` time, `d` hidden, `v` vocabulary.
+
+use tch::{nn, Device, Kind, Tensor};
+
+use super::attention::{Latent, Mla};
+use super::balance::{updated_bias, LayerBalanceStats};
+use super::cache::KvCache;
+use super::config::{ModelConfig, RopeScaling};
+use super::cross_layer::{CrossLayerResidual, CrossLayerState};
+use super::health::MoeHealth;
+use super::layers::{Linear, Mlp, RmsNorm};
+use super::moe::MoeLayer;
+use super::rope::Rope;
+use super::ModelError;
+
+/// The FFN of a block, chosen in `new` from `first_k_dense_replace`.
+#[derive(Debug)]
+enum Ffn {
+    Dense(Mlp),
+    Moe(MoeLayer),
+}
+
+/// One transformer block.
+#[derive(Debug)]
+struct Block {
+    attn_norm: RmsNorm,
+    attn: Mla,
+    cross: Option<CrossLayerResidual>,
+    ffn_norm: RmsNorm,
+    ffn: Ffn,
+}
+
+/// Balance statistics of every MoE layer for one forward; sum micro-batches with
+/// [`BalanceStats::merge`] and hand the total to [`MoePolicy::update_balance`].
+#[derive(Debug, Default)]
+pub struct BalanceStats {
+    /// `(layer index, statistics)` per MoE layer.
+    pub layers: Vec<(i64, LayerBalanceStats)>,
+}
+
+impl BalanceStats {
+    /// Adds another micro-batch (taken with the same bias).
+    pub fn merge(&mut self, other: &BalanceStats) {
+        if self.layers.is_empty() {
+            self.layers = other
+                .layers
+                .iter()
+                .map(|(l, s)| {
+                    (
+                        *l,
+                        LayerBalanceStats {
+                            counts_e: s.counts_e.copy(),
+                            hist_eb: s.hist_eb.as_ref().map(|h| h.copy()),
+                            lo: s.lo,
+                            hi: s.hi,
+                            top_k: s.top_k,
+                        },
+                    )
+                })
+                .collect();
+            return;
+        }
+        for ((_, a), (_, b)) in self.layers.iter_mut().zip(&other.layers) {
+            a.merge(b);
+        }
+    }
+}
+
+/// What a training forward returns.
+#[derive(Debug)]
+pub struct ForwardOutput {
+    /// Logits `[B, T, V]`.
+    pub logits_btv: Tensor,
+    /// Sum over MoE layers of the weighted balance losses (Switch aux, z-loss); add it to the
+    /// training loss. Zero in quantile / aux-free mode without z-loss.
+    pub aux_loss: Tensor,
+    /// Health per MoE layer (empty when `train` is false).
+    pub health: Vec<MoeHealth>,
+    /// Balance statistics per MoE layer (empty when `train` is false).
+    pub balance: BalanceStats,
+}
+
+/// The MoE policy model. Build it on the root of a `VarStore` so checkpoint names are stable.
+#[derive(Debug)]
+pub struct MoePolicy {
+    cfg: ModelConfig,
+    embed_vd: Tensor,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Option<Linear>,
+    rope: Rope,
+    device: Device,
+}
+
+impl MoePolicy {
+    /// Creates every parameter under `vs` (names: `embed_tokens.weight`,
+    /// `layers.{i}.self_attn.*`, `layers.{i}.mlp.*`, `norm.weight`, `lm_head.weight`).
+    pub fn new(vs: &nn::Path, cfg: &ModelConfig) -> Result<Self, ModelError> {
+        cfg.validate()?;
+        let d = cfg.hidden_size;
+        let embed_vd = (vs / "embed_tokens").var(
+            "weight",
+            &[cfg.vocab_size, d],
+            nn::Init::Randn {
+                mean: 0.0,
+                stdev: cfg.initializer_range,
+            },
+        );
+        let mut blocks = Vec::new();
+        for i in 0..cfg.num_hidden_layers {
+            let p = vs / "layers" / i;
+            let ffn = if cfg.is_moe_layer(i) {
+                Ffn::Moe(MoeLayer::new(&p / "mlp", cfg, i))
+            } else {
+                Ffn::Dense(Mlp::new(
+                    &p / "mlp",
+                    d,
+                    cfg.intermediate_size,
+                    cfg.initializer_range,
+                ))
+            };
+            blocks.push(Block {
+                attn_norm: RmsNorm::new(&p / "input_layernorm", d, cfg.rms_norm_eps),
+                attn: Mla::new(&p / "self_attn", cfg, i),
+                cross: (cfg.cross_layer_residual && i > 0)
+                    .then(|| CrossLayerResidual::new(&p / "cross_layer", d, cfg.rms_norm_eps)),
+                ffn_norm: RmsNorm::new(&p / "post_attention_layernorm", d, cfg.rms_norm_eps),
+                ffn,
+            });
+        }
+        let lm_head = (!cfg.tie_word_embeddings)
+            .then(|| Linear::new(vs / "lm_head", d, cfg.vocab_size, cfg.initializer_range));
+        Ok(MoePolicy {
+            cfg: cfg.clone(),
+            embed_vd,
+            blocks,
+            norm: RmsNorm::new(vs / "norm", d, cfg.rms_norm_eps),
+            lm_head,
+            rope: Rope::new(
+                cfg.qk_rope_head_dim,
+                cfg.rope_theta,
+                &cfg.rope_scaling,
+                cfg.max_position_embeddings,
+                vs.device(),
+            ),
+            device: vs.device(),
+        })
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &ModelConfig {
+        &self.cfg
+    }
+
+    /// Raises the context window between training stages: new RoPE scaling and length.
+    /// Weights are unchanged; caches built before keep their (old-table) RoPE keys, so start
+    /// new caches after calling this.
+    pub fn extend_context(
+        &mut self,
+        max_position_embeddings: i64,
+        scaling: RopeScaling,
+    ) -> Result<(), ModelError> {
+        let cfg = ModelConfig {
+            max_position_embeddings,
+            rope_scaling: scaling,
+            ..self.cfg.clone()
+        };
+        cfg.validate()?;
+        self.rope = Rope::new(
+            cfg.qk_rope_head_dim,
+            cfg.rope_theta,
+            &scaling,
+            max_position_embeddings,
+            self.device,
+        );
+        self.cfg = cfg;
+        Ok(())
+    }
+
+    fn check_tokens(&self, tokens_bt: &Tensor, offset: i64) -> Result<(i64, i64), ModelError> {
+        let (b, t) = tokens_bt.size2().map_err(|_| {
+            ModelError::Input(format!("tokens must be [B, T], got {:?}", tokens_bt.size()))
+        })?;
+        if tokens_bt.kind() != Kind::Int64 {
+            return Err(ModelError::Input(format!(
+                "tokens must be int64, got {:?}",
+                tokens_bt.kind()
+            )));
+        }
+        if b * t > 0 {
+            let lo = tokens_bt.f_min()?.int64_value(&[]);
+            let hi = tokens_bt.f_max()?.int64_value(&[]);
+            if lo < 0 || hi >= self.cfg.vocab_size {
+                return Err(ModelError::Input(format!(
+                    "token id out of range: min {lo}, max {hi}, vocab_size {}",
+                    self.cfg.vocab_size
+                )));
+            }
+        }
+        if offset + t > self.cfg.max_position_embeddings {
+            return Err(ModelError::Input(format!(
+                "position {} exceeds max_position_embeddings {}",
+                offset + t,
+                self.cfg.max_position_embeddings
+            )));
+        }
+        Ok((b, t))
+    }
+
+    fn embed(&self, tokens_bt: &Tensor, b: i64, t: i64) -> Tensor {
+        self.embed_vd
+            .index_select(0, &tokens_bt.reshape([-1]))
+            .view([b, t, self.cfg.hidden_size])
+    }
+
+    fn head(&self, x_btd: &Tensor) -> Tensor {
+        let h = self.norm.forward(x_btd);
+        match &self.lm_head {
+            Some(l) => l.forward(&h),
+            None => h.matmul(&self.embed_vd.tr()),
+        }
+    }
+
+    /// Training (or scoring) forward over a packed batch `tokens [B, T]` (int64), causal within
+    /// each row. With `train`, router noise is on and health and balance statistics are
+    /// returned.
+    pub fn forward(&self, tokens_bt: &Tensor, train: bool) -> Result<ForwardOutput, ModelError> {
+        let (b, t) = self.check_tokens(tokens_bt, 0)?;
+        let pos_bt = Tensor::arange(t, (Kind::Int64, self.device))
+            .unsqueeze(0)
+            .expand([b, t], false);
+        let mut x = self.embed(tokens_bt, b, t);
+        let mut state = CrossLayerState::new();
+        let mut latent: Option<Latent> = None;
+        let mut aux_loss = Tensor::zeros([], (x.kind(), self.device));
+        let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let h = blk.attn_norm.forward(&x);
+            if let Some(own) = blk.attn.latent(&h, &pos_bt, &self.rope) {
+                latent = Some(own);
+            }
+            let lat = latent.as_ref().expect("layer 0 always owns a latent");
+            let a = blk.attn.forward_full(&h, lat, &pos_bt, &self.rope);
+            let mixed = match &blk.cross {
+                Some(c) => c.forward(&state, &a),
+                None => a.shallow_clone(),
+            };
+            state.push(&a);
+            x = x + mixed;
+            let h = blk.ffn_norm.forward(&x);
+            let y = match &blk.ffn {
+                Ffn::Dense(m) => m.forward(&h),
+                Ffn::Moe(m) => {
+                    let (y, aux) = m.forward(&h, train);
+                    if let Some(aux) = aux {
+                        aux_loss = aux_loss + aux.loss.to_kind(x.kind());
+                        health.push(aux.health);
+                        balance.layers.push((i as i64, aux.stats));
+                    }
+                    y
+                }
+            };
+            x = x + y;
+        }
+        Ok(ForwardOutput {
+            logits_btv: self.head(&x),
+            aux_loss,
+            health,
+            balance,
+        })
+    }
+
+    /// Log-probabilities `[B, T]` of `targets [B, T]` under `logits [B, T, V] / temperature`.
+    pub fn token_logprobs(
+        logits_btv: &Tensor,
+        targets_bt: &Tensor,
+        temperature: f64,
+    ) -> Result<Tensor, ModelError> {
+        let logp_btv = (logits_btv / temperature).f_log_softmax(-1, logits_btv.kind())?;
+        Ok(logp_btv
+            .f_gather(-1, &targets_bt.unsqueeze(-1), false)?
+            .squeeze_dim(-1))
+    }
+
+    /// A new latent cache for `batch` sequences, in the model's dtype and device.
+    pub fn new_cache(&self, batch: usize, capacity: i64) -> KvCache {
+        KvCache::new(
+            &self.cfg,
+            batch,
+            capacity,
+            self.embed_vd.kind(),
+            self.device,
+        )
+    }
+
+    /// Appends `tokens [B, T]` to every sequence of `cache` (each at its own length) and
+    /// returns their logits `[B, T, V]`. Prefill, a new turn on a reused cache, and a batched
+    /// decode step are all this call. Uses the absorbed latent attention; runs without
+    /// gradients.
+    pub fn forward_cached(
+        &self,
+        cache: &mut KvCache,
+        tokens_bt: &Tensor,
+    ) -> Result<Tensor, ModelError> {
+        tch::no_grad(|| {
+            let max_len = cache.lens().iter().copied().max().unwrap_or(0);
+            let (b, t) = self.check_tokens(tokens_bt, max_len)?;
+            if b as usize != cache.batch() {
+                return Err(ModelError::Input(format!(
+                    "tokens have batch {b} but the cache holds {} sequences",
+                    cache.batch()
+                )));
+            }
+            cache.ensure_capacity(max_len + t);
+            let lens_b1 = Tensor::from_slice(cache.lens())
+                .to_device(self.device)
+                .unsqueeze(1);
+            let pos_bt = lens_b1 + Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0);
+            let s = cache.capacity();
+            let key_s = Tensor::arange(s, (Kind::Int64, self.device)).view([1, 1, s]);
+            let visible_bts = key_s.le_tensor(&pos_bt.unsqueeze(-1));
+            let kind = self.embed_vd.kind();
+            let bias_bts = Tensor::zeros([b, t, s], (kind, self.device))
+                .masked_fill(&visible_bts.logical_not(), f64::NEG_INFINITY);
+            let mut x = self.embed(tokens_bt, b, t);
+            let mut state = CrossLayerState::new();
+            for (i, blk) in self.blocks.iter().enumerate() {
+                let slot = i / self.cfg.cla_factor as usize;
+                let h = blk.attn_norm.forward(&x);
+                if let Some(lat) = blk.attn.latent(&h, &pos_bt, &self.rope) {
+                    cache.write(slot, &pos_bt, &lat.c_kv_btc, &lat.k_pe_btr);
+                }
+                let a = blk.attn.forward_absorbed(
+                    &h,
+                    &pos_bt,
+                    &self.rope,
+                    &cache.c_kv[slot],
+                    &cache.k_pe[slot],
+                    &bias_bts,
+                );
+                let mixed = match &blk.cross {
+                    Some(c) => c.forward(&state, &a),
+                    None => a.shallow_clone(),
+                };
+                state.push(&a);
+                x = x + mixed;
+                let h = blk.ffn_norm.forward(&x);
+                let y = match &blk.ffn {
+                    Ffn::Dense(m) => m.forward(&h),
+                    Ffn::Moe(m) => m.forward(&h, false).0,
+                };
+                x = x + y;
+            }
+            cache.advance(t);
+            Ok(self.head(&x))
+        })
+    }
+
+    /// The balance-bias step the trainer calls after each optimizer step, with the statistics
+    /// of the forwards since the last call. No-op for `aux_loss` / `none`.
+    pub fn update_balance(&mut self, stats: &BalanceStats) -> Result<(), ModelError> {
+        for (layer, s) in &stats.layers {
+            let blk = self.blocks.get_mut(*layer as usize).ok_or_else(|| {
+                ModelError::Input(format!("balance stats for missing layer {layer}"))
+            })?;
+            let Ffn::Moe(moe) = &mut blk.ffn else {
+                return Err(ModelError::Input(format!("layer {layer} is dense")));
+            };
+            let bias = Vec::<f64>::try_from(moe.router.bias_e.to_kind(Kind::Double))?;
+            if let Some(new) = updated_bias(moe.balance_mode(), &bias, s, self.cfg.bias_update_rate)
+            {
+                let new_t = Tensor::from_slice(&new)
+                    .to_kind(moe.router.bias_e.kind())
+                    .to_device(self.device);
+                tch::no_grad(|| moe.router.bias_e.copy_(&new_t));
+            }
+        }
+        Ok(())
+    }
+
+    /// Zeroes every routed expert weight (tests: initialisation must reach the experts).
+    pub fn zero_routed_experts(&mut self) {
+        for blk in &mut self.blocks {
+            if let Ffn::Moe(m) = &mut blk.ffn {
+                m.experts.zero_();
+            }
+        }
+    }
+
+    /// The MoE layers' routers, for inspection and tests: `(layer, router)`.
+    pub fn routers(&self) -> Vec<(i64, &super::router::Router)> {
+        self.blocks
+            .iter()
+            .enumerate()
+            .filter_map(|(i, b)| match &b.ffn {
+                Ffn::Moe(m) => Some((i as i64, &m.router)),
+                Ffn::Dense(_) => None,
+            })
+            .collect()
+    }
+}

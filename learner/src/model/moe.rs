@@ -1,0 +1,122 @@
+//! The MoE feed-forward layer: router → routed experts (+ shared experts) → combine, plus the
+//! balance terms and health of the layer.
+//!
+//! Shape legend: `b` batch, `t` time, `n = b·t` tokens, `d` hidden, `e` experts.
+
+use tch::{nn, Kind, Tensor};
+
+use super::balance::{
+    histogram_range, needed_bias_histogram, router_z_loss, switch_aux_loss, LayerBalanceStats,
+    QB_BINS,
+};
+use super::config::{BalanceMode, ModelConfig};
+use super::experts::Experts;
+use super::health::MoeHealth;
+use super::layers::Mlp;
+use super::router::Router;
+
+/// What a training forward of one MoE layer reports besides its output.
+#[derive(Debug)]
+pub struct MoeAux {
+    /// `α·aux + c_z·z` for this layer (scalar; zero when neither term is on).
+    pub loss: Tensor,
+    /// Health metrics.
+    pub health: MoeHealth,
+    /// Statistics for the balance-bias update.
+    pub stats: LayerBalanceStats,
+}
+
+/// One MoE FFN.
+#[derive(Debug)]
+pub struct MoeLayer {
+    /// The router (its bias is the balance state).
+    pub router: Router,
+    /// The routed experts.
+    pub experts: Experts,
+    shared: Option<Mlp>,
+    balance: BalanceMode,
+    aux_coef: f64,
+    z_coef: f64,
+    layer: i64,
+}
+
+impl MoeLayer {
+    /// Router under `gate`, experts under `experts`, shared experts under `shared_experts`.
+    pub fn new(p: nn::Path, cfg: &ModelConfig, layer: i64) -> Self {
+        let shared = (cfg.n_shared_experts > 0).then(|| {
+            Mlp::new(
+                &p / "shared_experts",
+                cfg.hidden_size,
+                cfg.n_shared_experts * cfg.moe_intermediate_size,
+                cfg.initializer_range,
+            )
+        });
+        MoeLayer {
+            router: Router::new(&p / "gate", cfg),
+            experts: Experts::new(&p / "experts", cfg),
+            shared,
+            balance: cfg.balance,
+            aux_coef: cfg.aux_loss_coef,
+            z_coef: cfg.router_z_loss_coef,
+            layer,
+        }
+    }
+
+    /// The balance rule of this layer.
+    pub fn balance_mode(&self) -> BalanceMode {
+        self.balance
+    }
+
+    /// `y [B, T, d]`, and in training the aux terms, health and balance statistics.
+    pub fn forward(&self, x_btd: &Tensor, train: bool) -> (Tensor, Option<MoeAux>) {
+        let (b, t, d) = x_btd.size3().expect("x is [B, T, d]");
+        let x_nd = x_btd.reshape([b * t, d]);
+        let routing = self.router.forward(&x_nd, train);
+        let mut y_nd = self
+            .experts
+            .forward(&x_nd, &routing.idx_tk, &routing.weights_tk);
+        if let Some(shared) = &self.shared {
+            y_nd = y_nd + shared.forward(&x_nd);
+        }
+        let y_btd = y_nd.view([b, t, d]);
+        if !train {
+            return (y_btd, None);
+        }
+        let mut loss = Tensor::zeros([], (routing.scores_te.kind(), x_btd.device()));
+        if self.balance == BalanceMode::AuxLoss && self.aux_coef > 0.0 {
+            loss = loss + switch_aux_loss(&routing.scores_te, &routing.idx_tk) * self.aux_coef;
+        }
+        if self.z_coef > 0.0 {
+            loss = loss + router_z_loss(&routing.logits_te) * self.z_coef;
+        }
+        let n_experts = self.router.n_experts();
+        let counts_e = routing
+            .idx_tk
+            .reshape([-1])
+            .bincount(None::<Tensor>, n_experts)
+            .to_kind(Kind::Double)
+            .to_device(tch::Device::Cpu);
+        let counts = Vec::<f64>::try_from(&counts_e).expect("counts convert to f64");
+        let health = MoeHealth::compute(self.layer, &counts, &routing.scores_te);
+        let bias = Vec::<f64>::try_from(self.router.bias_e.to_kind(Kind::Double))
+            .expect("bias converts to f64");
+        let (lo, hi) = histogram_range(&bias);
+        let hist_eb = (self.balance == BalanceMode::Quantile)
+            .then(|| needed_bias_histogram(&routing.scores_te, &routing.cutoff_t, lo, hi, QB_BINS));
+        let stats = LayerBalanceStats {
+            counts_e,
+            hist_eb,
+            lo,
+            hi,
+            top_k: self.router.top_k(),
+        };
+        (
+            y_btd,
+            Some(MoeAux {
+                loss,
+                health,
+                stats,
+            }),
+        )
+    }
+}

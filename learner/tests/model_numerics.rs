@@ -1,0 +1,371 @@
+//! Numerical equivalences of the policy model: cached absorbed decode vs full forward for every
+//! attention option, grouped GEMM vs per-expert loop, a finite-difference gradient check in
+//! f64, initialisation reaching the experts, exact parameter accounting and checkpoints.
+
+use corvid_learner::model::{
+    checkpoint, AttnGate, ExpertAct, ExpertDispatch, KvCache, ModelConfig, MoePolicy, RopeScaling,
+};
+use tch::{nn, Device, Kind, Tensor};
+
+fn small_cfg() -> ModelConfig {
+    ModelConfig {
+        hidden_size: 32,
+        num_hidden_layers: 3,
+        num_attention_heads: 2,
+        kv_lora_rank: 16,
+        qk_nope_head_dim: 8,
+        qk_rope_head_dim: 8,
+        v_head_dim: 8,
+        n_routed_experts: 8,
+        num_experts_per_tok: 2,
+        moe_intermediate_size: 16,
+        intermediate_size: 32,
+        max_position_embeddings: 64,
+        ..ModelConfig::tiny()
+    }
+}
+
+/// Gives zero-initialised parameters (cross-layer residual) and the balance bias random values
+/// so the tests exercise them.
+fn perturb(vs: &nn::VarStore) {
+    tch::no_grad(|| {
+        let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
+        vars.sort_by(|a, b| a.0.cmp(&b.0)); // HashMap order differs between stores
+        for (name, mut t) in vars {
+            if name.contains("cross_layer") || name.contains("e_score_correction_bias") {
+                let r = t.randn_like() * 0.5;
+                t.copy_(&r);
+            }
+        }
+    });
+}
+
+fn build(cfg: &ModelConfig, seed: i64) -> (nn::VarStore, MoePolicy) {
+    tch::manual_seed(seed);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = MoePolicy::new(&vs.root(), cfg).unwrap();
+    perturb(&vs);
+    (vs, model)
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    (a - b).abs().max().double_value(&[])
+}
+
+fn variants() -> Vec<(&'static str, ModelConfig)> {
+    let base = small_cfg();
+    vec![
+        ("headwise gate, full q, cross-layer", base.clone()),
+        (
+            "no gate",
+            ModelConfig {
+                attn_gate: AttnGate::None,
+                ..base.clone()
+            },
+        ),
+        (
+            "elementwise gate, low-rank q",
+            ModelConfig {
+                attn_gate: AttnGate::Elementwise,
+                q_lora_rank: Some(16),
+                ..base.clone()
+            },
+        ),
+        (
+            "CLA2",
+            ModelConfig {
+                cla_factor: 2,
+                ..base.clone()
+            },
+        ),
+        (
+            "CLA3 no cross-layer",
+            ModelConfig {
+                cla_factor: 3,
+                cross_layer_residual: false,
+                ..base.clone()
+            },
+        ),
+        (
+            "YaRN, dense first layer, soft-clip GLU, softmax router",
+            ModelConfig {
+                rope_scaling: RopeScaling::Yarn {
+                    factor: 4.0,
+                    original_max_position_embeddings: 16,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                },
+                first_k_dense_replace: 1,
+                expert_act: ExpertAct::SoftClipGlu {
+                    beta: 4.0,
+                    beta_lin: 25.0,
+                },
+                scoring_func: corvid_learner::model::ScoreFunc::Softmax,
+                ..base.clone()
+            },
+        ),
+        (
+            "linear RoPE scaling",
+            ModelConfig {
+                rope_scaling: RopeScaling::Linear { factor: 2.0 },
+                ..base
+            },
+        ),
+    ]
+}
+
+#[test]
+fn cached_decode_matches_full_forward_for_every_attention_option() {
+    tch::set_num_threads(1);
+    for (name, cfg) in variants() {
+        let (_vs, model) = build(&cfg, 7);
+        let tokens = Tensor::randint(cfg.vocab_size, [2, 14], (Kind::Int64, Device::Cpu));
+        let full = model.forward(&tokens, false).unwrap().logits_btv;
+
+        // Prefill 5, then one token at a time.
+        let mut cache = model.new_cache(2, 4); // small capacity: exercises growth
+        let mut parts = vec![model
+            .forward_cached(&mut cache, &tokens.narrow(1, 0, 5))
+            .unwrap()];
+        for t in 5..14 {
+            parts.push(
+                model
+                    .forward_cached(&mut cache, &tokens.narrow(1, t, 1))
+                    .unwrap(),
+            );
+        }
+        let err = max_abs(&Tensor::cat(&parts, 1), &full);
+        assert!(err <= 1e-4, "{name}: step decode max abs error {err}");
+
+        // A cache reused across two turns: turn 1 (8 tokens), then turn 2 (6 tokens) appended.
+        let mut cache = model.new_cache(2, 16);
+        let t1 = model
+            .forward_cached(&mut cache, &tokens.narrow(1, 0, 8))
+            .unwrap();
+        let t2 = model
+            .forward_cached(&mut cache, &tokens.narrow(1, 8, 6))
+            .unwrap();
+        let err = max_abs(&Tensor::cat(&[t1, t2], 1), &full);
+        assert!(err <= 1e-4, "{name}: two-turn reuse max abs error {err}");
+        eprintln!("{name}: ok (max abs error {err:.2e})");
+    }
+}
+
+#[test]
+fn batched_decode_over_sequences_of_different_lengths() {
+    tch::set_num_threads(1);
+    let cfg = ModelConfig {
+        cla_factor: 2,
+        ..small_cfg()
+    };
+    let (_vs, model) = build(&cfg, 3);
+    let a = Tensor::randint(cfg.vocab_size, [1, 12], (Kind::Int64, Device::Cpu));
+    let b = Tensor::randint(cfg.vocab_size, [1, 7], (Kind::Int64, Device::Cpu));
+    let mut ca = model.new_cache(1, 8);
+    let mut cb = model.new_cache(1, 32);
+    let _ = model.forward_cached(&mut ca, &a.narrow(1, 0, 9)).unwrap();
+    let _ = model.forward_cached(&mut cb, &b.narrow(1, 0, 4)).unwrap();
+    let mut cache = KvCache::concat(&[ca, cb]).unwrap();
+    assert_eq!(cache.lens(), &[9, 4]);
+    let mut got = Vec::new();
+    for s in 0..3 {
+        let step = Tensor::cat(&[a.narrow(1, 9 + s, 1), b.narrow(1, 4 + s, 1)], 0);
+        got.push(model.forward_cached(&mut cache, &step).unwrap());
+    }
+    let got = Tensor::cat(&got, 1); // [2, 3, V]
+    let full_a = model.forward(&a, false).unwrap().logits_btv.narrow(1, 9, 3);
+    let full_b = model.forward(&b, false).unwrap().logits_btv.narrow(1, 4, 3);
+    assert!(max_abs(&got.get(0), &full_a.get(0)) <= 1e-4);
+    assert!(max_abs(&got.get(1), &full_b.get(0)) <= 1e-4);
+    let kept = cache.select(&[1]).unwrap();
+    assert_eq!(kept.lens(), &[7]);
+}
+
+#[test]
+fn grouped_gemm_experts_equal_per_expert_loop_forward_and_gradients() {
+    tch::set_num_threads(1);
+    let cfg = small_cfg();
+    let mut grads = Vec::new();
+    let mut outs = Vec::new();
+    for dispatch in [ExpertDispatch::GroupedMm, ExpertDispatch::Loop] {
+        let cfg = ModelConfig {
+            expert_dispatch: dispatch,
+            ..cfg.clone()
+        };
+        let (vs, model) = build(&cfg, 11);
+        tch::manual_seed(5);
+        let tokens = Tensor::randint(cfg.vocab_size, [2, 10], (Kind::Int64, Device::Cpu));
+        let logits = model.forward(&tokens, false).unwrap().logits_btv;
+        // A materialised upstream gradient: `_grouped_mm` backward rejects stride-0 grads.
+        let g = logits.randn_like();
+        (&logits * g).sum(Kind::Float).backward();
+        outs.push(logits.detach());
+        grads.push(vs.variables());
+    }
+    let err = max_abs(&outs[0], &outs[1]);
+    assert!(err <= 1e-5, "forward differs by {err}");
+    for (name, t) in &grads[0] {
+        if !t.requires_grad() {
+            continue;
+        }
+        let other = &grads[1][name];
+        let err = max_abs(&t.grad(), &other.grad());
+        assert!(err <= 1e-5, "gradient of {name} differs by {err}");
+    }
+}
+
+#[test]
+fn zeroing_routed_experts_changes_logits() {
+    tch::set_num_threads(1);
+    let cfg = small_cfg();
+    let (_vs, mut model) = build(&cfg, 1);
+    let tokens = Tensor::randint(cfg.vocab_size, [1, 8], (Kind::Int64, Device::Cpu));
+    let before = model.forward(&tokens, false).unwrap().logits_btv;
+    model.zero_routed_experts();
+    let after = model.forward(&tokens, false).unwrap().logits_btv;
+    let diff = max_abs(&before, &after);
+    assert!(
+        diff > 1e-5,
+        "routed experts do not reach the logits (max diff {diff})"
+    );
+}
+
+#[test]
+fn finite_difference_gradient_check_f64() {
+    tch::set_num_threads(1);
+    let cfg = ModelConfig {
+        num_hidden_layers: 2,
+        expert_dispatch: ExpertDispatch::Loop, // `_grouped_mm` has no f64 kernel
+        q_lora_rank: Some(8),
+        attn_gate: AttnGate::Elementwise,
+        cla_factor: 2,
+        ..small_cfg()
+    };
+    tch::manual_seed(2);
+    let mut vs = nn::VarStore::new(Device::Cpu);
+    let model = MoePolicy::new(&vs.root(), &cfg).unwrap();
+    vs.double();
+    perturb(&vs);
+    let tokens = Tensor::randint(cfg.vocab_size, [2, 6], (Kind::Int64, Device::Cpu));
+    let w = Tensor::randn([2, 6, cfg.vocab_size], (Kind::Double, Device::Cpu));
+    let loss_of = || (model.forward(&tokens, false).unwrap().logits_btv * &w).sum(Kind::Double);
+    loss_of().backward();
+    let vars = vs.variables();
+    let mut names: Vec<&String> = vars.keys().filter(|n| vars[*n].requires_grad()).collect();
+    names.sort();
+    let mut checked = 0;
+    for name in names {
+        let t = vars[name].shallow_clone();
+        assert_eq!(t.kind(), Kind::Double, "{name}");
+        let grad = t.grad();
+        let flat = t.numel() as i64;
+        for j in [0, flat / 3, flat - 1] {
+            let eps = 1e-6;
+            let orig = t.view([-1]).double_value(&[j]);
+            let set = |v: f64| {
+                tch::no_grad(|| {
+                    let _ = t.view([-1]).get(j).fill_(v);
+                })
+            };
+            set(orig + eps);
+            let up = loss_of().double_value(&[]);
+            set(orig - eps);
+            let down = loss_of().double_value(&[]);
+            set(orig);
+            let numeric = (up - down) / (2.0 * eps);
+            let analytic = grad.view([-1]).double_value(&[j]);
+            let tol = 1e-5 * (1.0 + numeric.abs().max(analytic.abs()));
+            assert!(
+                (numeric - analytic).abs() <= tol,
+                "{name}[{j}]: numeric {numeric} vs analytic {analytic}"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked > 60, "checked {checked} entries");
+}
+
+#[test]
+fn param_counts_match_created_variables() {
+    for cfg in [
+        ModelConfig::tiny(),
+        ModelConfig::small(),
+        ModelConfig {
+            q_lora_rank: Some(16),
+            tie_word_embeddings: false,
+            ..small_cfg()
+        },
+    ] {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _m = MoePolicy::new(&vs.root(), &cfg).unwrap();
+        let n: i64 = vs
+            .trainable_variables()
+            .iter()
+            .map(|t| t.numel() as i64)
+            .sum();
+        assert_eq!(n, cfg.param_counts().total);
+    }
+}
+
+#[test]
+fn checkpoint_round_trips_and_bad_files_name_the_tensor() {
+    tch::set_num_threads(1);
+    let cfg = small_cfg();
+    let (vs, model) = build(&cfg, 4);
+    let dir = tempfile::tempdir().unwrap();
+    checkpoint::save(&vs, &cfg, dir.path()).unwrap();
+    let (_vs2, model2) = checkpoint::load(dir.path(), Device::Cpu).unwrap();
+    let tokens = Tensor::randint(cfg.vocab_size, [1, 8], (Kind::Int64, Device::Cpu));
+    let a = model.forward(&tokens, false).unwrap().logits_btv;
+    let b = model2.forward(&tokens, false).unwrap().logits_btv;
+    assert_eq!(max_abs(&a, &b), 0.0);
+
+    // Bytes round trip (the actor weight stream).
+    let bytes = checkpoint::weights_to_bytes(&vs).unwrap();
+    let vs3 = nn::VarStore::new(Device::Cpu);
+    let model3 = MoePolicy::new(&vs3.root(), &cfg).unwrap();
+    checkpoint::load_weights_from_bytes(&vs3, &bytes).unwrap();
+    assert_eq!(
+        max_abs(&a, &model3.forward(&tokens, false).unwrap().logits_btv),
+        0.0
+    );
+
+    // Truncated: the last tensor (by name) loses its tail.
+    let err = checkpoint::load_weights_from_bytes(&vs3, &bytes[..bytes.len() - 10]).unwrap_err();
+    let msg = err.to_string();
+    assert!(
+        msg.contains("truncated") && msg.contains("norm.weight"),
+        "{msg}"
+    );
+    let err = checkpoint::load_weights_from_bytes(&vs3, &bytes[..4])
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("<header>"), "{err}");
+
+    // Mismatched config: a shape error naming the tensor.
+    let other = ModelConfig {
+        kv_lora_rank: 24,
+        ..cfg.clone()
+    };
+    let vs4 = nn::VarStore::new(Device::Cpu);
+    let _m4 = MoePolicy::new(&vs4.root(), &other).unwrap();
+    let msg = checkpoint::load_weights_from_bytes(&vs4, &bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        msg.contains("shape mismatch") && msg.contains("kv_"),
+        "{msg}"
+    );
+
+    // Fewer layers in the model than in the file: the extra tensor is named.
+    let fewer = ModelConfig {
+        num_hidden_layers: 2,
+        ..cfg
+    };
+    let vs5 = nn::VarStore::new(Device::Cpu);
+    let _m5 = MoePolicy::new(&vs5.root(), &fewer).unwrap();
+    let msg = checkpoint::load_weights_from_bytes(&vs5, &bytes)
+        .unwrap_err()
+        .to_string();
+    assert!(msg.contains("layers.2."), "{msg}");
+}
