@@ -1,0 +1,195 @@
+//! Checkers: decide whether an episode solved its task.
+//!
+//! [`Checker::Exact`], [`Checker::Regex`], [`Checker::Numeric`] and [`Checker::FileState`]
+//! need no sandbox: they read the final answer and a map `path → bytes` of the final
+//! workspace, and are evaluated here by [`Checker::check`].
+//! [`Checker::CommandExit`] and [`Checker::Wasi`] must run code in the sandbox; they are
+//! declared here with their data and evaluated by the sandbox integration (the actor),
+//! so [`Checker::check`] answers [`Verdict::NeedsSandbox`] for them.
+
+use std::collections::BTreeMap;
+
+use crate::error::TasksError;
+
+/// What a file must look like at the end for [`Checker::FileState`].
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum FileExpectation {
+    /// The file's text, with surrounding whitespace trimmed, equals `text` trimmed.
+    Equals {
+        /// Expected content.
+        text: String,
+    },
+    /// The file contains `text`.
+    Contains {
+        /// Expected substring.
+        text: String,
+    },
+    /// The file does not exist.
+    Absent,
+}
+
+/// How an episode is judged.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Checker {
+    /// The answer equals `expected` after trimming (and lower-casing both if
+    /// `case_insensitive`).
+    Exact {
+        /// The expected answer.
+        expected: String,
+        /// Compare case-insensitively.
+        #[serde(default)]
+        case_insensitive: bool,
+    },
+    /// The whole trimmed answer matches `pattern` (anchored: `^(?:pattern)$`).
+    Regex {
+        /// A `regex` crate pattern.
+        pattern: String,
+    },
+    /// The answer parses as a number within `tolerance` of `expected`:
+    /// `|answer − expected| <= tolerance`.
+    Numeric {
+        /// Expected value.
+        expected: f64,
+        /// Absolute tolerance, `>= 0`.
+        tolerance: f64,
+    },
+    /// Every listed file of the final workspace meets its expectation.
+    FileState {
+        /// Path (relative to the workspace) → expectation.
+        files: BTreeMap<String, FileExpectation>,
+    },
+    /// Sandbox only: `command` run in the final workspace exits with `exit_code`.
+    CommandExit {
+        /// A toolbox command line.
+        command: String,
+        /// The exit status that means success.
+        exit_code: i32,
+    },
+    /// Sandbox only: a custom WASI module reads the final workspace read-only and exits 0
+    /// to accept.
+    Wasi {
+        /// Path of the `.wasm` module, relative to the pack file.
+        module: String,
+        /// Arguments passed to it.
+        #[serde(default)]
+        args: Vec<String>,
+    },
+}
+
+/// A checker's decision.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    /// Solved.
+    Pass,
+    /// Not solved, and why (shown in `corvid tasks show --oracle` and evaluation reports).
+    Fail(String),
+    /// The checker must run in the sandbox; see the module doc.
+    NeedsSandbox,
+}
+
+impl Verdict {
+    /// Whether the verdict is [`Verdict::Pass`].
+    pub fn passed(&self) -> bool {
+        matches!(self, Verdict::Pass)
+    }
+}
+
+impl Checker {
+    /// Checks the checker's own data (a regex compiles, a tolerance is `>= 0`).
+    pub fn validate(&self) -> Result<(), TasksError> {
+        match self {
+            Checker::Regex { pattern } => regex::Regex::new(&format!("^(?:{pattern})$"))
+                .map(|_| ())
+                .map_err(|e| TasksError::InvalidRegex {
+                    pattern: pattern.clone(),
+                    message: e.to_string(),
+                }),
+            Checker::Numeric {
+                expected,
+                tolerance,
+            } if !(tolerance.is_finite() && *tolerance >= 0.0 && expected.is_finite()) => {
+                Err(TasksError::InvalidConfig {
+                    field: "checker.tolerance".into(),
+                    value: tolerance.to_string(),
+                    expected: "a finite tolerance >= 0 and a finite expected value".into(),
+                })
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Judges `answer` (the argument of the final `answer` call, if any) and the final
+    /// `workspace`. Sandbox-only variants answer [`Verdict::NeedsSandbox`].
+    pub fn check(&self, answer: Option<&str>, workspace: &BTreeMap<String, Vec<u8>>) -> Verdict {
+        let need_answer = || {
+            answer
+                .map(str::trim)
+                .ok_or("no answer was given".to_string())
+        };
+        match self {
+            Checker::Exact {
+                expected,
+                case_insensitive,
+            } => match need_answer() {
+                Err(e) => Verdict::Fail(e),
+                Ok(a) => {
+                    let ok = if *case_insensitive {
+                        a.to_lowercase() == expected.trim().to_lowercase()
+                    } else {
+                        a == expected.trim()
+                    };
+                    if ok {
+                        Verdict::Pass
+                    } else {
+                        Verdict::Fail(format!("answer {a:?} is not {:?}", expected.trim()))
+                    }
+                }
+            },
+            Checker::Regex { pattern } => match need_answer() {
+                Err(e) => Verdict::Fail(e),
+                Ok(a) => match regex::Regex::new(&format!("^(?:{pattern})$")) {
+                    Err(e) => Verdict::Fail(format!("checker regex does not compile: {e}")),
+                    Ok(re) if re.is_match(a) => Verdict::Pass,
+                    Ok(_) => Verdict::Fail(format!("answer {a:?} does not match /{pattern}/")),
+                },
+            },
+            Checker::Numeric {
+                expected,
+                tolerance,
+            } => match need_answer() {
+                Err(e) => Verdict::Fail(e),
+                Ok(a) => match a.parse::<f64>() {
+                    Ok(x) if (x - expected).abs() <= *tolerance => Verdict::Pass,
+                    Ok(x) => Verdict::Fail(format!("{x} is not within {tolerance} of {expected}")),
+                    Err(_) => Verdict::Fail(format!("answer {a:?} is not a number")),
+                },
+            },
+            Checker::FileState { files } => {
+                for (path, want) in files {
+                    let have = workspace.get(path).map(|b| String::from_utf8_lossy(b));
+                    let fail = match (want, have) {
+                        (FileExpectation::Absent, None) => None,
+                        (FileExpectation::Absent, Some(_)) => {
+                            Some(format!("{path} should not exist"))
+                        }
+                        (_, None) => Some(format!("{path} does not exist")),
+                        (FileExpectation::Equals { text }, Some(h)) => (h.trim() != text.trim())
+                            .then(|| {
+                                format!("{path} holds {:?}, expected {:?}", h.trim(), text.trim())
+                            }),
+                        (FileExpectation::Contains { text }, Some(h)) => (!h
+                            .contains(text.as_str()))
+                        .then(|| format!("{path} does not contain {text:?}")),
+                    };
+                    if let Some(f) = fail {
+                        return Verdict::Fail(f);
+                    }
+                }
+                Verdict::Pass
+            }
+            Checker::CommandExit { .. } | Checker::Wasi { .. } => Verdict::NeedsSandbox,
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! `hops`: a multi-hop needle across files. Each chain file says `next: <path>`; the last
+//! says `value: <number>`. Distractor files look the same but lead nowhere useful.
+
+use std::collections::BTreeMap;
+
+use serde_json::json;
+
+use super::{budget_for, filler, PlanBuilder, CHAIN_CALLS, RECOVERY_FROM};
+use crate::checker::Checker;
+use crate::error::TasksError;
+use crate::process::ProcessRule;
+use crate::rng::SplitMix64;
+use crate::task::{
+    check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
+};
+
+/// Filler bytes per file, by level.
+const FILLER: [usize; 8] = [16, 40, 80, 140, 220, 320, 420, 480];
+/// Distractor files, by level.
+const DISTRACTORS: [usize; 8] = [1, 2, 3, 4, 6, 8, 10, 12];
+
+/// The `hops` family.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Hops;
+
+/// A random path like `k4/yixz.txt`: a letter and a digit, then 3–5 characters.
+fn random_path(rng: &mut SplitMix64) -> String {
+    let letter = (b'a' + rng.below(26) as u8) as char;
+    let digit = rng.below(10);
+    let len = rng.range(3, 5) as usize;
+    format!("{letter}{digit}/{}.txt", rng.word(len))
+}
+
+/// File text: filler lines with the marker line inserted at a random position.
+fn file_text(rng: &mut SplitMix64, marker: &str, filler_bytes: usize) -> String {
+    let mut lines = filler(rng, filler_bytes);
+    let at = rng.below(lines.len() as u64 + 1) as usize;
+    lines.insert(at, marker.to_string());
+    lines.join("\n") + "\n"
+}
+
+impl TaskFamily for Hops {
+    fn name(&self) -> &str {
+        "hops"
+    }
+
+    fn description(&self) -> &str {
+        "follow `next: <path>` across files to the final `value:`; levels add hops, file size and distractors"
+    }
+
+    fn levels(&self) -> u32 {
+        CHAIN_CALLS.len() as u32
+    }
+
+    fn instance(&self, level: u32, seed: u64) -> Result<TaskInstance, TasksError> {
+        check_level(self.name(), level, self.levels())?;
+        let li = level as usize - 1;
+        let hops = CHAIN_CALLS[li];
+        let mut rng = SplitMix64::derive(seed, &format!("hops/{level}"));
+        let mut paths: Vec<String> = Vec::new();
+        while paths.len() < hops + DISTRACTORS[li] {
+            let p = random_path(&mut rng);
+            if !paths.contains(&p) {
+                paths.push(p);
+            }
+        }
+        let (chain, distractors) = paths.split_at(hops);
+        let value = rng.range(10_000, 99_999);
+        let mut files = BTreeMap::new();
+        for (i, p) in chain.iter().enumerate() {
+            let marker = match chain.get(i + 1) {
+                Some(next) => format!("next: {next}"),
+                None => format!("value: {value}"),
+            };
+            files.insert(
+                p.clone(),
+                file_text(&mut rng, &marker, FILLER[li]).into_bytes(),
+            );
+        }
+        for (i, p) in distractors.iter().enumerate() {
+            // Half the distractors hold a wrong value (a near miss), half point at another
+            // distractor, so a policy that skips the chain finds plausible wrong answers.
+            let marker = if i % 2 == 0 {
+                let mut v = rng.range(10_000, 99_999);
+                if v == value {
+                    v += 1;
+                }
+                format!("value: {v}")
+            } else {
+                format!("next: {}", distractors[(i + 1) % distractors.len()])
+            };
+            files.insert(
+                p.clone(),
+                file_text(&mut rng, &marker, FILLER[li]).into_bytes(),
+            );
+        }
+        let start = &chain[0];
+        let prompt = format!(
+            "Find the value. Start at {start}. Each file names the next one with a line \
+             `next: <path>`; the last file has a line `value: <number>`. Call answer with the number."
+        );
+        let no_corpus = Vec::new();
+        let mut plan = PlanBuilder::new(&files, &no_corpus);
+        for (i, p) in chain.iter().enumerate() {
+            if level >= RECOVERY_FROM && i == 1.min(hops - 1) {
+                // Recoverable failure: the path without its extension, then the fix.
+                plan.call("read_file", json!({"path": p.trim_end_matches(".txt")}));
+            }
+            plan.call("read_file", json!({"path": p}));
+        }
+        let steps = plan.finish();
+        let mut inst = TaskInstance {
+            id: format!("hops/L{level}/s{seed}"),
+            family: "hops".into(),
+            level,
+            seed,
+            prompt,
+            files,
+            read_only: ReadOnlyData::default(),
+            tools: vec![
+                ToolSpec {
+                    name: "read_file".into(),
+                    limits: ToolLimits {
+                        max_calls: Some(2 * hops as u32 + 4),
+                        max_output_bytes: Some(4096),
+                    },
+                },
+                ToolSpec::unlimited("list_dir"),
+                ToolSpec::unlimited("answer"),
+            ],
+            max_turns: hops as u32 + 4,
+            context_budget: 0,
+            checker: Checker::Exact {
+                expected: value.to_string(),
+                case_insensitive: false,
+            },
+            process_rules: ProcessRule::defaults(chain.to_vec()),
+            oracle: OraclePlan {
+                steps,
+                answer: value.to_string(),
+            },
+            spec_hash: String::new(),
+        };
+        inst.context_budget = budget_for(inst.oracle_tokens());
+        Ok(inst.seal())
+    }
+}

@@ -1,0 +1,539 @@
+//! Task packs: data-defined task families in TOML (`tasks/packs/*.toml`).
+//!
+//! A pack declares template variables, the tools it allows, its levels, a prompt and
+//! initial files (templated with `{var}`), a checker, process-reward rules and an oracle
+//! plan. `docs/tasks.md` documents the format; [`load_pack`] parses and validates one,
+//! reporting every error with `file:line:column` and what to write instead.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::ops::Range;
+
+use serde::Deserialize;
+use toml::Spanned;
+
+use crate::checker::Checker;
+use crate::error::TasksError;
+use crate::families::PlanBuilder;
+use crate::process::ProcessRule;
+use crate::rng::SplitMix64;
+use crate::task::{
+    check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
+    KNOWN_TOOLS,
+};
+
+/// One problem in a pack, located in its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PackDiagnostic {
+    /// The pack file.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub column: usize,
+    /// What is wrong.
+    pub message: String,
+    /// What to write instead.
+    pub hint: String,
+}
+
+impl fmt::Display for PackDiagnostic {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}\n  write instead: {}",
+            self.file, self.line, self.column, self.message, self.hint
+        )
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMeta {
+    name: Spanned<String>,
+    #[serde(default)]
+    description: String,
+}
+
+/// A template variable: an integer range or a list of choices.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVar {
+    min: Option<i64>,
+    max: Option<i64>,
+    choices: Option<Vec<String>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLevel {
+    level: Spanned<u32>,
+    max_turns: Spanned<u32>,
+    context_budget: Spanned<u32>,
+    #[serde(default)]
+    vars: BTreeMap<String, Spanned<RawVar>>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCall {
+    tool: Spanned<String>,
+    #[serde(default)]
+    args: toml::Table,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawOracle {
+    #[serde(default)]
+    calls: Vec<Spanned<RawCall>>,
+    answer: Spanned<String>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPack {
+    pack: RawMeta,
+    #[serde(default)]
+    vars: BTreeMap<String, Spanned<RawVar>>,
+    tools: Spanned<BTreeMap<String, Spanned<ToolLimits>>>,
+    levels: Spanned<Vec<Spanned<RawLevel>>>,
+    prompt: Spanned<String>,
+    #[serde(default)]
+    files: BTreeMap<String, Spanned<String>>,
+    checker: Spanned<toml::Value>,
+    #[serde(default)]
+    process_rewards: Vec<Spanned<toml::Value>>,
+    oracle: Spanned<RawOracle>,
+}
+
+/// A parsed, validated task pack; a [`TaskFamily`].
+#[derive(Debug, Clone)]
+pub struct TaskPack {
+    file: String,
+    raw: RawPack,
+}
+
+struct Diags<'a> {
+    file: &'a str,
+    src: &'a str,
+    out: Vec<PackDiagnostic>,
+}
+
+impl Diags<'_> {
+    fn push(&mut self, span: Range<usize>, message: impl Into<String>, hint: impl Into<String>) {
+        let start = span.start.min(self.src.len());
+        let before = &self.src[..start];
+        let line = before.matches('\n').count() + 1;
+        let column = before.len() - before.rfind('\n').map(|i| i + 1).unwrap_or(0) + 1;
+        self.out.push(PackDiagnostic {
+            file: self.file.to_string(),
+            line,
+            column,
+            message: message.into(),
+            hint: hint.into(),
+        });
+    }
+}
+
+/// The `{name}` placeholders of a template, or the byte offset of an unclosed `{`.
+fn placeholders(t: &str) -> Result<Vec<String>, usize> {
+    let mut out = Vec::new();
+    let mut rest = t;
+    let mut offset = 0;
+    while let Some(i) = rest.find('{') {
+        let after = &rest[i + 1..];
+        let Some(j) = after.find('}') else {
+            return Err(offset + i);
+        };
+        out.push(after[..j].to_string());
+        offset += i + 1 + j + 1;
+        rest = &after[j + 1..];
+    }
+    Ok(out)
+}
+
+/// Replaces every `{name}` with its value (unknown names are left as they are; validation
+/// rejects them before an instance is ever built).
+fn render(t: &str, vars: &BTreeMap<String, String>) -> String {
+    let mut s = t.to_string();
+    for (k, v) in vars {
+        s = s.replace(&format!("{{{k}}}"), v);
+    }
+    s
+}
+
+/// Renders every string inside a TOML value.
+fn render_value(v: &toml::Value, vars: &BTreeMap<String, String>) -> toml::Value {
+    match v {
+        toml::Value::String(s) => toml::Value::String(render(s, vars)),
+        toml::Value::Array(a) => {
+            toml::Value::Array(a.iter().map(|x| render_value(x, vars)).collect())
+        }
+        toml::Value::Table(t) => toml::Value::Table(
+            t.iter()
+                .map(|(k, x)| (k.clone(), render_value(x, vars)))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
+}
+
+/// Every string inside a TOML value.
+fn strings(v: &toml::Value, out: &mut Vec<String>) {
+    match v {
+        toml::Value::String(s) => out.push(s.clone()),
+        toml::Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+        toml::Value::Table(t) => t.values().for_each(|x| strings(x, out)),
+        _ => {}
+    }
+}
+
+fn check_var(d: &mut Diags<'_>, name: &str, v: &Spanned<RawVar>) {
+    let r = v.get_ref();
+    match (r.min, r.max, &r.choices) {
+        (Some(lo), Some(hi), None) if lo <= hi => {}
+        (Some(lo), Some(hi), None) => d.push(
+            v.span(),
+            format!("variable `{name}` has min {lo} > max {hi}"),
+            format!("{name} = {{ min = {hi}, max = {lo} }}"),
+        ),
+        (None, None, Some(c)) if !c.is_empty() => {}
+        (None, None, Some(_)) => d.push(
+            v.span(),
+            format!("variable `{name}` has an empty choice list"),
+            format!("{name} = {{ choices = [\"a\", \"b\"] }}"),
+        ),
+        _ => d.push(
+            v.span(),
+            format!("variable `{name}` must be an integer range or a choice list"),
+            format!("{name} = {{ min = 1, max = 9 }}  or  {name} = {{ choices = [\"a\", \"b\"] }}"),
+        ),
+    }
+}
+
+impl TaskPack {
+    /// Parses and validates pack text; `file` names it in diagnostics.
+    pub fn parse(file: &str, src: &str) -> Result<Self, TasksError> {
+        let mut d = Diags {
+            file,
+            src,
+            out: Vec::new(),
+        };
+        let raw: RawPack = match toml::from_str(src) {
+            Ok(r) => r,
+            Err(e) => {
+                let span = e.span().unwrap_or(0..0);
+                let msg = e.message().trim().to_string();
+                let hint = if msg.contains("unknown field") {
+                    "remove the key or fix its spelling (see docs/tasks.md for the fields)"
+                } else if msg.contains("missing field") {
+                    "add the missing key (see docs/tasks.md for a complete pack)"
+                } else if msg.contains("invalid type") {
+                    "use the type the message names, e.g. a number without quotes"
+                } else {
+                    "valid TOML: `key = value`, strings in quotes, tables as [name]"
+                };
+                d.push(span, msg, hint);
+                return Err(TasksError::Pack(d.out));
+            }
+        };
+        Self::validate(&mut d, &raw);
+        if d.out.is_empty() {
+            Ok(Self {
+                file: file.to_string(),
+                raw,
+            })
+        } else {
+            Err(TasksError::Pack(d.out))
+        }
+    }
+
+    fn validate(d: &mut Diags<'_>, raw: &RawPack) {
+        // Name.
+        let name = raw.pack.name.get_ref();
+        let ok_name = !name.is_empty()
+            && name
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
+        if !ok_name || ["hops", "search", "shell"].contains(&name.as_str()) {
+            d.push(
+                raw.pack.name.span(),
+                format!("pack name {name:?} must be lowercase letters, digits and '-', and not a built-in family"),
+                "name = \"my-pack\"",
+            );
+        }
+        // Variables.
+        for (n, v) in &raw.vars {
+            check_var(d, n, v);
+        }
+        let declared: BTreeSet<&str> = raw.vars.keys().map(String::as_str).collect();
+        // Tools.
+        for (t, lim) in raw.tools.get_ref() {
+            if !KNOWN_TOOLS.contains(&t.as_str()) {
+                d.push(
+                    lim.span(),
+                    format!("unknown tool `{t}`"),
+                    format!("one of {}", KNOWN_TOOLS.join(", ")),
+                );
+            }
+        }
+        if !raw.tools.get_ref().contains_key("answer") {
+            d.push(
+                raw.tools.span(),
+                "the tools do not include `answer`",
+                "answer = {}",
+            );
+        }
+        // Levels.
+        let levels = raw.levels.get_ref();
+        if levels.is_empty() {
+            d.push(
+                raw.levels.span(),
+                "a pack needs at least one level",
+                "[[levels]]\nlevel = 1\nmax_turns = 4\ncontext_budget = 2048",
+            );
+        }
+        let min_turns = raw.oracle.get_ref().calls.len() as u32 + 1;
+        for (i, l) in levels.iter().enumerate() {
+            let l = l.get_ref();
+            let want = i as u32 + 1;
+            if *l.level.get_ref() != want {
+                d.push(
+                    l.level.span(),
+                    format!(
+                        "level {} is out of order (levels are numbered 1, 2, … in order)",
+                        l.level.get_ref()
+                    ),
+                    format!("level = {want}"),
+                );
+            }
+            if *l.max_turns.get_ref() < min_turns {
+                d.push(
+                    l.max_turns.span(),
+                    format!(
+                        "max_turns {} is below the oracle's {} calls plus the answer",
+                        l.max_turns.get_ref(),
+                        min_turns - 1
+                    ),
+                    format!("max_turns = {min_turns}"),
+                );
+            }
+            if *l.context_budget.get_ref() < 256 {
+                d.push(
+                    l.context_budget.span(),
+                    "context_budget below 256 tokens",
+                    "context_budget = 2048",
+                );
+            }
+            for (n, v) in &l.vars {
+                if !declared.contains(n.as_str()) {
+                    d.push(
+                        v.span(),
+                        format!("level overrides undeclared variable `{n}`"),
+                        format!("declare it under [vars]: {n} = {{ min = 1, max = 9 }}"),
+                    );
+                }
+                check_var(d, n, v);
+            }
+        }
+        // Templates.
+        let mut templates: Vec<(Range<usize>, String)> =
+            vec![(raw.prompt.span(), raw.prompt.get_ref().clone())];
+        for (p, c) in &raw.files {
+            templates.push((c.span(), p.clone()));
+            templates.push((c.span(), c.get_ref().clone()));
+        }
+        let mut s = Vec::new();
+        strings(raw.checker.get_ref(), &mut s);
+        templates.extend(s.into_iter().map(|x| (raw.checker.span(), x)));
+        for r in &raw.process_rewards {
+            let mut s = Vec::new();
+            strings(r.get_ref(), &mut s);
+            templates.extend(s.into_iter().map(|x| (r.span(), x)));
+        }
+        let oracle = raw.oracle.get_ref();
+        templates.push((oracle.answer.span(), oracle.answer.get_ref().clone()));
+        for c in &oracle.calls {
+            let mut s = Vec::new();
+            strings(&toml::Value::Table(c.get_ref().args.clone()), &mut s);
+            templates.extend(s.into_iter().map(|x| (c.span(), x)));
+        }
+        for (span, t) in &templates {
+            match placeholders(t) {
+                Err(_) => d.push(
+                    span.clone(),
+                    format!("unclosed `{{` in {t:?}"),
+                    "close it: `{name}`, or remove the brace",
+                ),
+                Ok(names) => {
+                    for n in names {
+                        if !declared.contains(n.as_str()) {
+                            d.push(
+                                span.clone(),
+                                format!("template uses undeclared variable `{{{n}}}`"),
+                                format!("declare it under [vars]: {n} = {{ min = 1, max = 9 }}"),
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // Checker and rules, rendered with sample values.
+        let sample: BTreeMap<String, String> = raw
+            .vars
+            .iter()
+            .map(|(n, v)| {
+                let v = v.get_ref();
+                let x = v
+                    .min
+                    .map(|m| m.to_string())
+                    .or_else(|| v.choices.as_ref().and_then(|c| c.first().cloned()));
+                (n.clone(), x.unwrap_or_default())
+            })
+            .collect();
+        match render_value(raw.checker.get_ref(), &sample).try_into::<Checker>() {
+            Err(e) => d.push(
+                raw.checker.span(),
+                format!("invalid checker: {}", e.message().trim()),
+                "kind = \"exact\" | \"regex\" | \"numeric\" | \"file_state\" | \"command_exit\" | \"wasi\" with its fields (docs/tasks.md)",
+            ),
+            Ok(c) => {
+                if let Err(e) = c.validate() {
+                    d.push(raw.checker.span(), e.to_string(), "a pattern the regex crate accepts, a tolerance >= 0");
+                }
+            }
+        }
+        for r in &raw.process_rewards {
+            if let Err(e) = render_value(r.get_ref(), &sample).try_into::<ProcessRule>() {
+                d.push(
+                    r.span(),
+                    format!("invalid process reward: {}", e.message().trim()),
+                    "kind = \"reads_needed\" | \"searches_for\" | \"invalid_call\" | \"repeat_call\" with its fields",
+                );
+            }
+        }
+        // Oracle calls use allowed tools.
+        for c in &oracle.calls {
+            let t = c.get_ref().tool.get_ref();
+            if t == "answer" {
+                d.push(
+                    c.get_ref().tool.span(),
+                    "the oracle's answer goes in `oracle.answer`, not in a call",
+                    "answer = \"{var}\" under [oracle]",
+                );
+            } else if !raw.tools.get_ref().contains_key(t) {
+                d.push(
+                    c.get_ref().tool.span(),
+                    format!("oracle calls `{t}`, which the pack's [tools] do not allow"),
+                    format!("add `{t} = {{}}` under [tools], or call an allowed tool"),
+                );
+            }
+        }
+    }
+
+    /// The pack's file, as given to [`TaskPack::parse`].
+    pub fn file(&self) -> &str {
+        &self.file
+    }
+}
+
+/// Reads and validates the pack at `path`.
+pub fn load_pack(path: &std::path::Path) -> Result<TaskPack, TasksError> {
+    let src = std::fs::read_to_string(path).map_err(|e| TasksError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    TaskPack::parse(&path.display().to_string(), &src)
+}
+
+impl TaskFamily for TaskPack {
+    fn name(&self) -> &str {
+        self.raw.pack.name.get_ref()
+    }
+
+    fn description(&self) -> &str {
+        &self.raw.pack.description
+    }
+
+    fn levels(&self) -> u32 {
+        self.raw.levels.get_ref().len() as u32
+    }
+
+    fn instance(&self, level: u32, seed: u64) -> Result<TaskInstance, TasksError> {
+        check_level(self.name(), level, self.levels())?;
+        let lv = self.raw.levels.get_ref()[level as usize - 1].get_ref();
+        let mut rng = SplitMix64::derive(seed, &format!("pack/{}/{level}", self.name()));
+        let mut vars = BTreeMap::new();
+        for (n, v) in &self.raw.vars {
+            let v = lv.vars.get(n).unwrap_or(v).get_ref();
+            let x = match (&v.choices, v.min, v.max) {
+                (Some(c), _, _) => rng.pick(c).clone(),
+                (None, Some(lo), Some(hi)) => rng.range(lo, hi).to_string(),
+                _ => String::new(),
+            };
+            vars.insert(n.clone(), x);
+        }
+        let bad = |what: &str, e: toml::de::Error| TasksError::InvalidConfig {
+            field: format!("{}.{what}", self.name()),
+            value: e.message().to_string(),
+            expected: "a value that validates".into(),
+        };
+        let files: BTreeMap<String, Vec<u8>> = self
+            .raw
+            .files
+            .iter()
+            .map(|(p, c)| (render(p, &vars), render(c.get_ref(), &vars).into_bytes()))
+            .collect();
+        let checker: Checker = render_value(self.raw.checker.get_ref(), &vars)
+            .try_into()
+            .map_err(|e| bad("checker", e))?;
+        let process_rules = self
+            .raw
+            .process_rewards
+            .iter()
+            .map(|r| {
+                render_value(r.get_ref(), &vars)
+                    .try_into::<ProcessRule>()
+                    .map_err(|e| bad("process_rewards", e))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let oracle = self.raw.oracle.get_ref();
+        let mut plan = PlanBuilder::new(&files, &[]);
+        for c in &oracle.calls {
+            let args = toml::Value::Table(c.get_ref().args.clone());
+            let json = serde_json::to_value(render_value(&args, &vars)).unwrap_or_default();
+            plan.call(c.get_ref().tool.get_ref(), json);
+        }
+        let tools = self
+            .raw
+            .tools
+            .get_ref()
+            .iter()
+            .map(|(n, l)| ToolSpec {
+                name: n.clone(),
+                limits: l.get_ref().clone(),
+            })
+            .collect();
+        let inst = TaskInstance {
+            id: format!("{}/L{level}/s{seed}", self.name()),
+            family: self.name().to_string(),
+            level,
+            seed,
+            prompt: render(self.raw.prompt.get_ref(), &vars),
+            files,
+            read_only: ReadOnlyData::default(),
+            tools,
+            max_turns: *lv.max_turns.get_ref(),
+            context_budget: *lv.context_budget.get_ref(),
+            checker,
+            process_rules,
+            oracle: OraclePlan {
+                steps: plan.finish(),
+                answer: render(oracle.answer.get_ref(), &vars),
+            },
+            spec_hash: String::new(),
+        };
+        Ok(inst.seal())
+    }
+}

@@ -1,0 +1,148 @@
+//! Process-reward rules as data, and the pure function that scores a sequence of turns.
+//!
+//! Each rule contributes a component to a turn; [`score_turns`] returns the components'
+//! sum per turn (aggregate and clip them with `corvid_rewards::ProcessRewardAggregation`).
+//! A turn whose tool failed with `infra_error` scores 0 and is not remembered as a call:
+//! the host's failure is never the policy's.
+
+use std::collections::HashSet;
+
+use corvid_proto::{ToolCall, ToolStatus};
+
+/// One process-reward rule.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum ProcessRule {
+    /// `+reward` the first time a call reads one of `paths`: `read_file` with that `path`,
+    /// or a successful `shell` command with that path as one of its words.
+    ReadsNeeded {
+        /// Files the solution needs.
+        paths: Vec<String>,
+        /// Reward per newly read needed file.
+        reward: f64,
+    },
+    /// `+reward` the first time a successful `search` query contains one of `terms`
+    /// (case-insensitive).
+    SearchesFor {
+        /// Terms the solution must look up.
+        terms: Vec<String>,
+        /// Reward per newly searched term.
+        reward: f64,
+    },
+    /// `−penalty` for a call that is invalid: status `invalid_call` or `unknown_tool`.
+    InvalidCall {
+        /// Penalty (a positive number; it is subtracted).
+        penalty: f64,
+    },
+    /// `−penalty` for a call identical (same name, same parsed arguments) to an earlier one.
+    RepeatCall {
+        /// Penalty (a positive number; it is subtracted).
+        penalty: f64,
+    },
+}
+
+impl ProcessRule {
+    /// The default rules of a family: reward needed reads, penalise invalid and repeated
+    /// calls.
+    pub fn defaults(needed_paths: Vec<String>) -> Vec<ProcessRule> {
+        vec![
+            ProcessRule::ReadsNeeded {
+                paths: needed_paths,
+                reward: 0.1,
+            },
+            ProcessRule::InvalidCall { penalty: 0.1 },
+            ProcessRule::RepeatCall { penalty: 0.05 },
+        ]
+    }
+}
+
+/// One turn as the scorer sees it: the call the policy made and its result status.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScoredTurn<'a> {
+    /// The tool call.
+    pub call: &'a ToolCall,
+    /// Its result status.
+    pub status: ToolStatus,
+}
+
+/// A canonical key for a call: name plus arguments re-serialised (so key order and
+/// whitespace do not matter), or the raw text if it does not parse.
+fn call_key(call: &ToolCall) -> String {
+    match serde_json::from_str::<serde_json::Value>(&call.arguments_json) {
+        Ok(v) => format!("{}\u{0}{}", call.name, v),
+        Err(_) => format!("{}\u{0}{}", call.name, call.arguments_json),
+    }
+}
+
+fn arg_str(call: &ToolCall, key: &str) -> Option<String> {
+    let v: serde_json::Value = serde_json::from_str(&call.arguments_json).ok()?;
+    v.get(key)?.as_str().map(str::to_string)
+}
+
+/// Scores each turn: `p_t = Σ_rules component_rule(t)` with the components of
+/// [`ProcessRule`]; infra-failed turns score 0 and are forgotten.
+pub fn score_turns(rules: &[ProcessRule], turns: &[ScoredTurn<'_>]) -> Vec<f64> {
+    let mut seen_calls: HashSet<String> = HashSet::new();
+    let mut read: HashSet<String> = HashSet::new();
+    let mut searched: HashSet<String> = HashSet::new();
+    let mut out = Vec::with_capacity(turns.len());
+    for turn in turns {
+        if turn.status == ToolStatus::InfraError {
+            out.push(0.0);
+            continue;
+        }
+        let key = call_key(turn.call);
+        let repeat = !seen_calls.insert(key);
+        let mut p = 0.0;
+        for rule in rules {
+            match rule {
+                ProcessRule::ReadsNeeded { paths, reward } => {
+                    if !turn.status.is_success() {
+                        continue;
+                    }
+                    let touched: Vec<String> = match turn.call.name.as_str() {
+                        "read_file" => arg_str(turn.call, "path").into_iter().collect(),
+                        "shell" => arg_str(turn.call, "command")
+                            .map(|c| c.split_whitespace().map(str::to_string).collect())
+                            .unwrap_or_default(),
+                        _ => Vec::new(),
+                    };
+                    for path in paths {
+                        if touched.contains(path) && read.insert(path.clone()) {
+                            p += reward;
+                        }
+                    }
+                }
+                ProcessRule::SearchesFor { terms, reward } => {
+                    if turn.call.name != "search" || !turn.status.is_success() {
+                        continue;
+                    }
+                    let q = arg_str(turn.call, "query")
+                        .unwrap_or_default()
+                        .to_lowercase();
+                    for term in terms {
+                        let t = term.to_lowercase();
+                        if q.contains(&t) && searched.insert(t) {
+                            p += reward;
+                        }
+                    }
+                }
+                ProcessRule::InvalidCall { penalty } => {
+                    if matches!(
+                        turn.status,
+                        ToolStatus::InvalidCall | ToolStatus::UnknownTool
+                    ) {
+                        p -= penalty;
+                    }
+                }
+                ProcessRule::RepeatCall { penalty } => {
+                    if repeat {
+                        p -= penalty;
+                    }
+                }
+            }
+        }
+        out.push(p);
+    }
+    out
+}

@@ -1,0 +1,224 @@
+//! What a task is: the [`TaskFamily`] trait and the [`TaskInstance`] it generates,
+//! with its oracle plan and spec hash.
+
+use std::collections::BTreeMap;
+
+use corvid_proto::{TaskRef, ToolCall, ToolStatus};
+use sha2::{Digest, Sha256};
+
+use crate::checker::Checker;
+use crate::error::TasksError;
+use crate::process::ProcessRule;
+
+/// Limits on one tool within an episode.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolLimits {
+    /// Most calls of this tool per episode (`None`: only `max_turns` bounds it).
+    #[serde(default)]
+    pub max_calls: Option<u32>,
+    /// Most output bytes shown to the model per call (`None`: the sandbox default).
+    #[serde(default)]
+    pub max_output_bytes: Option<u64>,
+}
+
+/// A tool the task allows, with its limits.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ToolSpec {
+    /// Tool name (`shell`, `read_file`, `write_file`, `list_dir`, `search`, `answer`).
+    pub name: String,
+    /// Its limits.
+    pub limits: ToolLimits,
+}
+
+impl ToolSpec {
+    /// A tool without extra limits.
+    pub fn unlimited(name: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            limits: ToolLimits::default(),
+        }
+    }
+}
+
+/// The tools every built-in and pack task may name.
+pub const KNOWN_TOOLS: [&str; 6] = [
+    "shell",
+    "read_file",
+    "write_file",
+    "list_dir",
+    "search",
+    "answer",
+];
+
+/// One document of a generated retrieval corpus (the sandbox's BM25 index is built from
+/// these).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Document {
+    /// Stable id, e.g. `doc-0042`.
+    pub id: String,
+    /// Title (the entity's name).
+    pub title: String,
+    /// Body text.
+    pub text: String,
+}
+
+/// Data the task reads but the agent cannot change.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct ReadOnlyData {
+    /// Retrieval corpus for the `search` tool (empty when the task has no search).
+    pub corpus: Vec<Document>,
+}
+
+/// One step of an oracle plan: a tool call, the status it gets, and the output the tool
+/// produces for it on the instance's initial files.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OracleStep {
+    /// Tool name.
+    pub name: String,
+    /// JSON arguments.
+    pub arguments: serde_json::Value,
+    /// The status the call gets (a recoverable failure has a failing status).
+    pub expect: ToolStatus,
+    /// The output text the tool returns (computed from the generated files).
+    pub output: String,
+}
+
+impl OracleStep {
+    /// The call as a policy would write it.
+    pub fn tool_call(&self) -> ToolCall {
+        ToolCall {
+            name: self.name.clone(),
+            arguments_json: self.arguments.to_string(),
+        }
+    }
+
+    /// Bytes of the call in the Hermes format `<tool_call>{"name":…,"arguments":…}</tool_call>`.
+    pub fn call_bytes(&self) -> usize {
+        let body = serde_json::json!({"name": self.name, "arguments": self.arguments});
+        "<tool_call></tool_call>".len() + body.to_string().len()
+    }
+}
+
+/// The plan a correct agent follows: ordered tool calls, then the final answer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct OraclePlan {
+    /// Tool calls in order (excluding the final `answer`).
+    pub steps: Vec<OracleStep>,
+    /// The argument of the final `answer` call.
+    pub answer: String,
+}
+
+impl OraclePlan {
+    /// Whether the plan contains a recoverable failure (a call that fails, then the fix).
+    pub fn has_recovery(&self) -> bool {
+        self.steps.iter().any(|s| !s.expect.is_success())
+    }
+
+    /// The final `answer` call.
+    pub fn answer_step(&self) -> OracleStep {
+        OracleStep {
+            name: "answer".into(),
+            arguments: serde_json::json!({"answer": self.answer}),
+            expect: ToolStatus::Ok,
+            output: String::new(),
+        }
+    }
+}
+
+/// A fully specified task instance; equal seeds give equal instances (and spec hashes).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TaskInstance {
+    /// `family/Llevel/sseed`.
+    pub id: String,
+    /// Family or pack name.
+    pub family: String,
+    /// Level, 1-based.
+    pub level: u32,
+    /// Seed.
+    pub seed: u64,
+    /// The user prompt.
+    pub prompt: String,
+    /// Initial workspace files, path → bytes.
+    pub files: BTreeMap<String, Vec<u8>>,
+    /// Read-only data (the retrieval corpus).
+    pub read_only: ReadOnlyData,
+    /// Tools allowed, with limits.
+    pub tools: Vec<ToolSpec>,
+    /// Most turns in an episode.
+    pub max_turns: u32,
+    /// Context budget in tokens.
+    pub context_budget: u32,
+    /// How the episode is judged.
+    pub checker: Checker,
+    /// Process-reward rules.
+    pub process_rules: Vec<ProcessRule>,
+    /// A correct trajectory's plan.
+    pub oracle: OraclePlan,
+    /// Hex SHA-256 of the canonical JSON of every other field.
+    pub spec_hash: String,
+}
+
+impl TaskInstance {
+    /// Computes and stores [`TaskInstance::spec_hash`]: SHA-256 of this instance's JSON with
+    /// an empty hash (field order is fixed by the struct, maps are sorted).
+    pub fn seal(mut self) -> Self {
+        self.spec_hash.clear();
+        let bytes = serde_json::to_vec(&self).unwrap_or_default();
+        self.spec_hash = hex::encode(Sha256::digest(&bytes));
+        self
+    }
+
+    /// The reference stored in trajectory headers.
+    pub fn task_ref(&self) -> TaskRef {
+        TaskRef {
+            family: self.family.clone(),
+            level: self.level,
+            seed: self.seed,
+            spec_hash: self.spec_hash.clone(),
+        }
+    }
+
+    /// Estimated tokens of the oracle episode with a byte-level tokenizer: bytes of the
+    /// prompt, of every oracle call (Hermes format), of every tool output, and of the
+    /// final `answer` call.
+    pub fn oracle_tokens(&self) -> usize {
+        self.prompt.len()
+            + self
+                .oracle
+                .steps
+                .iter()
+                .map(|s| s.call_bytes() + s.output.len())
+                .sum::<usize>()
+            + self.oracle.answer_step().call_bytes()
+    }
+
+    /// Tool calls of the oracle plan, without the final `answer`.
+    pub fn oracle_calls(&self) -> usize {
+        self.oracle.steps.len()
+    }
+}
+
+/// A procedural family of tasks with difficulty levels.
+pub trait TaskFamily: Send + Sync {
+    /// Family name (`hops`, `search`, `shell`, or a pack name).
+    fn name(&self) -> &str;
+    /// One line on what the family asks.
+    fn description(&self) -> &str;
+    /// Number of levels; levels are `1..=levels()`.
+    fn levels(&self) -> u32;
+    /// The instance for `level` and `seed`; deterministic.
+    fn instance(&self, level: u32, seed: u64) -> Result<TaskInstance, TasksError>;
+}
+
+/// Checks `1 <= level <= max`, naming the family otherwise.
+pub(crate) fn check_level(family: &str, level: u32, max: u32) -> Result<(), TasksError> {
+    if level == 0 || level > max {
+        return Err(TasksError::LevelOutOfRange {
+            family: family.to_string(),
+            level,
+            max,
+        });
+    }
+    Ok(())
+}
