@@ -1,20 +1,311 @@
 //! `corvid tasks`: list, show, sample and validate task families and task packs.
+//!
+//! Exit codes: 0 success; 1 a pack has errors (`validate`) or the oracle episode did not
+//! pass its checker (`show --oracle`); 2 usage errors (clap).
 
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use clap::Args;
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use corvid_proto::ToolStatus;
+use corvid_tasks::{
+    builtin_families, builtin_family, load_pack, score_turns, ScoredTurn, Simulator, TaskFamily,
+    TaskInstance, TasksError, Verdict,
+};
 
 /// list, show, sample and validate task families and task packs.
 #[derive(Args, Debug)]
-#[command(after_help = "Example:
-  corvid tasks sample --family hops --level 8 --seed 1 --oracle")]
+#[command(after_help = "Examples:
+  corvid tasks list
+  corvid tasks sample --family hops --level 8 --seed 1 --oracle
+  corvid tasks show --pack tasks/packs/config-lookup.toml --level 2 --seed 3 --oracle
+  corvid tasks validate tasks/packs/")]
 pub struct TasksArgs {
-    /// Arguments, defined when this command lands.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+    #[command(subcommand)]
+    command: TasksCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum TasksCommand {
+    /// List the built-in families and the packs in a folder, each with its level table
+    /// (oracle tool calls and estimated tokens per level).
+    List {
+        /// Folder of task packs (`*.toml`); skipped if it does not exist.
+        #[arg(long, default_value = "tasks/packs")]
+        packs: PathBuf,
+        /// Seed of the instance each table row measures.
+        #[arg(long, default_value_t = 1)]
+        seed: u64,
+    },
+    /// Print one task instance: prompt, files, tools, checker; with --oracle the oracle
+    /// episode with per-turn process rewards and the checker's verdict.
+    Show(ShowArgs),
+    /// The same as `show` (generate one instance and print it).
+    Sample(ShowArgs),
+    /// Validate a pack file, or every `*.toml` in a folder; prints each error as
+    /// file:line:column with what to write instead.
+    Validate {
+        /// A pack file or a folder of packs.
+        path: PathBuf,
+    },
+}
+
+#[derive(Args, Debug)]
+struct ShowArgs {
+    /// Built-in family: hops, search or shell.
+    #[arg(long, required_unless_present = "pack", conflicts_with = "pack")]
+    family: Option<String>,
+    /// A task pack file instead of a built-in family.
+    #[arg(long)]
+    pack: Option<PathBuf>,
+    /// Difficulty level, 1-based.
+    #[arg(long, default_value_t = 1)]
+    level: u32,
+    /// Instance seed; the same seed always gives the same instance.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Also print the oracle episode, its process rewards and the checker's verdict.
+    #[arg(long)]
+    oracle: bool,
+    /// Print the whole instance as JSON instead.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Runs the command.
-pub fn run(_args: TasksArgs) -> anyhow::Result<ExitCode> {
-    super::not_yet("tasks", "the tasks issue")
+pub fn run(args: TasksArgs) -> anyhow::Result<ExitCode> {
+    match args.command {
+        TasksCommand::List { packs, seed } => list(&packs, seed),
+        TasksCommand::Show(a) | TasksCommand::Sample(a) => show(&a),
+        TasksCommand::Validate { path } => validate(&path),
+    }
+}
+
+fn pack_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    if dir.is_file() {
+        return Ok(vec![dir.to_path_buf()]);
+    }
+    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading pack folder {}", dir.display()))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().and_then(|e| e.to_str()) == Some("toml"))
+        .collect();
+    files.sort();
+    Ok(files)
+}
+
+fn level_table(fam: &dyn TaskFamily, seed: u64) -> anyhow::Result<()> {
+    println!("{} — {}", fam.name(), fam.description());
+    println!("  level  calls  tokens  max_turns  context");
+    for level in 1..=fam.levels() {
+        let t = fam.instance(level, seed)?;
+        println!(
+            "  {:>5}  {:>5}  {:>6}  {:>9}  {:>7}{}",
+            level,
+            t.oracle_calls(),
+            t.oracle_tokens(),
+            t.max_turns,
+            t.context_budget,
+            if t.oracle.has_recovery() {
+                "  (with recovery)"
+            } else {
+                ""
+            }
+        );
+    }
+    Ok(())
+}
+
+fn list(packs: &Path, seed: u64) -> anyhow::Result<ExitCode> {
+    println!("calls: oracle tool calls before `answer`; tokens: bytes of prompt, calls and tool outputs (byte-level tokenizer)\n");
+    for fam in builtin_families() {
+        level_table(fam.as_ref(), seed)?;
+        println!();
+    }
+    if packs.exists() {
+        for file in pack_files(packs)? {
+            match load_pack(&file) {
+                Ok(p) => level_table(&p, seed)?,
+                Err(e) => println!(
+                    "{} — invalid, run `corvid tasks validate {}`: {e}",
+                    file.display(),
+                    file.display()
+                ),
+            }
+            println!();
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn instance(a: &ShowArgs) -> anyhow::Result<TaskInstance> {
+    let fam: Box<dyn TaskFamily> = match (&a.family, &a.pack) {
+        (_, Some(p)) => Box::new(load_pack(p)?),
+        (Some(f), None) => builtin_family(f)?,
+        (None, None) => anyhow::bail!("give --family NAME or --pack FILE"),
+    };
+    Ok(fam.instance(a.level, a.seed)?)
+}
+
+fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
+    let t = instance(a)?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&t)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!(
+        "task {}  spec {}",
+        t.id,
+        &t.spec_hash[..16.min(t.spec_hash.len())]
+    );
+    println!(
+        "max_turns {}  context_budget {}",
+        t.max_turns, t.context_budget
+    );
+    let tools: Vec<String> = t
+        .tools
+        .iter()
+        .map(|s| match s.limits.max_calls {
+            Some(n) => format!("{} (≤{n} calls)", s.name),
+            None => s.name.clone(),
+        })
+        .collect();
+    println!("tools: {}", tools.join(", "));
+    println!("checker: {}", serde_json::to_string(&t.checker)?);
+    println!("\n--- prompt\n{}", t.prompt);
+    println!("\n--- files ({})", t.files.len());
+    for (p, b) in &t.files {
+        println!("{p} ({} bytes)", b.len());
+    }
+    if !t.read_only.corpus.is_empty() {
+        println!("\n--- corpus ({} documents)", t.read_only.corpus.len());
+        for d in &t.read_only.corpus {
+            println!("[{}] {}", d.id, d.title);
+        }
+    }
+    if !a.oracle {
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("\n--- oracle episode");
+    let mut sim = Simulator::new(t.files.clone(), &t.read_only.corpus);
+    let mut steps = t.oracle.steps.clone();
+    steps.push(t.oracle.answer_step());
+    let calls: Vec<_> = steps.iter().map(|s| s.tool_call()).collect();
+    let mut statuses = Vec::new();
+    for s in &steps {
+        let (status, _) = sim.call(&s.name, &s.arguments);
+        statuses.push(status);
+    }
+    let turns: Vec<ScoredTurn> = calls
+        .iter()
+        .zip(&statuses)
+        .map(|(c, &status)| ScoredTurn { call: c, status })
+        .collect();
+    let rewards = score_turns(&t.process_rules, &turns);
+    for (i, s) in steps.iter().enumerate() {
+        let status: ToolStatus = statuses[i];
+        println!(
+            "turn {i}: <tool_call>{}</tool_call>\n  -> {status} ({} bytes), process reward {:+.2}",
+            serde_json::json!({"name": s.name, "arguments": s.arguments}),
+            s.output.len(),
+            rewards[i]
+        );
+        for line in s.output.lines() {
+            println!("  | {line}");
+        }
+    }
+    let verdict = t.checker.check(sim.answer.as_deref(), &sim.files);
+    println!(
+        "\nprocess reward total {:+.2}; {} calls, ~{} tokens",
+        rewards.iter().sum::<f64>(),
+        t.oracle_calls(),
+        t.oracle_tokens()
+    );
+    match verdict {
+        Verdict::Pass => {
+            println!("checker: PASS");
+            Ok(ExitCode::SUCCESS)
+        }
+        Verdict::NeedsSandbox => {
+            println!("checker: needs the sandbox (command_exit / wasi); not evaluated here");
+            Ok(ExitCode::SUCCESS)
+        }
+        Verdict::Fail(why) => {
+            println!("checker: FAIL — {why}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
+
+fn validate(path: &Path) -> anyhow::Result<ExitCode> {
+    let files = pack_files(path)?;
+    if files.is_empty() {
+        anyhow::bail!("no *.toml packs under {}", path.display());
+    }
+    let mut bad = 0;
+    for f in &files {
+        match load_pack(f) {
+            Ok(p) => println!(
+                "ok: {} (pack `{}`, {} level(s))",
+                f.display(),
+                p.name(),
+                p.levels()
+            ),
+            Err(TasksError::Pack(diags)) => {
+                bad += 1;
+                for d in diags {
+                    eprintln!("error: {d}");
+                }
+            }
+            Err(e) => {
+                bad += 1;
+                eprintln!("error: {e}");
+            }
+        }
+    }
+    if bad > 0 {
+        eprintln!("{bad} of {} pack(s) have errors", files.len());
+        return Ok(ExitCode::from(1));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: TasksArgs,
+    }
+
+    #[test]
+    fn sample_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "corvid", "sample", "--family", "hops", "--level", "8", "--seed", "1", "--oracle",
+        ])
+        .unwrap();
+        match cli.args.command {
+            TasksCommand::Sample(a) => {
+                assert_eq!(
+                    (a.family.as_deref(), a.level, a.seed, a.oracle),
+                    (Some("hops"), 8, 1, true)
+                )
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn family_and_pack_conflict() {
+        assert!(
+            Cli::try_parse_from(["corvid", "show", "--family", "hops", "--pack", "x.toml"])
+                .is_err()
+        );
+        assert!(Cli::try_parse_from(["corvid", "show"]).is_err());
+    }
 }
