@@ -4,8 +4,8 @@
 //! Shape legend: `t` tokens, `e` experts, `k` experts per token, `b` histogram bins.
 //!
 //! Quantile balancing (Su, kexue.fm/archives/11619; torchtitan `kimi_k3/quantile_balance.py`):
-//! token `t` picks expert `e` when `s_te + b_e` beats the cutoff `c_t` (the (k+1)-th biased
-//! score), so the bias `e` needs is `r_te = c_t − s_te`. For every expert to receive a k/E
+//! token `t` picks expert `e` when `s_te + b_e` beats the cutoff `c_t` (midway between the
+//! k-th and (k+1)-th biased scores; see `router.rs` for why not the (k+1)-th itself), so the bias `e` needs is `r_te = c_t − s_te`. For every expert to receive a k/E
 //! share of tokens, set `b_e` to the k/E quantile of `r_·e`, then mean-centre. There is no step
 //! size. `r` is accumulated in a per-expert histogram of [`QB_BINS`] bins over
 //! `[min b − 1, max b + 1]` so micro-batches (and data-parallel ranks) can be summed before
