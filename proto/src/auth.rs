@@ -67,7 +67,13 @@ mod tests {
         assert_eq!(check(Some(b"Bearer s3cret"), "s3cret"), Ok(()));
         assert_eq!(check(None, "s3cret"), Err(AuthError::Missing));
         assert_eq!(check(Some(b"s3cret"), "s3cret"), Err(AuthError::Malformed));
-        assert_eq!(check(Some(b"Bearer s3cre"), "s3cret"), Err(AuthError::Wrong));
-        assert_eq!(check(Some(b"Bearer s3cret "), "s3cret"), Err(AuthError::Wrong));
+        assert_eq!(
+            check(Some(b"Bearer s3cre"), "s3cret"),
+            Err(AuthError::Wrong)
+        );
+        assert_eq!(
+            check(Some(b"Bearer s3cret "), "s3cret"),
+            Err(AuthError::Wrong)
+        );
     }
 }

@@ -9,8 +9,10 @@
 //! - [`types`] holds the domain types: [`TaskRef`], [`TrajectoryHeader`], [`Step`],
 //!   [`TrajectoryFooter`] and friends, with validated conversions to and from the
 //!   wire ([`TryFrom`] from `pb`, [`From`] into `pb`).
+//! - [`synthetic`] makes deterministic trajectories for tests and benchmarks.
 //! - [`limits`] fixes the message and chunk sizes both sides enforce.
-//! - [`auth`] builds and checks the shared-token metadata.
+//! - [`auth`] builds and checks the shared-token metadata; [`client`] connects
+//!   with it and turns a trajectory into the part stream `SubmitTrajectory` takes.
 //!
 //! ```
 //! use corvid_proto::{Step, ProtoError};
@@ -22,7 +24,9 @@
 #![deny(missing_docs)]
 
 pub mod auth;
+pub mod client;
 pub mod limits;
+pub mod synthetic;
 pub mod types;
 
 /// Code generated from `corvid/v1/learner.proto`.

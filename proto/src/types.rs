@@ -40,10 +40,7 @@ pub fn validate_trajectory_id(id: &str) -> Result<(), ProtoError> {
     if id.is_empty() || id.len() > MAX_TRAJECTORY_ID_LEN {
         return Err(invalid(
             "trajectory_id",
-            format!(
-                "length {} is outside 1..={MAX_TRAJECTORY_ID_LEN}",
-                id.len()
-            ),
+            format!("length {} is outside 1..={MAX_TRAJECTORY_ID_LEN}", id.len()),
         ));
     }
     if let Some(c) = id
@@ -200,7 +197,10 @@ impl TryFrom<pb::TrajectoryHeader> for TrajectoryHeader {
     fn try_from(h: pb::TrajectoryHeader) -> Result<Self, ProtoError> {
         validate_trajectory_id(&h.trajectory_id)?;
         Ok(Self {
-            task: h.task.ok_or(ProtoError::Missing("header.task"))?.try_into()?,
+            task: h
+                .task
+                .ok_or(ProtoError::Missing("header.task"))?
+                .try_into()?,
             sampling: h
                 .sampling
                 .ok_or(ProtoError::Missing("header.sampling"))?
@@ -734,7 +734,10 @@ mod tests {
                 TrajectoryFooter::try_from(pb::TrajectoryFooter::from(f)).unwrap(),
                 f
             );
-            assert_eq!(termination.as_str().parse::<Termination>().unwrap(), termination);
+            assert_eq!(
+                termination.as_str().parse::<Termination>().unwrap(),
+                termination
+            );
         }
     }
 
@@ -742,12 +745,23 @@ mod tests {
     fn misaligned_or_bad_steps_are_refused_with_the_field_named() {
         let mut s = Step::generated(0, vec![1, 2], vec![-0.1], 1);
         let err = s.validate().unwrap_err().to_string();
-        assert!(err.contains("step.logprobs") && err.contains("1 entries"), "{err}");
+        assert!(
+            err.contains("step.logprobs") && err.contains("1 entries"),
+            "{err}"
+        );
         s.logprobs = vec![-0.1, f32::NAN];
-        assert!(s.validate().unwrap_err().to_string().contains("logprobs[1]"));
+        assert!(s
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("logprobs[1]"));
         let mut c = Step::context(0, vec![1]);
         c.logprobs[0] = -0.3;
-        assert!(c.validate().unwrap_err().to_string().contains("loss_mask=false"));
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("loss_mask=false"));
     }
 
     #[test]

@@ -1,1 +1,530 @@
-//! The durable trajectory store (sled).
+//! The durable trajectory store, on sled 0.34.
+//!
+//! # Guarantees
+//!
+//! 1. **Acked ⇒ durable.** [`TrajectoryWriter::finish`] returns only after
+//!    `sled::Db::flush_async` has returned, and sled 0.34 promises that "if this
+//!    succeeds, it is guaranteed that all previous writes will be recovered if the
+//!    system crashes". The learner acks a trajectory only after `finish` returns.
+//! 2. **No half-written trajectory is visible.** Readers ([`TrajectoryStore::get`],
+//!    [`TrajectoryStore::steps`], [`TrajectoryStore::list`], export and the trainer's
+//!    [`TrajectoryStore::finished_since`]) only ever see trajectories whose record
+//!    says `Finished`, and that flag flips in the same sled transaction that writes
+//!    the indexes and clears the `open` marker.
+//! 3. **Idempotent by id.** Beginning a trajectory whose id is already finished
+//!    returns [`Begin::Duplicate`] and writes nothing.
+//!
+//! # Write path
+//!
+//! 1. `begin`: insert the record (status `Open`) into `meta` and the id into `open`.
+//! 2. `append`: insert each step into `steps` under (id, seq) as it arrives; the
+//!    stream is never held whole in memory.
+//! 3. `finish`: check the footer's totals against what was appended, then one
+//!    transaction over `meta`, `open`, `by_version`, `by_task`, `by_status` and
+//!    `by_seq` flips the record to `Finished` and writes its index entries;
+//!    then `flush_async` (the only fsync), then return.
+//!
+//! # Recovery rule
+//!
+//! [`TrajectoryStore::open`] deletes every trajectory still listed in `open`
+//! (its steps and its record): it was never acknowledged, so as far as any client
+//! knows it never happened, and the actor resends it under the same id. A writer
+//! dropped without `finish` (a broken stream, a validation error) deletes its
+//! partial data at once in the same way.
+//!
+//! # Trees
+//!
+//! | tree | key | value |
+//! |---|---|---|
+//! | `meta` | id | [`TrajectoryRecord`] as JSON |
+//! | `steps` | id ‖ 0 ‖ seq (u64 BE) | the step, protobuf-encoded (`corvid.v1.Step`) |
+//! | `open` | id | empty: begun, not finished |
+//! | `by_version` | policy version (u64 BE) ‖ id | empty |
+//! | `by_task` | family ‖ 0 ‖ level (u32 BE) ‖ id | empty |
+//! | `by_status` | termination (u8) ‖ success (u8) ‖ id | empty |
+//! | `by_seq` | finish order (u64 BE) | id: the trainer's cursor walks this |
+//! | `consumed` | id | trainer step (u64 BE) that consumed it |
+
+mod keys;
+mod read;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use corvid_proto::{pb, ProtoError, Step, TrajectoryFooter, TrajectoryHeader};
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
+
+pub use read::{ExportSummary, Filter, StoreStats};
+
+/// Page-cache budget handed to sled. Bounds the store's memory no matter how
+/// much is ingested (sled's default is 1 GiB).
+pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
+
+/// Everything that can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// sled failed (I/O, corruption).
+    #[error("store at {path}: {source}")]
+    Sled {
+        /// Store directory.
+        path: PathBuf,
+        /// The sled error.
+        #[source]
+        source: sled::Error,
+    },
+    /// A stored value did not decode: the store is corrupt or from another version.
+    #[error("store record for trajectory {id:?} is corrupt: {reason}")]
+    Corrupt {
+        /// Trajectory id.
+        id: String,
+        /// What failed to decode.
+        reason: String,
+    },
+    /// A submitted part is invalid; nothing of the trajectory is kept.
+    #[error("trajectory {id:?}: {reason}")]
+    Invalid {
+        /// Trajectory id.
+        id: String,
+        /// What was wrong.
+        reason: String,
+    },
+    /// Another stream is writing the same id right now.
+    #[error("trajectory {id:?} is being written by another stream; retry later")]
+    Busy {
+        /// Trajectory id.
+        id: String,
+    },
+    /// An I/O error outside sled (export).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Result alias for the store.
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Whether a trajectory has been finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RecordStatus {
+    /// Begun, steps may be arriving; invisible to readers.
+    Open,
+    /// Footer stored and flushed; visible.
+    Finished,
+}
+
+/// The `meta` value of one trajectory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TrajectoryRecord {
+    /// The header as submitted.
+    pub header: TrajectoryHeader,
+    /// Open or finished.
+    pub status: RecordStatus,
+    /// The footer, once finished.
+    pub footer: Option<TrajectoryFooter>,
+    /// Position in finish order (the trainer's cursor), once finished.
+    pub finish_seq: Option<u64>,
+    /// When the store finished it, ms since the Unix epoch.
+    pub stored_unix_ms: u64,
+}
+
+impl TrajectoryRecord {
+    fn encode(&self) -> Vec<u8> {
+        // Serialising plain data to JSON cannot fail.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+
+    fn decode(id: &str, bytes: &[u8]) -> Result<Self> {
+        serde_json::from_slice(bytes).map_err(|e| StoreError::Corrupt {
+            id: id.to_owned(),
+            reason: format!("record: {e}"),
+        })
+    }
+}
+
+/// What [`TrajectoryStore::begin`] found.
+#[derive(Debug)]
+pub enum Begin {
+    /// A new trajectory: append its steps, then finish.
+    New(TrajectoryWriter),
+    /// This id is already finished; nothing was written.
+    Duplicate(Box<TrajectoryRecord>),
+}
+
+/// The trajectory store. Cheap to share behind an [`Arc`]; all methods take `&self`.
+pub struct TrajectoryStore {
+    path: PathBuf,
+    db: sled::Db,
+    meta: sled::Tree,
+    steps: sled::Tree,
+    open: sled::Tree,
+    by_version: sled::Tree,
+    by_task: sled::Tree,
+    by_status: sled::Tree,
+    by_seq: sled::Tree,
+    consumed: sled::Tree,
+    /// Ids with a live writer in this process.
+    active: Arc<Mutex<HashSet<String>>>,
+}
+
+impl std::fmt::Debug for TrajectoryStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TrajectoryStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TrajectoryStore {
+    /// Opens (or creates) the store in `path` and applies the recovery rule.
+    pub fn open(path: impl AsRef<Path>) -> Result<Self> {
+        Self::open_with_cache(path, DEFAULT_CACHE_BYTES)
+    }
+
+    /// Like [`open`](Self::open) with an explicit sled page-cache budget in bytes.
+    pub fn open_with_cache(path: impl AsRef<Path>, cache_bytes: u64) -> Result<Self> {
+        let path = path.as_ref().to_path_buf();
+        let sled_err = |source| StoreError::Sled {
+            path: path.clone(),
+            source,
+        };
+        let db = sled::Config::new()
+            .path(&path)
+            .cache_capacity(cache_bytes)
+            .open()
+            .map_err(sled_err)?;
+        let tree = |name: &str| db.open_tree(name).map_err(sled_err);
+        let store = Self {
+            meta: tree("meta")?,
+            steps: tree("steps")?,
+            open: tree("open")?,
+            by_version: tree("by_version")?,
+            by_task: tree("by_task")?,
+            by_status: tree("by_status")?,
+            by_seq: tree("by_seq")?,
+            consumed: tree("consumed")?,
+            db,
+            path,
+            active: Arc::default(),
+        };
+        let swept = store.sweep_open()?;
+        if swept > 0 {
+            tracing::warn!(
+                path = %store.path.display(),
+                swept,
+                "removed unacknowledged partial trajectories left by a crash"
+            );
+            store.flush_sync()?;
+        }
+        Ok(store)
+    }
+
+    /// The store directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn sled_err(&self, source: sled::Error) -> StoreError {
+        StoreError::Sled {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    /// Deletes every trajectory in `open` (recovery rule). Returns how many.
+    fn sweep_open(&self) -> Result<usize> {
+        let ids: Vec<String> = self
+            .open
+            .iter()
+            .keys()
+            .filter_map(|k| k.ok())
+            .map(|k| String::from_utf8_lossy(&k).into_owned())
+            .collect();
+        for id in &ids {
+            self.purge_partial(id)?;
+        }
+        Ok(ids.len())
+    }
+
+    /// Removes an unfinished trajectory's steps, record and open marker.
+    fn purge_partial(&self, id: &str) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for key in self.steps.scan_prefix(keys::step_prefix(id)).keys() {
+            batch.remove(key.map_err(|e| self.sled_err(e))?);
+        }
+        self.steps
+            .apply_batch(batch)
+            .map_err(|e| self.sled_err(e))?;
+        if let Some(bytes) = self.meta.get(id).map_err(|e| self.sled_err(e))? {
+            if TrajectoryRecord::decode(id, &bytes)?.status == RecordStatus::Open {
+                self.meta.remove(id).map_err(|e| self.sled_err(e))?;
+            }
+        }
+        self.open.remove(id).map_err(|e| self.sled_err(e))?;
+        Ok(())
+    }
+
+    /// Starts storing a trajectory, or reports that it is already stored.
+    ///
+    /// A leftover open trajectory with the same id (a stream that broke earlier)
+    /// is discarded first. A trajectory being written right now by another stream
+    /// is refused with [`StoreError::Busy`].
+    pub fn begin(self: &Arc<Self>, header: TrajectoryHeader) -> Result<Begin> {
+        let id = header.trajectory_id.clone();
+        if let Some(rec) = self.record(&id)? {
+            if rec.status == RecordStatus::Finished {
+                return Ok(Begin::Duplicate(Box::new(rec)));
+            }
+        }
+        {
+            let mut active = self.active.lock().unwrap_or_else(|p| p.into_inner());
+            if !active.insert(id.clone()) {
+                return Err(StoreError::Busy { id });
+            }
+        }
+        // From here on the writer's drop guard owns cleanup of `id`.
+        let writer = TrajectoryWriter {
+            store: Arc::clone(self),
+            header,
+            next_seq: 0,
+            tokens: 0,
+            generated: 0,
+            finished: false,
+        };
+        // Re-check under the active lock: a finish may have raced with the check above.
+        if let Some(rec) = self.record(&id)? {
+            if rec.status == RecordStatus::Finished {
+                let mut w = writer;
+                w.finished = true; // nothing of ours to clean up
+                return Ok(Begin::Duplicate(Box::new(rec)));
+            }
+            self.purge_partial(&id)?;
+        }
+        let rec = TrajectoryRecord {
+            header: writer.header.clone(),
+            status: RecordStatus::Open,
+            footer: None,
+            finish_seq: None,
+            stored_unix_ms: 0,
+        };
+        self.open
+            .insert(id.as_bytes(), &[][..])
+            .map_err(|e| self.sled_err(e))?;
+        self.meta
+            .insert(id.as_bytes(), rec.encode())
+            .map_err(|e| self.sled_err(e))?;
+        Ok(Begin::New(writer))
+    }
+
+    /// Flushes everything written so far to disk (blocking).
+    pub fn flush_sync(&self) -> Result<()> {
+        self.db.flush().map(|_| ()).map_err(|e| self.sled_err(e))
+    }
+
+    /// Raw record of `id`, open or finished (internal; readers use [`get`](Self::get)).
+    fn record(&self, id: &str) -> Result<Option<TrajectoryRecord>> {
+        match self.meta.get(id).map_err(|e| self.sled_err(e))? {
+            Some(bytes) => Ok(Some(TrajectoryRecord::decode(id, &bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Marks trajectories as consumed by trainer step `step`.
+    pub fn mark_consumed<'a>(
+        &self,
+        ids: impl IntoIterator<Item = &'a str>,
+        step: u64,
+    ) -> Result<()> {
+        let mut batch = sled::Batch::default();
+        for id in ids {
+            batch.insert(id.as_bytes(), &step.to_be_bytes());
+        }
+        self.consumed
+            .apply_batch(batch)
+            .map_err(|e| self.sled_err(e))
+    }
+
+    /// The trainer step that consumed `id`, if any.
+    pub fn consumed_at(&self, id: &str) -> Result<Option<u64>> {
+        Ok(self
+            .consumed
+            .get(id)
+            .map_err(|e| self.sled_err(e))?
+            .and_then(|v| <[u8; 8]>::try_from(v.as_ref()).ok())
+            .map(u64::from_be_bytes))
+    }
+}
+
+/// Writes one trajectory. Dropping it without [`finish`](Self::finish) deletes
+/// everything it wrote.
+#[derive(Debug)]
+pub struct TrajectoryWriter {
+    store: Arc<TrajectoryStore>,
+    header: TrajectoryHeader,
+    next_seq: u64,
+    tokens: u64,
+    generated: u64,
+    finished: bool,
+}
+
+impl TrajectoryWriter {
+    /// The trajectory's id.
+    pub fn id(&self) -> &str {
+        &self.header.trajectory_id
+    }
+
+    /// Steps appended so far (also the next expected seq).
+    pub fn steps_appended(&self) -> u64 {
+        self.next_seq
+    }
+
+    /// Tokens appended so far.
+    pub fn tokens_appended(&self) -> u64 {
+        self.tokens
+    }
+
+    fn invalid(&self, reason: impl Into<String>) -> StoreError {
+        StoreError::Invalid {
+            id: self.id().to_owned(),
+            reason: reason.into(),
+        }
+    }
+
+    /// Appends step `seq`, which must be the next in sequence. The step is
+    /// validated, encoded and written at once; nothing is buffered.
+    pub fn append(&mut self, seq: u64, step: Step) -> Result<()> {
+        if seq != self.next_seq {
+            return Err(self.invalid(format!(
+                "sequence gap: expected step chunk seq {}, got {seq}",
+                self.next_seq
+            )));
+        }
+        if seq >= corvid_proto::limits::MAX_STEPS_PER_TRAJECTORY {
+            return Err(self.invalid(format!(
+                "more than {} steps",
+                corvid_proto::limits::MAX_STEPS_PER_TRAJECTORY
+            )));
+        }
+        step.validate()
+            .map_err(|e: ProtoError| self.invalid(format!("step chunk seq {seq}: {e}")))?;
+        let (tokens, generated) = (step.token_ids.len() as u64, step.generated_count() as u64);
+        let bytes = pb::Step::from(step).encode_to_vec();
+        self.store
+            .steps
+            .insert(keys::step_key(self.id(), seq), bytes)
+            .map_err(|e| self.store.sled_err(e))?;
+        self.next_seq += 1;
+        self.tokens += tokens;
+        self.generated += generated;
+        Ok(())
+    }
+
+    /// Checks the footer against what was appended, makes the trajectory visible
+    /// and durable, and returns its record. Only after this returns may it be acked.
+    pub async fn finish(mut self, footer: TrajectoryFooter) -> Result<TrajectoryRecord> {
+        let rec = self.commit(footer)?;
+        // Committed: from here a failed flush must not purge it (a resend is acked
+        // as a duplicate once it is on disk).
+        self.finished = true;
+        self.store
+            .db
+            .flush_async()
+            .await
+            .map_err(|e| self.store.sled_err(e))?;
+        Ok(rec)
+    }
+
+    /// Blocking twin of [`finish`](Self::finish), for tools and tests outside async code.
+    pub fn finish_blocking(mut self, footer: TrajectoryFooter) -> Result<TrajectoryRecord> {
+        let rec = self.commit(footer)?;
+        self.finished = true;
+        self.store.flush_sync()?;
+        Ok(rec)
+    }
+
+    /// The transaction of write-path step 3 (everything but the flush).
+    fn commit(&mut self, footer: TrajectoryFooter) -> Result<TrajectoryRecord> {
+        for (what, claimed, actual) in [
+            ("step_count", footer.step_count, self.next_seq),
+            ("token_count", footer.token_count, self.tokens),
+            (
+                "generated_token_count",
+                footer.generated_token_count,
+                self.generated,
+            ),
+        ] {
+            if claimed != actual {
+                return Err(self.invalid(format!(
+                    "footer.{what} is {claimed} but {actual} were streamed"
+                )));
+            }
+        }
+        let s = &self.store;
+        // Positions start at 1 so that cursor 0 means "from the start".
+        let finish_seq = s.db.generate_id().map_err(|e| s.sled_err(e))? + 1;
+        let rec = TrajectoryRecord {
+            header: self.header.clone(),
+            status: RecordStatus::Finished,
+            footer: Some(footer),
+            finish_seq: Some(finish_seq),
+            stored_unix_ms: now_unix_ms(),
+        };
+        let id = self.header.trajectory_id.as_bytes();
+        let [kv, kt, ks] = keys::index_keys(&self.header, &footer);
+        let value = rec.encode();
+        (
+            &s.meta,
+            &s.open,
+            &s.by_version,
+            &s.by_task,
+            &s.by_status,
+            &s.by_seq,
+        )
+            .transaction(|(meta, open, by_version, by_task, by_status, by_seq)| {
+                meta.insert(id, value.clone())?;
+                open.remove(id)?;
+                by_version.insert(kv.clone(), &[][..])?;
+                by_task.insert(kt.clone(), &[][..])?;
+                by_status.insert(ks.clone(), &[][..])?;
+                by_seq.insert(&finish_seq.to_be_bytes(), id)?;
+                Ok::<_, ConflictableTransactionError<()>>(())
+            })
+            .map_err(|e| match e {
+                TransactionError::Storage(e) => s.sled_err(e),
+                TransactionError::Abort(()) => s.sled_err(sled::Error::Unsupported(
+                    "finish transaction aborted".into(),
+                )),
+            })?;
+        Ok(rec)
+    }
+}
+
+impl Drop for TrajectoryWriter {
+    fn drop(&mut self) {
+        let id = self.header.trajectory_id.clone();
+        if !self.finished {
+            if let Err(e) = self.store.purge_partial(&id) {
+                // The recovery rule removes it at the next open.
+                tracing::error!(trajectory = %id, error = %e, "could not remove partial trajectory");
+            }
+        }
+        let mut active = self.store.active.lock().unwrap_or_else(|p| p.into_inner());
+        active.remove(&id);
+    }
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}

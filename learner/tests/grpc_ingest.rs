@@ -1,0 +1,407 @@
+//! `SubmitTrajectory` over a real tonic server on loopback into a real store:
+//! round trip, idempotence, authentication and every malformed-stream class,
+//! each leaving nothing partial behind.
+
+use std::sync::Arc;
+
+use corvid_learner::server::{serve, LearnerService};
+use corvid_learner::store::TrajectoryStore;
+use corvid_proto::client::{connect, trajectory_parts, AuthedClient};
+use corvid_proto::limits::MAX_STEP_CHUNK_BYTES;
+use corvid_proto::pb::{self, trajectory_part::Part};
+use corvid_proto::synthetic::{self, Shape};
+use corvid_proto::Step;
+use prost::Message;
+use tonic::Code;
+
+const TOKEN: &str = "test-token";
+
+struct Learner {
+    url: String,
+    store: Arc<TrajectoryStore>,
+    _dir: tempfile::TempDir,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+async fn start() -> Learner {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(TrajectoryStore::open(dir.path().join("store")).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let service = LearnerService::new(Arc::clone(&store));
+    tokio::spawn(async move {
+        serve(listener, service, TOKEN, async {
+            let _ = stopped.await;
+        })
+        .await
+        .unwrap();
+    });
+    Learner {
+        url,
+        store,
+        _dir: dir,
+        _stop: stop,
+    }
+}
+
+async fn client(l: &Learner) -> AuthedClient {
+    connect(&l.url, TOKEN).await.unwrap()
+}
+
+fn header_part(id: &str) -> pb::TrajectoryPart {
+    pb::TrajectoryPart {
+        part: Some(Part::Header(synthetic::header(id, "hops", 1, 0).into())),
+    }
+}
+
+fn step_part(seq: u64, step: Step) -> pb::TrajectoryPart {
+    pb::TrajectoryPart {
+        part: Some(Part::Step(pb::StepChunk {
+            seq,
+            step: Some(step.into()),
+        })),
+    }
+}
+
+fn footer_part(id: &str, shape: Shape) -> pb::TrajectoryPart {
+    pb::TrajectoryPart {
+        part: Some(Part::Footer(synthetic::footer(id, shape).into())),
+    }
+}
+
+async fn submit(
+    c: &mut AuthedClient,
+    parts: Vec<pb::TrajectoryPart>,
+) -> Result<pb::SubmitAck, tonic::Status> {
+    c.submit_trajectory(futures::stream::iter(parts))
+        .await
+        .map(|r| r.into_inner())
+}
+
+/// Nothing of `id` is visible, open or left in the step tree.
+fn assert_nothing_of(store: &TrajectoryStore, id: &str) {
+    assert!(store.get(id).unwrap().is_none(), "{id} is visible");
+    assert_eq!(
+        store.stats().unwrap().open,
+        0,
+        "{id} left an open trajectory"
+    );
+    assert_eq!(store.stats().unwrap().finished, 0);
+}
+
+const SMALL: Shape = Shape {
+    steps: 3,
+    tokens_per_step: 10,
+};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn million_token_trajectory_round_trips_byte_identical() {
+    let l = start().await;
+    let mut c = client(&l).await;
+    let shape = Shape {
+        steps: 1000,
+        tokens_per_step: 1000,
+    };
+    let id = "million";
+    let ack = c
+        .submit_trajectory(trajectory_parts(
+            synthetic::header(id, "hops", 8, 3),
+            synthetic::steps(id, shape),
+            synthetic::footer(id, shape),
+        ))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (ack.duplicate, ack.steps_stored, ack.tokens_stored),
+        (false, 1000, 1_000_000)
+    );
+
+    let rec = l.store.get(id).unwrap().unwrap();
+    assert_eq!(rec.header, synthetic::header(id, "hops", 8, 3));
+    let mut n = 0;
+    for (seq, stored) in l.store.steps(id).unwrap().unwrap().enumerate() {
+        let want = synthetic::step(id, seq as u64, shape);
+        let stored = pb::Step::from(stored.unwrap()).encode_to_vec();
+        assert!(
+            stored == pb::Step::from(want).encode_to_vec(),
+            "step {seq} differs"
+        );
+        n += 1;
+    }
+    assert_eq!(n, 1000);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resubmitting_a_finished_id_is_acked_and_stored_once() {
+    let l = start().await;
+    let mut c = client(&l).await;
+    let send = |c: &mut AuthedClient| {
+        let mut c = c.clone();
+        async move {
+            c.submit_trajectory(trajectory_parts(
+                synthetic::header("t1", "hops", 1, 0),
+                synthetic::steps("t1", SMALL),
+                synthetic::footer("t1", SMALL),
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    };
+    let first = send(&mut c).await;
+    let second = send(&mut c).await;
+    assert!(!first.duplicate);
+    assert!(second.duplicate);
+    assert_eq!((second.steps_stored, second.tokens_stored), (3, 30));
+    let stats = l.store.stats().unwrap();
+    assert_eq!((stats.finished, stats.steps), (1, 3));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_or_wrong_token_is_unauthenticated() {
+    let l = start().await;
+    let channel = tonic::transport::Endpoint::from_shared(l.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut anonymous = pb::learner_client::LearnerClient::new(channel);
+    let err = anonymous
+        .submit_trajectory(futures::stream::iter(vec![header_part("t1")]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("missing"), "{}", err.message());
+    let err = anonymous
+        .policy_info(pb::PolicyInfoRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+
+    let mut wrong = connect(&l.url, "not-the-token").await.unwrap();
+    let err = submit(
+        &mut wrong,
+        vec![
+            header_part("t1"),
+            footer_part(
+                "t1",
+                Shape {
+                    steps: 0,
+                    tokens_per_step: 0,
+                },
+            ),
+        ],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::Unauthenticated);
+    assert!(err.message().contains("wrong token"), "{}", err.message());
+    assert_nothing_of(&l.store, "t1");
+}
+
+async fn assert_invalid(l: &Learner, parts: Vec<pb::TrajectoryPart>, id: &str, says: &str) {
+    let mut c = client(l).await;
+    let err = submit(&mut c, parts).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{}", err.message());
+    assert!(
+        err.message().contains(says),
+        "message {:?} should say {says:?}",
+        err.message()
+    );
+    assert_nothing_of(&l.store, id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_streams_are_invalid_argument_and_leave_nothing() {
+    let l = start().await;
+    let s = |seq| synthetic::step("t1", seq, SMALL);
+    assert_invalid(
+        &l,
+        vec![footer_part("t1", SMALL)],
+        "t1",
+        "a footer arrived before the header",
+    )
+    .await;
+    assert_invalid(
+        &l,
+        vec![step_part(0, s(0))],
+        "t1",
+        "step chunk seq 0 arrived before the header",
+    )
+    .await;
+    assert_invalid(
+        &l,
+        vec![
+            header_part("t1"),
+            step_part(0, s(0)),
+            step_part(2, s(2)),
+            footer_part("t1", SMALL),
+        ],
+        "t1",
+        "sequence gap: expected step chunk seq 1, got 2",
+    )
+    .await;
+    assert_invalid(
+        &l,
+        vec![
+            header_part("t1"),
+            step_part(0, s(0)),
+            header_part("t2"),
+            footer_part("t1", SMALL),
+        ],
+        "t1",
+        "a header for trajectory \"t2\" arrived mid-stream",
+    )
+    .await;
+    assert_invalid(
+        &l,
+        vec![header_part("t1"), step_part(0, s(0))],
+        "t1",
+        "stream ended after 1 step chunks without a footer",
+    )
+    .await;
+    assert_invalid(
+        &l,
+        vec![
+            header_part("t1"),
+            step_part(0, s(0)),
+            footer_part("t1", SMALL),
+        ],
+        "t1",
+        "footer.step_count is 3 but 1 were streamed",
+    )
+    .await;
+    let mut bad = s(0);
+    bad.logprobs.pop();
+    assert_invalid(
+        &l,
+        vec![header_part("t1"), step_part(0, bad)],
+        "t1",
+        "step.logprobs",
+    )
+    .await;
+    let mut bad_header = header_part("t1");
+    if let Some(Part::Header(h)) = &mut bad_header.part {
+        h.trajectory_id = "../etc".into();
+    }
+    assert_invalid(&l, vec![bad_header], "t1", "trajectory_id").await;
+    assert_invalid(&l, vec![], "t1", "empty stream").await;
+    let mut all = vec![header_part("t1")];
+    all.extend((0..3).map(|i| step_part(i, s(i))));
+    all.push(footer_part("t1", SMALL));
+    all.push(step_part(3, s(3)));
+    assert_invalid(&l, all, "t1", "step chunk seq 3 arrived after the footer").await;
+}
+
+/// A context-only step whose `StepChunk` encoding is exactly `target` bytes.
+fn chunk_of_size(seq: u64, target: usize) -> pb::TrajectoryPart {
+    let tokens = target / 8; // each token costs ~6 bytes (id, mask, logprob, version)
+    let mut step = Step::context(0, vec![1; tokens]);
+    let mut pad = 0usize;
+    loop {
+        step.tool_call = Some(corvid_proto::ToolCall {
+            name: "x".into(),
+            arguments_json: "y".repeat(pad),
+        });
+        let chunk = pb::StepChunk {
+            seq,
+            step: Some(step.clone().into()),
+        };
+        let len = chunk.encoded_len();
+        if len == target {
+            return step_part(seq, step);
+        }
+        // Varint length prefixes can move by a byte as the padding grows: converge from both sides.
+        pad = if len < target {
+            pad + (target - len)
+        } else {
+            pad - (len - target)
+        };
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_chunk_size_limit_holds_at_its_exact_edge() {
+    let l = start().await;
+    let mut c = client(&l).await;
+    for (id, size) in [
+        ("under", MAX_STEP_CHUNK_BYTES - 1),
+        ("at", MAX_STEP_CHUNK_BYTES),
+    ] {
+        let part = chunk_of_size(0, size);
+        let Some(Part::Step(chunk)) = &part.part else {
+            unreachable!()
+        };
+        let step = Step::try_from(chunk.step.clone().unwrap()).unwrap();
+        let shape_footer = corvid_proto::TrajectoryFooter {
+            step_count: 1,
+            token_count: step.token_ids.len() as u64,
+            generated_token_count: 0,
+            ..synthetic::footer(id, SMALL)
+        };
+        let footer = pb::TrajectoryPart {
+            part: Some(Part::Footer(shape_footer.into())),
+        };
+        let ack = submit(&mut c, vec![header_part(id), part, footer])
+            .await
+            .unwrap();
+        assert_eq!(ack.steps_stored, 1, "{id}");
+    }
+    let err = submit(
+        &mut c,
+        vec![
+            header_part("over"),
+            chunk_of_size(0, MAX_STEP_CHUNK_BYTES + 1),
+        ],
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains(&format!(
+            "is {} bytes, over the {MAX_STEP_CHUNK_BYTES}-byte limit",
+            MAX_STEP_CHUNK_BYTES + 1
+        )),
+        "{}",
+        err.message()
+    );
+    assert!(l.store.get("over").unwrap().is_none());
+    assert_eq!(l.store.stats().unwrap().open, 0);
+    assert_eq!(l.store.stats().unwrap().finished, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_streams_are_each_stored_once() {
+    let l = start().await;
+    let c = client(&l).await;
+    // Sixteen streams multiplexed on one HTTP/2 connection; the server handles
+    // each in its own task.
+    let sends = (0..16).map(|i| {
+        let mut c = c.clone();
+        async move {
+            let id = format!("c{i}");
+            let shape = Shape {
+                steps: 20,
+                tokens_per_step: 100,
+            };
+            c.submit_trajectory(trajectory_parts(
+                synthetic::header(&id, "hops", 1, 0),
+                synthetic::steps(&id, shape),
+                synthetic::footer(&id, shape),
+            ))
+            .await
+            .unwrap()
+            .into_inner()
+        }
+    });
+    for ack in futures::future::join_all(sends).await {
+        assert!(!ack.duplicate);
+    }
+    let stats = l.store.stats().unwrap();
+    assert_eq!(
+        (stats.finished, stats.steps, stats.tokens),
+        (16, 320, 32_000)
+    );
+}

@@ -1,0 +1,291 @@
+//! The trajectory store on real sled on disk: visibility, idempotence, indexes,
+//! export and the trainer cursor.
+
+use std::sync::Arc;
+
+use corvid_learner::store::{Begin, Filter, TrajectoryStore};
+use corvid_proto::synthetic::{self, Shape};
+use corvid_proto::Termination;
+
+const SHAPE: Shape = Shape {
+    steps: 4,
+    tokens_per_step: 12,
+};
+
+fn open(dir: &tempfile::TempDir) -> Arc<TrajectoryStore> {
+    Arc::new(TrajectoryStore::open(dir.path().join("store")).unwrap())
+}
+
+/// Writes synthetic trajectory `id` completely.
+fn write(store: &Arc<TrajectoryStore>, id: &str, family: &str, level: u32, version: u64) {
+    let Begin::New(mut w) = store
+        .begin(synthetic::header(id, family, level, version))
+        .unwrap()
+    else {
+        panic!("{id} already stored")
+    };
+    for (seq, step) in synthetic::steps(id, SHAPE).enumerate() {
+        w.append(seq as u64, step).unwrap();
+    }
+    w.finish_blocking(synthetic::footer(id, SHAPE)).unwrap();
+}
+
+#[test]
+fn finished_trajectory_reads_back_exactly() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    write(&store, "t1", "hops", 2, 5);
+    let rec = store.get("t1").unwrap().expect("visible");
+    assert_eq!(rec.header, synthetic::header("t1", "hops", 2, 5));
+    assert_eq!(rec.footer, Some(synthetic::footer("t1", SHAPE)));
+    let steps: Vec<_> = store
+        .steps("t1")
+        .unwrap()
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(steps, synthetic::steps("t1", SHAPE).collect::<Vec<_>>());
+}
+
+#[test]
+fn unfinished_trajectory_is_invisible_to_every_reader() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    write(&store, "done", "hops", 1, 1);
+    let Begin::New(mut w) = store
+        .begin(synthetic::header("half", "hops", 1, 1))
+        .unwrap()
+    else {
+        panic!()
+    };
+    w.append(0, synthetic::step("half", 0, SHAPE)).unwrap();
+
+    assert!(store.get("half").unwrap().is_none());
+    assert!(store.steps("half").unwrap().is_none());
+    let listed: Vec<String> = store
+        .list(&Filter::default())
+        .map(|r| r.unwrap().header.trajectory_id)
+        .collect();
+    assert_eq!(listed, ["done"]);
+    let mut out = Vec::new();
+    let summary = store.export_jsonl(&Filter::default(), &mut out).unwrap();
+    assert_eq!(summary.trajectories, 1);
+    assert!(!String::from_utf8(out).unwrap().contains("\"half\""));
+    let trainer: Vec<_> = store.finished_since(0).map(|r| r.unwrap().1).collect();
+    assert_eq!(trainer.len(), 1);
+    assert_eq!(store.stats().unwrap().open, 1);
+
+    drop(w); // a broken stream: everything it wrote goes
+    assert_eq!(store.stats().unwrap().open, 0);
+    assert!(store.steps("half").unwrap().is_none());
+}
+
+#[test]
+fn resubmitting_a_finished_id_changes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    write(&store, "t1", "hops", 1, 1);
+    let before = store.get("t1").unwrap();
+    match store.begin(synthetic::header("t1", "other", 9, 9)).unwrap() {
+        Begin::Duplicate(rec) => assert_eq!(Some(*rec), before),
+        Begin::New(_) => panic!("a finished id must not be rewritten"),
+    }
+    assert_eq!(store.get("t1").unwrap(), before);
+    assert_eq!(store.stats().unwrap().finished, 1);
+}
+
+#[test]
+fn a_second_writer_for_a_live_id_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let first = store.begin(synthetic::header("t1", "hops", 1, 1)).unwrap();
+    let err = store
+        .begin(synthetic::header("t1", "hops", 1, 1))
+        .unwrap_err();
+    assert!(err.to_string().contains("another stream"), "{err}");
+    drop(first);
+    assert!(matches!(
+        store.begin(synthetic::header("t1", "hops", 1, 1)).unwrap(),
+        Begin::New(_)
+    ));
+}
+
+#[test]
+fn footer_totals_must_match_what_was_streamed() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let Begin::New(mut w) = store.begin(synthetic::header("t1", "hops", 1, 1)).unwrap() else {
+        panic!()
+    };
+    w.append(0, synthetic::step("t1", 0, SHAPE)).unwrap();
+    let err = w
+        .finish_blocking(synthetic::footer("t1", SHAPE))
+        .unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("footer.step_count is 4 but 1 were streamed"),
+        "{err}"
+    );
+    assert!(store.get("t1").unwrap().is_none());
+    assert_eq!(store.stats().unwrap().open, 0);
+}
+
+#[test]
+fn sequence_gaps_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let Begin::New(mut w) = store.begin(synthetic::header("t1", "hops", 1, 1)).unwrap() else {
+        panic!()
+    };
+    w.append(0, synthetic::step("t1", 0, SHAPE)).unwrap();
+    let err = w.append(2, synthetic::step("t1", 2, SHAPE)).unwrap_err();
+    assert!(
+        err.to_string().contains("expected step chunk seq 1, got 2"),
+        "{err}"
+    );
+}
+
+#[test]
+fn filters_use_indexes_and_agree_with_a_full_scan() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let mut n = 0;
+    for family in ["hops", "search", "shell"] {
+        for level in 1..=3 {
+            for version in 0..3 {
+                write(
+                    &store,
+                    &format!("{family}-{level}-{version}-{n}"),
+                    family,
+                    level,
+                    version,
+                );
+                n += 1;
+            }
+        }
+    }
+    let all: Vec<_> = store.list(&Filter::default()).map(|r| r.unwrap()).collect();
+    assert_eq!(all.len(), 27);
+    let filters = [
+        Filter {
+            family: Some("search".into()),
+            ..Filter::default()
+        },
+        Filter {
+            family: Some("search".into()),
+            level: Some(2),
+            ..Filter::default()
+        },
+        Filter {
+            level: Some(3),
+            ..Filter::default()
+        },
+        Filter {
+            min_policy_version: Some(1),
+            max_policy_version: Some(1),
+            ..Filter::default()
+        },
+        Filter {
+            min_policy_version: Some(2),
+            ..Filter::default()
+        },
+        Filter {
+            termination: Some(Termination::MaxTurns),
+            ..Filter::default()
+        },
+        Filter {
+            termination: Some(Termination::Answered),
+            success: Some(true),
+            ..Filter::default()
+        },
+        Filter {
+            success: Some(false),
+            ..Filter::default()
+        },
+    ];
+    for f in &filters {
+        let mut got: Vec<String> = store
+            .list(f)
+            .map(|r| r.unwrap().header.trajectory_id)
+            .collect();
+        let mut want: Vec<String> = all
+            .iter()
+            .filter(|r| f.matches(r))
+            .map(|r| r.header.trajectory_id.clone())
+            .collect();
+        got.sort();
+        want.sort();
+        assert_eq!(got, want, "{f:?}");
+        assert!(
+            !want.is_empty() || f.success.is_some(),
+            "filter matched nothing: {f:?}"
+        );
+    }
+    let limited = Filter {
+        limit: Some(5),
+        ..Filter::default()
+    };
+    assert_eq!(store.list(&limited).count(), 5);
+    let stats = store.stats().unwrap();
+    assert_eq!(stats.finished, 27);
+    assert_eq!(stats.tokens, 27 * SHAPE.tokens());
+    assert_eq!(stats.by_task["shell/2"], 3);
+}
+
+#[test]
+fn trainer_cursor_resumes_after_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let cursor;
+    {
+        let store = Arc::new(TrajectoryStore::open(&path).unwrap());
+        for i in 0..5 {
+            write(&store, &format!("a{i}"), "hops", 1, 0);
+        }
+        let read: Vec<_> = store.finished_since(0).map(|r| r.unwrap()).collect();
+        assert_eq!(read.len(), 5);
+        cursor = read[2].0;
+        store
+            .mark_consumed(
+                read[..3]
+                    .iter()
+                    .map(|(_, r)| r.header.trajectory_id.as_str()),
+                7,
+            )
+            .unwrap();
+        store.flush_sync().unwrap();
+    }
+    let store = Arc::new(TrajectoryStore::open(&path).unwrap());
+    write(&store, "b0", "hops", 1, 0);
+    let rest: Vec<String> = store
+        .finished_since(cursor)
+        .map(|r| r.unwrap().1.header.trajectory_id)
+        .collect();
+    assert_eq!(rest, ["a3", "a4", "b0"]);
+    assert_eq!(store.consumed_at("a0").unwrap(), Some(7));
+    assert_eq!(store.consumed_at("a3").unwrap(), None);
+    assert_eq!(store.stats().unwrap().consumed, 3);
+}
+
+#[test]
+fn export_is_one_json_line_per_trajectory_with_every_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    write(&store, "t1", "hops", 1, 0);
+    write(&store, "t2", "shell", 1, 0);
+    let mut out = Vec::new();
+    let summary = store.export_jsonl(&Filter::default(), &mut out).unwrap();
+    assert_eq!(summary.trajectories, 2);
+    assert_eq!(summary.steps, 8);
+    let text = String::from_utf8(out).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[0]["header"]["trajectory_id"], "t1");
+    let steps = lines[0]["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 4);
+    let first: corvid_proto::Step = serde_json::from_value(steps[0].clone()).unwrap();
+    assert_eq!(first, synthetic::step("t1", 0, SHAPE));
+}
