@@ -1,20 +1,110 @@
 //! `corvid model`: inspect model presets: parameters, FLOPs and cache size per token.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use corvid_learner::model::ModelConfig;
 
 /// inspect model presets: parameters, FLOPs and cache size per token.
 #[derive(Args, Debug)]
-#[command(after_help = "Example:
-  corvid model info --preset tiny")]
+#[command(after_help = "Examples:
+  corvid model info --preset tiny
+  corvid model info --preset k3-shape --context 32768 --json
+  corvid model info --config configs/model/tiny.toml")]
 pub struct ModelArgs {
-    /// Arguments, defined when this command lands.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+    #[command(subcommand)]
+    which: ModelCommand,
+}
+
+#[derive(Subcommand, Debug)]
+enum ModelCommand {
+    /// Total and active parameters, FLOPs per token and latent-cache bytes per token.
+    Info(InfoArgs),
+}
+
+/// Arguments of `corvid model info`.
+#[derive(Args, Debug)]
+struct InfoArgs {
+    /// Preset: tiny, small or k3-shape.
+    #[arg(long, default_value = "tiny", conflicts_with = "config")]
+    preset: String,
+    /// A model config TOML file (fields missing from it default to `tiny`).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Context length at which attention FLOPs per token are counted.
+    #[arg(long, default_value_t = 4096)]
+    context: i64,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Runs the command.
-pub fn run(_args: ModelArgs) -> anyhow::Result<ExitCode> {
-    super::not_yet("model", "the model issue")
+pub fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
+    let ModelCommand::Info(a) = args.which;
+    let (name, cfg) = match &a.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            let cfg = ModelConfig::from_toml(&text)
+                .with_context(|| format!("model config {}", path.display()))?;
+            (path.display().to_string(), cfg)
+        }
+        None => (a.preset.clone(), ModelConfig::preset(&a.preset)?),
+    };
+    let p = cfg.param_counts();
+    let bf16 = 2;
+    let cache = cfg.cache_elems_per_token() * bf16;
+    let mha = cfg.mha_cache_elems_per_token_per_layer() * cfg.num_hidden_layers * bf16;
+    let info = serde_json::json!({
+        "model": name,
+        "params_total": p.total,
+        "params_active": p.active,
+        "params_embedding": p.embedding,
+        "context": a.context,
+        "flops_per_token_forward": cfg.flops_per_token(a.context),
+        "flops_per_token_train": 3.0 * cfg.flops_per_token(a.context),
+        "cache_bytes_per_token_bf16": cache,
+        "mha_cache_bytes_per_token_bf16": mha,
+        "kv_bytes_ratio_vs_mha": cfg.kv_ratio_vs_mha(),
+        "config": cfg,
+    });
+    if a.json {
+        println!("{info}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let m = |x: i64| format!("{:.2}M", x as f64 / 1e6);
+    println!("model {name}");
+    println!(
+        "  layers {}  hidden {}  heads {}  experts {} (top-{}, {} shared)  vocab {}",
+        cfg.num_hidden_layers,
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.n_routed_experts,
+        cfg.num_experts_per_tok,
+        cfg.n_shared_experts,
+        cfg.vocab_size
+    );
+    println!(
+        "  parameters      total {}  active {}  (embedding {})",
+        m(p.total),
+        m(p.active),
+        m(p.embedding)
+    );
+    println!(
+        "  FLOPs/token     forward {:.3e}  train {:.3e}  (at context {})",
+        cfg.flops_per_token(a.context),
+        3.0 * cfg.flops_per_token(a.context),
+        a.context
+    );
+    println!(
+        "  cache/token     {cache} B bf16 (latent {} + rope {} x {} latent layers); MHA same heads: {mha} B; ratio {:.1}x",
+        cfg.kv_lora_rank,
+        cfg.qk_rope_head_dim,
+        cfg.n_latent_layers(),
+        cfg.kv_ratio_vs_mha()
+    );
+    Ok(ExitCode::SUCCESS)
 }
