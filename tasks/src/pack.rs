@@ -239,6 +239,7 @@ impl TaskPack {
             }
         };
         Self::validate(&mut d, &raw);
+        d.out.sort_by_key(|e| (e.line, e.column));
         if d.out.is_empty() {
             Ok(Self {
                 file: file.to_string(),
