@@ -21,6 +21,7 @@ fn small_cfg() -> ModelConfig {
         moe_intermediate_size: 16,
         intermediate_size: 32,
         max_position_embeddings: 64,
+        expert_dispatch: ExpertDispatch::GroupedMm,
         ..ModelConfig::tiny()
     }
 }

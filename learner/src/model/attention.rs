@@ -202,17 +202,27 @@ impl Mla {
             .expand([b, t, h, r], false);
         let k_bhtk = Tensor::cat(&[kv_bthk.narrow(3, 0, n), k_pe_bthr], 3).transpose(1, 2);
         let v_bhtv = kv_bthk.narrow(3, n, v).transpose(1, 2);
+        // Pad V to the query/key width so SDPA can take its flash kernel (CPU and CUDA flash
+        // need equal head dims; otherwise it falls back to the math path). Measured on 2 CPU
+        // threads at [16, 4, 256, 48/32]: forward 0.12 s unpadded vs 0.019 s padded.
+        let qk = n + r;
+        let v_pad_bhtk = if v < qk {
+            v_bhtv.constant_pad_nd([0, qk - v])
+        } else {
+            v_bhtv
+        };
         let scale = self.softmax_scale(rope);
-        let o_bhtv = Tensor::scaled_dot_product_attention(
+        let o_bhtk = Tensor::scaled_dot_product_attention(
             &q_bhtk,
             &k_bhtk,
-            &v_bhtv,
+            &v_pad_bhtk,
             None::<Tensor>,
             0.0,
             true,
             scale,
             false,
         );
+        let o_bhtv = o_bhtk.narrow(3, 0, v);
         self.gate_and_project(x_btd, &o_bhtv.transpose(1, 2))
     }
 

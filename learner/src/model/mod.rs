@@ -48,6 +48,7 @@
 
 pub mod attention;
 pub mod balance;
+pub mod bench;
 pub mod cache;
 pub mod checkpoint;
 pub mod config;
