@@ -206,8 +206,8 @@ fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
     for (i, s) in steps.iter().enumerate() {
         let status: ToolStatus = statuses[i];
         println!(
-            "turn {i}: <tool_call>{}</tool_call>\n  -> {status} ({} bytes), process reward {:+.2}",
-            serde_json::json!({"name": s.name, "arguments": s.arguments}),
+            "turn {i}: {}\n  -> {status} ({} bytes), process reward {:+.2}",
+            s.hermes(),
             s.output.len(),
             rewards[i]
         );

@@ -93,10 +93,19 @@ impl OracleStep {
         }
     }
 
-    /// Bytes of the call in the Hermes format `<tool_call>{"name":…,"arguments":…}</tool_call>`.
+    /// The call in the Hermes format, name first:
+    /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>`.
+    pub fn hermes(&self) -> String {
+        format!(
+            "<tool_call>{{\"name\":{},\"arguments\":{}}}</tool_call>",
+            serde_json::Value::String(self.name.clone()),
+            self.arguments
+        )
+    }
+
+    /// Bytes of [`OracleStep::hermes`].
     pub fn call_bytes(&self) -> usize {
-        let body = serde_json::json!({"name": self.name, "arguments": self.arguments});
-        "<tool_call></tool_call>".len() + body.to_string().len()
+        self.hermes().len()
     }
 }
 

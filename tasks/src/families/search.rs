@@ -101,8 +101,15 @@ impl TaskFamily for Search {
             let kind = rng.pick(&KINDS);
             let extra = filler(&mut rng, FILLER[li]).join(" ");
             let mut text = format!(
-                "{} is a {kind}. It was founded in {}. Its liaison is {}.",
-                names[i], years[i], names[liaison]
+                "{} is {} {kind}. It was founded in {}. Its liaison is {}.",
+                names[i],
+                if kind.starts_with(['a', 'e', 'i', 'o', 'u']) {
+                    "an"
+                } else {
+                    "a"
+                },
+                years[i],
+                names[liaison]
             );
             if !extra.is_empty() {
                 text.push(' ');
