@@ -1,0 +1,414 @@
+//! The wasm engine: one [`Engine`] per process with the pooling allocator,
+//! fuel, epoch interruption and a bounded stack; one [`Linker`] with WASI
+//! preview 1 (with `poll_oneoff` and `proc_exit` shadowed); one
+//! [`InstancePre`] per tool module; and a fresh [`Store`] per call.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use wasmtime::{
+    Caller, Config, Engine, InstanceAllocationStrategy, InstancePre, Linker, Module,
+    PoolingAllocationConfig, ResourceLimiter, Store, Strategy, Trap,
+};
+use wasmtime_wasi::p1::WasiP1Ctx;
+use wasmtime_wasi::p2::pipe::{MemoryInputPipe, MemoryOutputPipe};
+use wasmtime_wasi::{FsPerms, HostMonotonicClock, HostWallClock, WasiCtxBuilder};
+
+use crate::limits::{
+    Limits, EPOCH_TICK, MAX_RANDOM_BYTES, MAX_TABLE_ELEMENTS, MAX_WASM_STACK_BYTES,
+    POOL_MAX_MEMORY_BYTES,
+};
+use crate::workspace::{Workspace, WORKSPACE_GUEST_PATH};
+use crate::SandboxError;
+
+/// The toolbox module, built from `sandbox/toolbox` by `build.rs`.
+pub(crate) const TOOLBOX_WASM: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/toolbox.wasm"));
+
+/// WASI errno `ENOTSUP`, returned by the shadowed `poll_oneoff`.
+const ERRNO_NOTSUP: i32 = 58;
+
+/// Start of every episode's fixed wall clock: 2024-01-01T00:00:00Z.
+const CLOCK_EPOCH_SECS: u64 = 1_704_067_200;
+
+/// The environment every guest sees; nothing is inherited from the host.
+pub(crate) const GUEST_ENV: [(&str, &str); 3] = [
+    ("HOME", "/workspace"),
+    ("PWD", "/workspace"),
+    ("LANG", "C.UTF-8"),
+];
+
+/// Per-store state: the WASI context, the memory limiter and the exit code.
+pub(crate) struct ToolState {
+    wasi: WasiP1Ctx,
+    limiter: Limiter,
+    exit: Option<i32>,
+}
+
+/// Denies growth past the call's limits and remembers that it did, so a
+/// guest's allocation failure is reported as `memory_limit`, not a crash.
+struct Limiter {
+    memory_bytes: usize,
+    hit: bool,
+}
+
+impl ResourceLimiter for Limiter {
+    fn memory_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > self.memory_bytes {
+            self.hit = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _max: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired > MAX_TABLE_ELEMENTS {
+            self.hit = true;
+            return Ok(false);
+        }
+        Ok(true)
+    }
+    fn instances(&self) -> usize {
+        1
+    }
+    fn tables(&self) -> usize {
+        4
+    }
+    fn memories(&self) -> usize {
+        1
+    }
+}
+
+/// Raised by the shadowed `proc_exit`: any status, including ≥ 126.
+#[derive(Debug)]
+struct GuestExit(i32);
+
+impl std::fmt::Display for GuestExit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "guest exited with {}", self.0)
+    }
+}
+
+impl std::error::Error for GuestExit {}
+
+struct FixedWallClock(Duration);
+
+impl HostWallClock for FixedWallClock {
+    fn resolution(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+    fn now(&self) -> Duration {
+        self.0
+    }
+}
+
+struct FixedMonotonicClock;
+
+impl HostMonotonicClock for FixedMonotonicClock {
+    fn resolution(&self) -> u64 {
+        1_000_000_000
+    }
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+fn splitmix(state: &mut u64) -> u64 {
+    *state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    let mut z = *state;
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// How a wasm call ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RunEnd {
+    /// `_start` returned or the guest called `proc_exit`.
+    Exited(i32),
+    /// Fuel ran out.
+    OutOfFuel,
+    /// The epoch deadline passed.
+    Timeout,
+    /// A memory or table growth was refused, or the stack overflowed.
+    Memory(&'static str),
+    /// Another trap (`true`; a Rust guest's panic aborts with `unreachable`)
+    /// or a WASI call with invalid arguments (`false`).
+    Crashed(bool),
+}
+
+/// The raw result of a wasm call, before rendering.
+pub(crate) struct RawRun {
+    pub end: RunEnd,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_full: bool,
+    pub fuel_used: u64,
+}
+
+/// A counting semaphore over pool slots: calls beyond the pool wait.
+pub(crate) struct Slots {
+    free: Mutex<u32>,
+    cv: Condvar,
+}
+
+struct SlotGuard<'a>(&'a Slots);
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        let mut n = self.0.free.lock().unwrap_or_else(|p| p.into_inner());
+        *n += 1;
+        self.0.cv.notify_one();
+    }
+}
+
+impl Slots {
+    fn acquire(&self) -> SlotGuard<'_> {
+        let mut n = self.free.lock().unwrap_or_else(|p| p.into_inner());
+        while *n == 0 {
+            n = self.cv.wait(n).unwrap_or_else(|p| p.into_inner());
+        }
+        *n -= 1;
+        SlotGuard(self)
+    }
+}
+
+/// Engine, linker and the epoch ticker; shared by every call.
+pub(crate) struct WasmHost {
+    pub engine: Engine,
+    linker: Linker<ToolState>,
+    slots: Slots,
+    stop: Arc<AtomicBool>,
+    ticker: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for WasmHost {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.ticker.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+fn engine_err(e: impl std::fmt::Display) -> SandboxError {
+    SandboxError::Engine(e.to_string())
+}
+
+impl WasmHost {
+    pub fn new(pool_slots: u32) -> Result<Self, SandboxError> {
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_core_instances(pool_slots)
+            .total_memories(pool_slots)
+            .total_tables(pool_slots * 4)
+            .total_stacks(0)
+            .total_component_instances(0)
+            .max_memory_size(POOL_MAX_MEMORY_BYTES as usize)
+            .table_elements(MAX_TABLE_ELEMENTS)
+            // Keep a little of each slot resident so a reused slot needs
+            // fewer page faults; it is still reset between instances.
+            .linear_memory_keep_resident(1 << 20);
+        let mut cfg = Config::new();
+        cfg.strategy(Strategy::Cranelift)
+            .consume_fuel(true)
+            .epoch_interruption(true)
+            .max_wasm_stack(MAX_WASM_STACK_BYTES)
+            .wasm_component_model(false)
+            .wasm_backtrace_max_frames(None)
+            .memory_init_cow(true)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&cfg).map_err(engine_err)?;
+        let mut linker: Linker<ToolState> = Linker::new(&engine);
+        wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut ToolState| &mut s.wasi)
+            .map_err(engine_err)?;
+        linker.allow_shadowing(true);
+        // Tools never need to sleep, and in sync mode a guest blocked in
+        // poll_oneoff cannot be interrupted by epochs (measured: a 5 s sleep
+        // held the worker 5 s past a 200 ms deadline). Refuse it outright.
+        linker
+            .func_wrap(
+                "wasi_snapshot_preview1",
+                "poll_oneoff",
+                |_: Caller<'_, ToolState>, _: i32, _: i32, _: i32, _: i32| -> i32 { ERRNO_NOTSUP },
+            )
+            .map_err(engine_err)?;
+        // Stock proc_exit refuses statuses >= 126 ("command not found" is
+        // 127); record any status and unwind.
+        linker
+            .func_wrap(
+                "wasi_snapshot_preview1",
+                "proc_exit",
+                |mut c: Caller<'_, ToolState>, code: i32| -> wasmtime::Result<()> {
+                    c.data_mut().exit = Some(code);
+                    Err(wasmtime::Error::new(GuestExit(code)))
+                },
+            )
+            .map_err(engine_err)?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let ticker = {
+            let (engine, stop) = (engine.clone(), stop.clone());
+            std::thread::Builder::new()
+                .name("corvid-epoch".into())
+                .spawn(move || {
+                    while !stop.load(Ordering::Relaxed) {
+                        std::thread::sleep(EPOCH_TICK);
+                        engine.increment_epoch();
+                    }
+                })
+                .map_err(engine_err)?
+        };
+        Ok(Self {
+            engine,
+            linker,
+            slots: Slots {
+                free: Mutex::new(pool_slots),
+                cv: Condvar::new(),
+            },
+            stop,
+            ticker: Some(ticker),
+        })
+    }
+
+    /// Compiles and links a module (all its imports must be WASI p1).
+    pub fn prepare(&self, name: &str, wasm: &[u8]) -> Result<InstancePre<ToolState>, SandboxError> {
+        let module_err = |e: wasmtime::Error| SandboxError::Module {
+            name: name.to_string(),
+            reason: e.to_string(),
+        };
+        let module = Module::new(&self.engine, wasm).map_err(module_err)?;
+        if module.get_export("_start").is_none() {
+            return Err(SandboxError::Module {
+                name: name.to_string(),
+                reason: "no `_start` export (build a WASI command, not a library)".into(),
+            });
+        }
+        self.linker.instantiate_pre(&module).map_err(module_err)
+    }
+
+    /// Runs one command module to completion in a fresh store.
+    pub fn run(
+        &self,
+        pre: &InstancePre<ToolState>,
+        ws: &Workspace,
+        argv: &[String],
+        stdin: Vec<u8>,
+        limits: &Limits,
+        workspace_writable: bool,
+    ) -> Result<RawRun, SandboxError> {
+        let out = MemoryOutputPipe::new(usize::try_from(limits.stdout_bytes).unwrap_or(usize::MAX));
+        let err = MemoryOutputPipe::new(usize::try_from(limits.stderr_bytes).unwrap_or(usize::MAX));
+        let mut rng_state = ws.seed ^ ws.calls.wrapping_mul(0xA076_1D64_78BD_642F);
+        let rng_bytes: Vec<u8> = (0..32)
+            .flat_map(|_| splitmix(&mut rng_state).to_le_bytes())
+            .collect();
+        let insecure_seed =
+            (u128::from(splitmix(&mut rng_state)) << 64) | u128::from(splitmix(&mut rng_state));
+        let mut b = WasiCtxBuilder::new();
+        b.args(argv)
+            .envs(&GUEST_ENV)
+            .stdin(MemoryInputPipe::new(stdin))
+            .stdout(out.clone())
+            .stderr(err.clone())
+            .allow_blocking_current_thread(true)
+            .wall_clock(FixedWallClock(Duration::from_secs(
+                CLOCK_EPOCH_SECS + ws.calls,
+            )))
+            .monotonic_clock(FixedMonotonicClock)
+            .secure_random(wasmtime_wasi::Deterministic::new(rng_bytes.clone()))
+            .insecure_random(wasmtime_wasi::Deterministic::new(rng_bytes))
+            .insecure_random_seed(insecure_seed)
+            .max_random_size(MAX_RANDOM_BYTES);
+        let perms = if workspace_writable {
+            FsPerms::ReadWrite
+        } else {
+            FsPerms::ReadOnly
+        };
+        b.preopened_dir(&ws.ws_host, WORKSPACE_GUEST_PATH, perms)
+            .map_err(|e| {
+                SandboxError::io(
+                    "preopen",
+                    "/workspace",
+                    std::io::Error::other(e.to_string()),
+                )
+            })?;
+        for m in &ws.mounts {
+            b.preopened_dir(&m.host, format!("/{}", m.name), FsPerms::ReadOnly)
+                .map_err(|e| {
+                    SandboxError::io("preopen", &m.name, std::io::Error::other(e.to_string()))
+                })?;
+        }
+        let state = ToolState {
+            wasi: b.build_p1(),
+            limiter: Limiter {
+                memory_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
+                hit: false,
+            },
+            exit: None,
+        };
+        let _slot = self.slots.acquire();
+        let mut store = Store::new(&self.engine, state);
+        store.limiter(|s| &mut s.limiter);
+        store.set_fuel(limits.fuel).map_err(engine_err)?;
+        store.set_epoch_deadline(limits.deadline_ticks);
+        store.epoch_deadline_trap();
+        let result = pre
+            .instantiate(&mut store)
+            .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
+            .and_then(|f| f.call(&mut store, ()));
+        let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
+        let data = store.data();
+        let end = match result {
+            Ok(()) => RunEnd::Exited(data.exit.unwrap_or(0)),
+            Err(e) => {
+                if let Some(GuestExit(code)) = e.downcast_ref::<GuestExit>() {
+                    RunEnd::Exited(*code)
+                } else if let Some(wasmtime_wasi::I32Exit(code)) =
+                    e.downcast_ref::<wasmtime_wasi::I32Exit>()
+                {
+                    RunEnd::Exited(*code)
+                } else if let Some(trap) = e.downcast_ref::<Trap>() {
+                    match trap {
+                        Trap::OutOfFuel => RunEnd::OutOfFuel,
+                        Trap::Interrupt => RunEnd::Timeout,
+                        Trap::StackOverflow => RunEnd::Memory("the wasm stack limit"),
+                        _ if data.limiter.hit => RunEnd::Memory("the memory limit"),
+                        _ => RunEnd::Crashed(true),
+                    }
+                } else if data.limiter.hit {
+                    RunEnd::Memory("the memory limit")
+                } else if is_pool_or_instantiate_error(&e) {
+                    return Err(SandboxError::Engine(format!("instantiate: {e}")));
+                } else {
+                    // A host call refused the guest's arguments (wiggle
+                    // conversion error) or a stream trapped: the guest's fault.
+                    RunEnd::Crashed(false)
+                }
+            }
+        };
+        drop(store);
+        let stdout_full = out.contents().len() as u64 >= limits.stdout_bytes;
+        let stdout = out.contents().to_vec();
+        let stderr = err.contents().to_vec();
+        Ok(RawRun {
+            end,
+            stdout,
+            stderr,
+            stdout_full,
+            fuel_used,
+        })
+    }
+}
+
+fn is_pool_or_instantiate_error(e: &wasmtime::Error) -> bool {
+    e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
+        .is_some()
+}

@@ -1,0 +1,536 @@
+//! [`Sandbox`]: the process-wide tool runtime (engine, compiled toolbox,
+//! tool registry, search index) and its one entry point, [`Sandbox::call`].
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use corvid_proto::{ToolCall, ToolResult, ToolStatus};
+use serde_json::Value;
+use wasmtime::InstancePre;
+
+use crate::engine::{RawRun, RunEnd, ToolState, WasmHost, TOOLBOX_WASM};
+use crate::limits::{Limits, DEFAULT_POOL_SLOTS, MAX_CUSTOM_MODULE_BYTES, MAX_STDIN_BYTES};
+use crate::output::{inert, redact, truncate};
+use crate::search::SearchIndex;
+use crate::tools::{self, builtin_specs, custom_params, refuse, Refusal, ToolKind, ToolSpec};
+use crate::workspace::Workspace;
+use crate::SandboxError;
+
+/// Exit code reported when a wasm call was stopped by a limit (like a
+/// process killed by SIGKILL).
+pub const EXIT_KILLED: i32 = 137;
+/// Exit code reported when a wasm guest crashed (a trap such as a Rust panic).
+pub const EXIT_CRASHED: i32 = 134;
+
+/// A task pack's own WASI preview-1 command, registered as a named tool.
+/// The model calls it as `{"args": [..], "stdin": ".."}`; it runs with
+/// `/workspace` mounted (read-only unless `workspace_writable`) and the
+/// episode's read-only mounts, under its own [`Limits`].
+#[derive(Debug, Clone)]
+pub struct CustomTool {
+    /// Tool name: `[a-z][a-z0-9_]{0,63}`, not a built-in name.
+    pub name: String,
+    /// One or two sentences the model reads in the tool declaration.
+    pub description: String,
+    /// The module bytes (a WASI p1 command with `_start`; only WASI imports).
+    pub wasm: Vec<u8>,
+    /// Per-call limits.
+    pub limits: Limits,
+    /// Whether the tool may write to `/workspace`.
+    pub workspace_writable: bool,
+}
+
+/// Builds a [`Sandbox`]. Every option has a safe default.
+#[derive(Default)]
+pub struct SandboxBuilder {
+    limits: Option<Limits>,
+    search: Option<Arc<SearchIndex>>,
+    custom: Vec<CustomTool>,
+    pool_slots: Option<u32>,
+}
+
+impl SandboxBuilder {
+    /// Limits of the `shell` tool (default [`Limits::default`]).
+    pub fn shell_limits(mut self, limits: Limits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// Enables the `search` tool over this index.
+    pub fn search_index(mut self, index: Arc<SearchIndex>) -> Self {
+        self.search = Some(index);
+        self
+    }
+
+    /// Registers a custom WASI tool.
+    pub fn custom_tool(mut self, tool: CustomTool) -> Self {
+        self.custom.push(tool);
+        self
+    }
+
+    /// Wasm instances alive at once (default [`DEFAULT_POOL_SLOTS`]); more
+    /// concurrent calls wait for a slot.
+    pub fn pool_slots(mut self, n: u32) -> Self {
+        self.pool_slots = Some(n);
+        self
+    }
+
+    /// Creates the engine, compiles the toolbox and every custom tool.
+    pub fn build(self) -> Result<Sandbox, SandboxError> {
+        let shell_limits = self.limits.unwrap_or_default();
+        shell_limits.validate()?;
+        let slots = self.pool_slots.unwrap_or(DEFAULT_POOL_SLOTS).clamp(1, 4096);
+        let host = WasmHost::new(slots)?;
+        let toolbox = host.prepare("toolbox", TOOLBOX_WASM)?;
+        let mut specs = builtin_specs(self.search.is_some());
+        let mut custom = Vec::new();
+        for t in self.custom {
+            let bad = |reason: String| SandboxError::CustomTool {
+                name: t.name.clone(),
+                reason,
+            };
+            let name_ok = t.name.len() <= 64
+                && t.name
+                    .chars()
+                    .next()
+                    .is_some_and(|c| c.is_ascii_lowercase())
+                && t.name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+            if !name_ok {
+                return Err(bad("names are [a-z][a-z0-9_]{0,63}".into()));
+            }
+            if specs.iter().any(|s| s.name == t.name) {
+                return Err(bad("the name is already taken".into()));
+            }
+            if t.wasm.len() > MAX_CUSTOM_MODULE_BYTES {
+                return Err(bad(format!(
+                    "module is {} bytes; the limit is {MAX_CUSTOM_MODULE_BYTES}",
+                    t.wasm.len()
+                )));
+            }
+            t.limits.validate()?;
+            let pre = host.prepare(&t.name, &t.wasm)?;
+            specs.push(ToolSpec {
+                name: t.name.clone(),
+                description: t.description.clone(),
+                params: custom_params(),
+                kind: ToolKind::Custom(custom.len()),
+            });
+            custom.push(PreparedTool {
+                name: t.name,
+                pre,
+                limits: t.limits,
+                writable: t.workspace_writable,
+            });
+        }
+        let by_name = specs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.clone(), i))
+            .collect();
+        Ok(Sandbox {
+            inner: Arc::new(Inner {
+                host,
+                toolbox,
+                shell_limits,
+                custom,
+                specs,
+                by_name,
+                search: self.search,
+            }),
+        })
+    }
+}
+
+struct PreparedTool {
+    name: String,
+    pre: InstancePre<ToolState>,
+    limits: Limits,
+    writable: bool,
+}
+
+struct Inner {
+    // `host` last: its Drop joins the ticker after the modules are gone.
+    toolbox: InstancePre<ToolState>,
+    custom: Vec<PreparedTool>,
+    shell_limits: Limits,
+    specs: Vec<ToolSpec>,
+    by_name: BTreeMap<String, usize>,
+    search: Option<Arc<SearchIndex>>,
+    host: WasmHost,
+}
+
+/// The process-wide tool runtime. Cheap to clone, `Send + Sync`: build one
+/// per process and call it from any number of worker threads.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("tools", &self.tool_names())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What one tool call produced: the recorded result, the text shown to the
+/// model, and (for host-side inspection) the raw streams.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ToolOutput {
+    /// The tool that was called (as named by the caller).
+    pub tool: String,
+    /// Status class, exit code, byte counts, fuel and wall time.
+    pub result: ToolResult,
+    /// Exactly what the model sees.
+    pub text: String,
+    /// Captured stdout of a wasm tool (lossy UTF-8, host paths redacted).
+    pub stdout: String,
+    /// Captured stderr of a wasm tool (lossy UTF-8, host paths redacted).
+    pub stderr: String,
+    /// For `infra_error` only: what failed, for operators' logs. Never shown
+    /// to the model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub infra_detail: Option<String>,
+}
+
+impl Sandbox {
+    /// A sandbox with the built-in tools and default limits.
+    pub fn new() -> Result<Self, SandboxError> {
+        Self::builder().build()
+    }
+
+    /// Starts a [`SandboxBuilder`].
+    pub fn builder() -> SandboxBuilder {
+        SandboxBuilder::default()
+    }
+
+    /// Names of all tools, in declaration order.
+    pub fn tool_names(&self) -> Vec<&str> {
+        self.inner.specs.iter().map(|s| s.name.as_str()).collect()
+    }
+
+    /// OpenAI-style declarations (`[{"type":"function","function":{..}}]`)
+    /// of all tools, or of the named subset in that order (unknown names
+    /// are skipped).
+    pub fn tool_declarations(&self, only: Option<&[&str]>) -> Value {
+        let specs = &self.inner.specs;
+        let list: Vec<Value> = match only {
+            None => specs.iter().map(ToolSpec::declaration).collect(),
+            Some(names) => names
+                .iter()
+                .filter_map(|n| self.inner.by_name.get(*n).map(|i| specs[*i].declaration()))
+                .collect(),
+        };
+        Value::Array(list)
+    }
+
+    /// The search index, if the `search` tool is enabled.
+    pub fn search_index(&self) -> Option<&SearchIndex> {
+        self.inner.search.as_deref()
+    }
+
+    /// Runs a parsed [`ToolCall`]; see [`Sandbox::call`].
+    pub fn call_tool(&self, ws: &mut Workspace, call: &ToolCall) -> ToolOutput {
+        self.call(ws, &call.name, &call.arguments_json)
+    }
+
+    /// Runs one tool call with raw JSON arguments. Never fails and never
+    /// panics on any input: every problem becomes a status class and a
+    /// message in [`ToolOutput::text`].
+    pub fn call(&self, ws: &mut Workspace, name: &str, args_json: &str) -> ToolOutput {
+        let start = Instant::now();
+        let out = self.call_inner(ws, name, args_json, start);
+        ws.calls += 1;
+        out
+    }
+
+    fn call_inner(
+        &self,
+        ws: &mut Workspace,
+        name: &str,
+        args_json: &str,
+        start: Instant,
+    ) -> ToolOutput {
+        let host_paths = host_paths(ws);
+        let Some(&idx) = self.inner.by_name.get(name) else {
+            let shown: String = inert(name).chars().take(64).collect();
+            let r = refuse(
+                ToolStatus::UnknownTool,
+                format!(
+                    "no tool named `{shown}`; available: {}",
+                    self.tool_names().join(", ")
+                ),
+            );
+            return refusal_output(name, r, start);
+        };
+        let spec = &self.inner.specs[idx];
+        let args = match tools::validate(spec, args_json) {
+            Ok(a) => a,
+            Err(r) => return refusal_output(name, r, start),
+        };
+        let host = match spec.kind {
+            ToolKind::ReadFile => Some(tools::read_file(ws, &args)),
+            ToolKind::WriteFile => Some(tools::write_file(ws, &args)),
+            ToolKind::ListDir => Some(tools::list_dir(ws, &args)),
+            ToolKind::Search => Some(match &self.inner.search {
+                Some(ix) => tools::search(ix, &args),
+                None => Err(refuse(ToolStatus::UnknownTool, "search is not enabled")),
+            }),
+            ToolKind::Answer => {
+                ws.answer = Some(args.str("answer").unwrap_or_default().to_string());
+                Some(Ok("answer recorded".into()))
+            }
+            ToolKind::Shell | ToolKind::Custom(_) => None,
+        };
+        if let Some(r) = host {
+            let mut o = match r {
+                Ok(text) => {
+                    let (text, cut) = truncate(redact(inert(&text), &host_paths));
+                    let total = text.len() as u64;
+                    ToolOutput {
+                        tool: name.to_string(),
+                        result: result(
+                            if cut {
+                                ToolStatus::OutputTruncated
+                            } else {
+                                ToolStatus::Ok
+                            },
+                            0,
+                            &text,
+                            total,
+                            0,
+                            start,
+                        ),
+                        text,
+                        stdout: String::new(),
+                        stderr: String::new(),
+                        infra_detail: None,
+                    }
+                }
+                Err(r) => refusal_output(name, r, start),
+            };
+            if spec.kind == ToolKind::WriteFile && o.result.status == ToolStatus::Ok {
+                self.check_quota(ws, &mut o);
+            }
+            return o;
+        }
+        let (pre, argv, stdin, limits, writable) = match spec.kind {
+            ToolKind::Shell => {
+                let cmd = args.str("command").unwrap_or_default();
+                if cmd.contains('\0') {
+                    return refusal_output(
+                        name,
+                        refuse(ToolStatus::InvalidCall, "command contains a NUL byte"),
+                        start,
+                    );
+                }
+                let argv = vec![
+                    "toolbox".to_string(),
+                    "sh".into(),
+                    "-c".into(),
+                    cmd.to_string(),
+                ];
+                (
+                    &self.inner.toolbox,
+                    argv,
+                    Vec::new(),
+                    self.inner.shell_limits,
+                    true,
+                )
+            }
+            ToolKind::Custom(i) => {
+                let t = &self.inner.custom[i];
+                let mut argv = vec![t.name.clone()];
+                argv.extend(args.list("args"));
+                if argv.iter().any(|a| a.contains('\0')) {
+                    return refusal_output(
+                        name,
+                        refuse(ToolStatus::InvalidCall, "an argument contains a NUL byte"),
+                        start,
+                    );
+                }
+                let stdin = args.str("stdin").unwrap_or_default().as_bytes();
+                let stdin = stdin[..stdin.len().min(MAX_STDIN_BYTES)].to_vec();
+                (&t.pre, argv, stdin, t.limits, t.writable)
+            }
+            _ => return infra_output(name, "a host tool reached the wasm path".into(), start),
+        };
+        let raw = match self
+            .inner
+            .host
+            .run(pre, ws, &argv, stdin, &limits, writable)
+        {
+            Ok(raw) => raw,
+            Err(e) => return infra_output(name, e.to_string(), start),
+        };
+        let mut o = render_run(name, raw, &limits, &host_paths, start);
+        if writable {
+            self.check_quota(ws, &mut o);
+        }
+        o
+    }
+
+    /// After a call that can write: over quota turns the result into
+    /// `quota_exceeded` (the files stay; the model must delete some).
+    fn check_quota(&self, ws: &Workspace, o: &mut ToolOutput) {
+        let Ok(u) = ws.usage() else { return };
+        if u.bytes > ws.quota.max_bytes || u.inodes > ws.quota.max_inodes {
+            o.result.status = ToolStatus::QuotaExceeded;
+            let note = format!(
+                "error: quota_exceeded: the workspace now holds {} bytes in {} entries; the limit is {} bytes and {} entries. Delete files to continue.",
+                u.bytes, u.inodes, ws.quota.max_bytes, ws.quota.max_inodes
+            );
+            if !o.text.is_empty() && !o.text.ends_with('\n') {
+                o.text.push('\n');
+            }
+            o.text.push_str(&note);
+            o.result.bytes_shown = o.text.len() as u64;
+        }
+    }
+}
+
+fn host_paths(ws: &Workspace) -> Vec<(String, String)> {
+    let mut v = vec![(
+        ws.ws_host.to_string_lossy().into_owned(),
+        "/workspace".to_string(),
+    )];
+    for m in &ws.mounts {
+        v.push((
+            m.host.to_string_lossy().into_owned(),
+            format!("/{}", m.name),
+        ));
+    }
+    if let Some(root) = ws.ws_host.parent() {
+        v.push((root.to_string_lossy().into_owned(), "/".to_string()));
+    }
+    v
+}
+
+fn result(
+    status: ToolStatus,
+    exit_code: i32,
+    text: &str,
+    total: u64,
+    fuel: u64,
+    start: Instant,
+) -> ToolResult {
+    ToolResult {
+        status,
+        exit_code,
+        bytes_shown: text.len() as u64,
+        bytes_total: total,
+        fuel_used: fuel,
+        wall_us: start.elapsed().as_micros() as u64,
+    }
+}
+
+fn refusal_output(name: &str, r: Refusal, start: Instant) -> ToolOutput {
+    let text = format!("error: {}: {}", r.status, r.msg);
+    let code = if r.status == ToolStatus::Ok { 0 } else { 1 };
+    ToolOutput {
+        tool: name.to_string(),
+        result: result(r.status, code, &text, text.len() as u64, 0, start),
+        text,
+        stdout: String::new(),
+        stderr: String::new(),
+        infra_detail: None,
+    }
+}
+
+fn infra_output(name: &str, detail: String, start: Instant) -> ToolOutput {
+    let text =
+        "error: infra_error: the sandbox failed to run this call; it was not your fault, try again"
+            .to_string();
+    ToolOutput {
+        tool: name.to_string(),
+        result: result(ToolStatus::InfraError, -1, &text, 0, 0, start),
+        text,
+        stdout: String::new(),
+        stderr: String::new(),
+        infra_detail: Some(detail),
+    }
+}
+
+/// Renders a wasm run: body (stdout, then stderr), truncated, then a
+/// trailer with the exit code or the error class.
+fn render_run(
+    name: &str,
+    raw: RawRun,
+    limits: &Limits,
+    host_paths: &[(String, String)],
+    start: Instant,
+) -> ToolOutput {
+    let RawRun {
+        end,
+        stdout,
+        stderr,
+        stdout_full,
+        fuel_used,
+    } = raw;
+    let total = (stdout.len() + stderr.len()) as u64;
+    let out_s = redact(String::from_utf8_lossy(&stdout).into_owned(), host_paths);
+    let err_s = redact(String::from_utf8_lossy(&stderr).into_owned(), host_paths);
+    let mut body = out_s.clone();
+    if !err_s.is_empty() {
+        if !body.is_empty() && !body.ends_with('\n') {
+            body.push('\n');
+        }
+        body.push_str(&err_s);
+    }
+    let (mut text, cut) = truncate(inert(&body));
+    let secs = limits.deadline().as_secs_f64();
+    let (status, code, trailer) = match end {
+        RunEnd::Exited(c) if stdout_full => (
+            ToolStatus::OutputTruncated,
+            c,
+            format!("[output exceeded the {} byte capture limit and was cut off; exit code {c}]", limits.stdout_bytes),
+        ),
+        RunEnd::Exited(0) if cut => (ToolStatus::OutputTruncated, 0, String::new()),
+        RunEnd::Exited(0) => (ToolStatus::Ok, 0, if text.is_empty() { "(no output)".into() } else { String::new() }),
+        RunEnd::Exited(c) => (ToolStatus::ExitNonzero, c, format!("[exit code {c}]")),
+        RunEnd::OutOfFuel => (
+            ToolStatus::ComputeBudget,
+            EXIT_KILLED,
+            format!("error: compute_budget: the command used its whole compute budget ({} fuel) and was stopped", limits.fuel),
+        ),
+        RunEnd::Timeout => (
+            ToolStatus::Timeout,
+            EXIT_KILLED,
+            format!("error: timeout: the command ran longer than {secs:.1} s and was stopped"),
+        ),
+        RunEnd::Memory(what) => (
+            ToolStatus::MemoryLimit,
+            EXIT_KILLED,
+            format!("error: memory_limit: the command exceeded {what} ({} MiB of memory) and was stopped", limits.memory_bytes >> 20),
+        ),
+        RunEnd::Crashed(_) if stdout_full => (
+            ToolStatus::OutputTruncated,
+            EXIT_CRASHED,
+            format!("[output exceeded the {} byte capture limit and was cut off]", limits.stdout_bytes),
+        ),
+        RunEnd::Crashed(true) => (ToolStatus::ExitNonzero, EXIT_CRASHED, "error: the command crashed (wasm trap)".to_string()),
+        RunEnd::Crashed(false) => (
+            ToolStatus::ExitNonzero,
+            EXIT_CRASHED,
+            "error: the command made a system call with invalid arguments and was stopped".to_string(),
+        ),
+    };
+    if !trailer.is_empty() {
+        if !text.is_empty() && !text.ends_with('\n') {
+            text.push('\n');
+        }
+        text.push_str(&trailer);
+    }
+    ToolOutput {
+        tool: name.to_string(),
+        result: result(status, code, &text, total, fuel_used, start),
+        text,
+        stdout: out_s,
+        stderr: err_s,
+        infra_detail: None,
+    }
+}
