@@ -67,7 +67,7 @@ pub fn weights_to_bytes(vs: &nn::VarStore) -> Result<Vec<u8>, ModelError> {
     }
     header.insert("__metadata__".into(), json!({"format": "pt"}));
     let mut head = serde_json::to_vec(&Value::Object(header)).expect("header serialises");
-    while head.len() % 8 != 0 {
+    while !head.len().is_multiple_of(8) {
         head.push(b' ');
     }
     let mut out = Vec::with_capacity(8 + head.len() + data.len());

@@ -2,6 +2,10 @@
 //!
 //! Shape legend: `b` batch, `t` time, `d` hidden, `v` vocabulary.
 
+// `x = x + y` on purpose: tch's `+=` is in-place `add_`, which would clobber tensors autograd
+// saved for the backward (RMSNorm keeps its input).
+#![allow(clippy::assign_op_pattern)]
+
 use tch::{nn, Device, Kind, Tensor};
 
 use super::attention::{Latent, Mla};

@@ -3,6 +3,10 @@
 //!
 //! Shape legend: `b` batch, `t` time, `n = b·t` tokens, `d` hidden, `e` experts.
 
+// `x = x + y` on purpose: tch's `+=` is in-place `add_`, which would clobber tensors autograd
+// saved for the backward (RMSNorm keeps its input).
+#![allow(clippy::assign_op_pattern)]
+
 use tch::{nn, Kind, Tensor};
 
 use super::balance::{
