@@ -102,8 +102,14 @@ mod tests {
                 .find_subcommand(name)
                 .unwrap_or_else(|| panic!("missing subcommand {name}"));
             assert!(sub.get_about().is_some(), "{name} has no help text");
-            let after = sub.get_after_help().map(|s| s.to_string()).unwrap_or_default();
-            assert!(after.contains("corvid "), "{name} has no example in after_help");
+            let after = sub
+                .get_after_help()
+                .map(|s| s.to_string())
+                .unwrap_or_default();
+            assert!(
+                after.contains("corvid "),
+                "{name} has no example in after_help"
+            );
         }
     }
 }

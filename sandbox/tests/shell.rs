@@ -390,3 +390,53 @@ fn host_tools_and_snapshots() {
     );
     assert_eq!(after.file("new/dir/f.txt"), Some(&b"hi"[..]));
 }
+
+#[test]
+fn search_tool_ranks_by_bm25_and_is_declared() {
+    use corvid_sandbox::{Document, Sandbox, SearchIndex};
+    use std::sync::Arc;
+    let docs: Vec<Document> = [
+        (
+            "d1",
+            "Corvids",
+            "Crows and ravens are corvids known for using tools.",
+        ),
+        (
+            "d2",
+            "Otters",
+            "Sea otters use rocks as tools to open shells.",
+        ),
+        ("d3", "Weather", "Rain is expected tomorrow in the valley."),
+    ]
+    .iter()
+    .map(|(id, t, x)| Document {
+        id: id.to_string(),
+        title: t.to_string(),
+        text: x.to_string(),
+    })
+    .collect();
+    let index = Arc::new(SearchIndex::build(&docs).expect("index"));
+    assert_eq!(
+        index.search("corvids tools", 2).expect("search")[0].id,
+        "d1"
+    );
+    let sb = Sandbox::builder()
+        .search_index(index)
+        .build()
+        .expect("sandbox");
+    assert!(sb.tool_names().contains(&"search"));
+    let decl = sb.tool_declarations(Some(&["search"]));
+    assert_eq!(decl[0]["function"]["parameters"]["required"][0], "query");
+    let mut w = ws(&[]);
+    let o = sb.call(&mut w, "search", r#"{"query": "otters rocks", "k": 1}"#);
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert!(
+        o.text.starts_with("[1] id: d2 | title: Otters\n"),
+        "{}",
+        o.text
+    );
+    let o = sb.call(&mut w, "search", r#"{"query": "AND OR (( title:"}"#);
+    assert_ne!(o.result.status, ToolStatus::InfraError, "{}", o.text);
+    let o = sb.call(&mut w, "search", r#"{"query": "x", "k": 99}"#);
+    assert_eq!(o.result.status, ToolStatus::InvalidCall);
+}

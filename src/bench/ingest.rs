@@ -1,8 +1,144 @@
-//! `corvid bench ingest`
+//! `corvid bench ingest`: trajectory ingest over loopback gRPC against raw sled.
+//!
+//! Both paths write the same synthetic trajectory (same step bytes, same keys)
+//! into a fresh store and end with one flush:
+//! - **gRPC path**: client stream → tonic server → validation → `TrajectoryStore`
+//!   (record, steps, indexes, transaction) → flush → ack;
+//! - **baseline**: encode each step and `insert` it straight into a sled tree.
+//!
+//! `peak_rss_delta_mb` is the growth of this process's peak RSS (client and
+//! server together) over its RSS before the gRPC run: it stays flat because
+//! neither side ever holds the trajectory whole.
+
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
 use clap::Args;
-/// Ingest benchmark.
+use corvid_learner::server::{serve, LearnerService};
+use corvid_learner::store::TrajectoryStore;
+use corvid_proto::client::{connect, trajectory_parts};
+use corvid_proto::pb;
+use corvid_proto::synthetic::{self, Shape};
+use prost::Message;
+
+/// Stream a synthetic trajectory over loopback gRPC into a fresh store, against raw sled.
 #[derive(Args, Debug)]
-pub struct IngestArgs {}
+pub struct IngestArgs {
+    /// Tokens in the trajectory.
+    #[arg(long, default_value_t = 1_000_000)]
+    tokens: u64,
+    /// Tokens per step (chunk).
+    #[arg(long, default_value_t = 1000)]
+    tokens_per_step: u32,
+    /// Print one JSON object instead of a sentence.
+    #[arg(long)]
+    json: bool,
+    /// Keep the gRPC path's store here (must not exist yet) instead of a temporary directory.
+    #[arg(long, value_name = "DIR")]
+    keep: Option<std::path::PathBuf>,
+}
+
 /// Runs the benchmark.
-pub fn run(_args: IngestArgs) -> anyhow::Result<ExitCode> { crate::cmd::not_yet("bench ingest", "foundation") }
+pub fn run(args: IngestArgs) -> Result<ExitCode> {
+    anyhow::ensure!(
+        args.tokens_per_step > 0,
+        "--tokens-per-step must be positive"
+    );
+    let shape = Shape {
+        steps: args.tokens.div_ceil(u64::from(args.tokens_per_step)),
+        tokens_per_step: args.tokens_per_step,
+    };
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let dir = tempfile::tempdir()?;
+    let bytes: u64 = synthetic::steps("bench", shape)
+        .map(|s| pb::Step::from(s).encoded_len() as u64)
+        .sum();
+
+    let grpc_store = match &args.keep {
+        Some(p) if p.exists() => anyhow::bail!("--keep {}: already exists", p.display()),
+        Some(p) => p.clone(),
+        None => dir.path().join("grpc"),
+    };
+    let (grpc_s, peak_delta) = rt.block_on(grpc_path(grpc_store, shape))?;
+    let raw_s = raw_sled(dir.path().join("raw"), shape)?;
+
+    let tokens = shape.tokens();
+    let report = serde_json::json!({
+        "tokens": tokens,
+        "steps": shape.steps,
+        "step_bytes": bytes,
+        "grpc_seconds": grpc_s,
+        "raw_sled_seconds": raw_s,
+        "tokens_per_s": tokens as f64 / grpc_s,
+        "raw_sled_tokens_per_s": tokens as f64 / raw_s,
+        "ratio_vs_raw_sled": raw_s / grpc_s,
+        "peak_rss_delta_mb": peak_delta as f64 / (1 << 20) as f64,
+    });
+    if args.json {
+        println!("{report}");
+    } else {
+        println!(
+            "ingested {tokens} tokens in {grpc_s:.3} s over gRPC ({:.0} tokens/s), {:.2}x raw sled, peak RSS +{:.1} MiB",
+            tokens as f64 / grpc_s,
+            raw_s / grpc_s,
+            peak_delta as f64 / (1 << 20) as f64
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn grpc_path(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)> {
+    const TOKEN: &str = "bench";
+    let store = Arc::new(TrajectoryStore::open(&path)?);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let url = format!("http://{}", listener.local_addr()?);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(serve(listener, LearnerService::new(store), TOKEN, async {
+        let _ = stopped.await;
+    }));
+    let mut client = connect(&url, TOKEN).await?;
+
+    super::reset_peak_rss();
+    let before = super::rss_bytes().unwrap_or(0);
+    let start = Instant::now();
+    let ack = client
+        .submit_trajectory(trajectory_parts(
+            synthetic::header("bench", "bench", 1, 0),
+            synthetic::steps("bench", shape),
+            synthetic::footer("bench", shape),
+        ))
+        .await
+        .context("streaming the trajectory")?
+        .into_inner();
+    let elapsed = start.elapsed().as_secs_f64();
+    let peak = super::peak_rss_bytes().unwrap_or(0);
+    anyhow::ensure!(
+        ack.tokens_stored == shape.tokens(),
+        "ack reports {} tokens",
+        ack.tokens_stored
+    );
+    let _ = stop.send(());
+    server.await??;
+    Ok((elapsed, peak.saturating_sub(before)))
+}
+
+fn raw_sled(path: std::path::PathBuf, shape: Shape) -> Result<f64> {
+    let db = sled::Config::new()
+        .path(&path)
+        .cache_capacity(corvid_learner::store::DEFAULT_CACHE_BYTES)
+        .open()?;
+    let steps = db.open_tree("steps")?;
+    let start = Instant::now();
+    for (seq, step) in synthetic::steps("bench", shape).enumerate() {
+        let mut key = b"bench\0".to_vec();
+        key.extend_from_slice(&(seq as u64).to_be_bytes());
+        steps.insert(key, pb::Step::from(step).encode_to_vec())?;
+    }
+    db.flush()?;
+    Ok(start.elapsed().as_secs_f64())
+}

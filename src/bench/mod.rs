@@ -66,5 +66,10 @@ pub fn reset_peak_rss() {
 fn proc_status_kb(key: &str) -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find(|l| l.starts_with(key))?;
-    line[key.len()..].trim().trim_end_matches("kB").trim().parse().ok()
+    line[key.len()..]
+        .trim()
+        .trim_end_matches("kB")
+        .trim()
+        .parse()
+        .ok()
 }

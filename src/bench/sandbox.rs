@@ -1,18 +1,158 @@
 //! `corvid bench sandbox`: sandboxed tool-call latency and throughput, against spawning a native process.
 
-use std::process::ExitCode;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::Instant;
 
+use anyhow::{bail, Context};
 use clap::Args;
+use corvid_sandbox::serde_json::{self, json};
+use corvid_sandbox::{Sandbox, ToolStatus, Workspace, WorkspaceSpec};
 
 /// sandboxed tool-call latency and throughput, against spawning a native process.
 #[derive(Args, Debug)]
+#[command(after_help = "Example:
+  corvid bench sandbox --json
+
+Every sandboxed call goes through Sandbox::call exactly as the actor's would
+(validation, fresh wasm instance, rendering, quota check). The native
+baseline spawns /bin/cat on the same file in the same run.")]
 pub struct SandboxBenchArgs {
-    /// Arguments, defined when this benchmark lands.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+    /// Sandboxed `cat` calls to time (other probes use a fraction of this).
+    #[arg(long, default_value_t = 5000)]
+    iters: usize,
+    /// Native `/bin/cat` spawns to time.
+    #[arg(long, default_value_t = 300)]
+    native_iters: usize,
+    /// Print one JSON object instead of a table.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Stats {
+    p50_us: f64,
+    p99_us: f64,
+    mean_us: f64,
+}
+
+fn stats(mut v: Vec<f64>) -> Stats {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pick = |q: f64| v[((v.len() as f64 - 1.0) * q).round() as usize];
+    Stats {
+        p50_us: pick(0.5),
+        p99_us: pick(0.99),
+        mean_us: v.iter().sum::<f64>() / v.len() as f64,
+    }
+}
+
+fn time_calls(
+    sb: &Sandbox,
+    ws: &mut Workspace,
+    tool: &str,
+    args: &str,
+    n: usize,
+) -> anyhow::Result<Vec<f64>> {
+    let mut v = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = Instant::now();
+        let o = sb.call(ws, tool, args);
+        v.push(t.elapsed().as_secs_f64() * 1e6);
+        if o.result.status != ToolStatus::Ok {
+            bail!("benchmark call {tool} {args} failed: {}", o.text);
+        }
+    }
+    Ok(v)
 }
 
 /// Runs the benchmark.
-pub fn run(_args: SandboxBenchArgs) -> anyhow::Result<ExitCode> {
-    crate::cmd::not_yet("bench sandbox", "the sandbox issue")
+pub fn run(args: SandboxBenchArgs) -> anyhow::Result<ExitCode> {
+    let n = args.iters.max(100);
+    let t0 = Instant::now();
+    let sb = Sandbox::new().context("starting the sandbox")?;
+    let startup_ms = t0.elapsed().as_secs_f64() * 1e3;
+    // A small episode: 1.2 KB file to cat, 20 text files to grep.
+    let line = "the quick brown fox jumps over the lazy dog 0123456789\n";
+    let mut files: Vec<(String, Vec<u8>)> = vec![("file.txt".into(), line.repeat(22).into_bytes())];
+    for i in 0..20 {
+        let body = format!("{}needle {i}\n{}", line.repeat(10), line.repeat(10));
+        files.push((format!("docs/doc{i:02}.txt"), body.into_bytes()));
+    }
+    let t1 = Instant::now();
+    let mut ws =
+        Workspace::create(WorkspaceSpec::with_files(files)).context("creating the workspace")?;
+    let ws_create_us = t1.elapsed().as_secs_f64() * 1e6;
+    let host_file = ws.host_path().join("file.txt");
+
+    let cat = json!({"command": "cat file.txt"}).to_string();
+    let grep =
+        json!({"command": "grep -n needle docs/*.txt | sort -t : -k 3 | head -n 5"}).to_string();
+    let ls = json!({"command": "ls -l docs"}).to_string();
+    let read = json!({"path": "file.txt"}).to_string();
+    time_calls(&sb, &mut ws, "shell", &cat, 200)?; // warm-up: pool slots, page cache
+    let t = Instant::now();
+    let cat_v = time_calls(&sb, &mut ws, "shell", &cat, n)?;
+    let cat_total_s = t.elapsed().as_secs_f64();
+    let grep_v = time_calls(&sb, &mut ws, "shell", &grep, n / 5)?;
+    let ls_v = time_calls(&sb, &mut ws, "shell", &ls, n / 5)?;
+    let read_v = time_calls(&sb, &mut ws, "read_file", &read, n)?;
+    let fuel = sb.call(&mut ws, "shell", &cat).result.fuel_used;
+
+    let mut native = Vec::with_capacity(args.native_iters);
+    for _ in 0..args.native_iters.max(20) {
+        let t = Instant::now();
+        let out = Command::new("/bin/cat")
+            .arg(&host_file)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .context("spawning /bin/cat")?;
+        native.push(t.elapsed().as_secs_f64() * 1e6);
+        if !out.status.success() {
+            bail!("/bin/cat failed");
+        }
+    }
+
+    let (cat_s, grep_s, ls_s, read_s, native_s) = (
+        stats(cat_v),
+        stats(grep_v),
+        stats(ls_v),
+        stats(read_v),
+        stats(native),
+    );
+    let calls_per_s = n as f64 / cat_total_s;
+    let ratio = cat_s.p50_us / native_s.p50_us;
+    let report = json!({
+        "cat_p50_us": round1(cat_s.p50_us),
+        "cat_p99_us": round1(cat_s.p99_us),
+        "cat_mean_us": round1(cat_s.mean_us),
+        "calls_per_s_per_core": calls_per_s.round(),
+        "ratio_vs_native_spawn": (ratio * 1000.0).round() / 1000.0,
+        "native_spawn_p50_us": round1(native_s.p50_us),
+        "native_spawn_p99_us": round1(native_s.p99_us),
+        "grep_pipeline_p50_us": round1(grep_s.p50_us),
+        "grep_pipeline_p99_us": round1(grep_s.p99_us),
+        "ls_p50_us": round1(ls_s.p50_us),
+        "ls_p99_us": round1(ls_s.p99_us),
+        "read_file_p50_us": round1(read_s.p50_us),
+        "read_file_p99_us": round1(read_s.p99_us),
+        "cat_fuel": fuel,
+        "workspace_create_us": round1(ws_create_us),
+        "sandbox_startup_ms": round1(startup_ms),
+        "iters": n,
+        "native_iters": args.native_iters.max(20),
+        "goals": {
+            "cat_p99_us_le_150": cat_s.p99_us <= 150.0,
+            "calls_per_s_per_core_ge_15000": calls_per_s >= 15_000.0,
+            "ratio_vs_native_spawn_le_0_1": ratio <= 0.1,
+        },
+    });
+    if args.json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
 }

@@ -1,20 +1,179 @@
 //! `corvid sandbox`: run tools in the sandbox exactly as the policy would.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Args;
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use corvid_sandbox::serde_json;
+use corvid_sandbox::{Mount, MountSource, Quota, Sandbox, ToolOutput, ToolStatus, Workspace};
 
 /// run tools in the sandbox exactly as the policy would.
 #[derive(Args, Debug)]
-#[command(after_help = "Example:
-  corvid sandbox exec --workspace /tmp/ws -- 'grep -c needle *.txt'")]
+#[command(after_help = "Examples:
+  corvid sandbox exec --workspace /tmp/ws -- 'grep -c needle *.txt'
+  corvid sandbox exec --workspace /tmp/ws --json -- 'ls -l | sort -k 2 -n'
+  corvid sandbox tool --workspace /tmp/ws read_file '{\"path\": \"notes.txt\", \"limit\": 20}'
+
+The directory is used in place (nothing is copied or deleted). Exit codes:
+0 the call succeeded; the command's own exit code for exit_nonzero (1..=255);
+2 any other status (invalid_call, timeout, ...); 3 the sandbox could not start.")]
 pub struct SandboxArgs {
-    /// Arguments, defined when this command lands.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+    #[command(subcommand)]
+    cmd: SandboxCmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum SandboxCmd {
+    /// Run one command line with the `shell` tool.
+    Exec(ExecArgs),
+    /// Call any tool with raw JSON arguments.
+    Tool(ToolArgs),
+}
+
+#[derive(Args, Debug)]
+struct CommonArgs {
+    /// Host directory mounted read-write at /workspace.
+    #[arg(long, value_name = "DIR")]
+    workspace: PathBuf,
+    /// Host directory mounted read-only at /data.
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// Episode seed for the fixed clock and RNG.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print the full result (status, exit code, bytes, fuel, wall time, streams) as JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Args, Debug)]
+struct ExecArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// The command line (quote it; words are joined with spaces).
+    #[arg(last = true, required = true, value_name = "COMMAND LINE")]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+struct ToolArgs {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// Tool name (shell, read_file, write_file, list_dir, answer).
+    name: String,
+    /// Arguments as a JSON object.
+    #[arg(default_value = "{}", value_name = "JSON-ARGS")]
+    args: String,
 }
 
 /// Runs the command.
-pub fn run(_args: SandboxArgs) -> anyhow::Result<ExitCode> {
-    super::not_yet("sandbox", "the sandbox issue")
+pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
+    let (common, name, json_args) = match args.cmd {
+        SandboxCmd::Exec(e) => {
+            let line = e.command.join(" ");
+            (
+                e.common,
+                "shell".to_string(),
+                serde_json::json!({ "command": line }).to_string(),
+            )
+        }
+        SandboxCmd::Tool(t) => (t.common, t.name, t.args),
+    };
+    let sandbox = match Sandbox::new() {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: the sandbox could not start: {e}");
+            return Ok(ExitCode::from(3));
+        }
+    };
+    let mounts = common
+        .data
+        .map(|d| {
+            vec![Mount {
+                name: "data".into(),
+                source: MountSource::HostDir(d),
+            }]
+        })
+        .unwrap_or_default();
+    let mut ws = Workspace::attach(&common.workspace, mounts, Quota::default(), common.seed)
+        .with_context(|| format!("cannot use {} as the workspace", common.workspace.display()))?;
+    let out = sandbox.call(&mut ws, &name, &json_args);
+    if common.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&out).context("serialising the result")?
+        );
+    } else {
+        print!("{}", out.text);
+        if !out.text.ends_with('\n') {
+            println!();
+        }
+    }
+    Ok(exit_code(&out))
+}
+
+fn exit_code(out: &ToolOutput) -> ExitCode {
+    match out.result.status {
+        s if s.is_success() => ExitCode::SUCCESS,
+        ToolStatus::ExitNonzero => ExitCode::from(
+            u8::try_from(out.result.exit_code & 0xff)
+                .unwrap_or(1)
+                .max(1),
+        ),
+        _ => ExitCode::from(2),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: SandboxArgs,
+    }
+
+    #[test]
+    fn exec_takes_the_command_after_double_dash() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "exec",
+            "--workspace",
+            "/tmp",
+            "--json",
+            "--",
+            "ls -l | wc -l",
+        ])
+        .expect("parse");
+        match cli.a.cmd {
+            SandboxCmd::Exec(e) => {
+                assert_eq!(e.command, vec!["ls -l | wc -l"]);
+                assert!(e.common.json);
+            }
+            SandboxCmd::Tool(_) => panic!("parsed as tool"),
+        }
+    }
+
+    #[test]
+    fn tool_takes_name_and_json() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "tool",
+            "--workspace",
+            "/w",
+            "read_file",
+            "{\"path\":\"a\"}",
+        ])
+        .expect("parse");
+        match cli.a.cmd {
+            SandboxCmd::Tool(t) => assert_eq!(
+                (t.name.as_str(), t.args.as_str()),
+                ("read_file", "{\"path\":\"a\"}")
+            ),
+            SandboxCmd::Exec(_) => panic!("parsed as exec"),
+        }
+    }
 }

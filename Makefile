@@ -1,0 +1,38 @@
+# Corvid: two commands on a fresh machine.
+#   make demo   sets everything up and runs the main job
+#   make test   sets everything up and runs the test suite
+# Every target runs scripts/bootstrap.sh first (idempotent, well under 5 s when done).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+
+.PHONY: all bootstrap build release test demo bench lint fmt
+
+all: build
+
+bootstrap:
+	@./scripts/bootstrap.sh
+
+build: bootstrap
+	$(CARGO) build --workspace --bins
+
+release: bootstrap
+	$(CARGO) build --release --bin corvid
+
+# Binaries first: the end-to-end tests run the real `corvid` binary.
+test: bootstrap
+	$(CARGO) build --workspace --bins
+	$(CARGO) test --workspace
+
+demo: release
+	@./scripts/demo.sh
+
+bench: release
+	./target/release/corvid bench ingest --tokens 1000000 --json
+
+lint: bootstrap
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all
