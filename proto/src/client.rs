@@ -8,7 +8,7 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{bearer, AUTH_HEADER};
-use crate::limits::MAX_MESSAGE_BYTES;
+use crate::limits::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_MESSAGE_BYTES};
 use crate::pb::{self, learner_client::LearnerClient};
 use crate::{Step, TrajectoryFooter, TrajectoryHeader};
 
@@ -71,6 +71,8 @@ pub async fn connect(url: &str, token: &str) -> Result<AuthedClient, ConnectErro
         source,
     })?;
     let channel = endpoint
+        .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
+        .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
         .connect()
         .await
         .map_err(|source| ConnectError::Connect {

@@ -21,3 +21,9 @@ pub const MAX_TRAJECTORY_ID_LEN: usize = 128;
 
 /// Most steps (turns, or pieces of long turns) in one trajectory.
 pub const MAX_STEPS_PER_TRAJECTORY: u64 = 1 << 20;
+
+/// HTTP/2 flow-control window per stream, both sides (8 MiB).
+pub const HTTP2_STREAM_WINDOW: u32 = 8 << 20;
+
+/// HTTP/2 flow-control window per connection, both sides (32 MiB).
+pub const HTTP2_CONNECTION_WINDOW: u32 = 32 << 20;

@@ -16,7 +16,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use corvid_proto::auth::{self, AUTH_HEADER};
-use corvid_proto::limits::MAX_MESSAGE_BYTES;
+use corvid_proto::limits::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_MESSAGE_BYTES};
 use corvid_proto::pb::{self, learner_server::LearnerServer};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -131,6 +131,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
     tonic::transport::Server::builder()
+        // HTTP/2's default 64 KiB windows stall a long trajectory stream on
+        // round trips; these let a few chunks be in flight per stream.
+        .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
+        .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
         .add_service(service.into_server(token))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await
