@@ -55,9 +55,6 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
         .enable_all()
         .build()?;
     let dir = tempfile::tempdir()?;
-    let bytes: u64 = synthetic::steps("bench", shape)
-        .map(|s| pb::Step::from(s).encoded_len() as u64)
-        .sum();
 
     let grpc_store = match &args.keep {
         Some(p) if p.exists() => anyhow::bail!("--keep {}: already exists", p.display()),
@@ -65,7 +62,7 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
         None => dir.path().join("grpc"),
     };
     let (grpc_s, peak_delta) = rt.block_on(grpc_path(grpc_store, shape))?;
-    let raw_s = raw_sled(dir.path().join("raw"), shape)?;
+    let (raw_s, bytes) = raw_sled(dir.path().join("raw"), shape)?;
 
     let tokens = shape.tokens();
     let report = serde_json::json!({
@@ -127,18 +124,22 @@ async fn grpc_path(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)>
     Ok((elapsed, peak.saturating_sub(before)))
 }
 
-fn raw_sled(path: std::path::PathBuf, shape: Shape) -> Result<f64> {
+/// The baseline; returns its seconds and the encoded step bytes it wrote.
+fn raw_sled(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)> {
     let db = sled::Config::new()
         .path(&path)
         .cache_capacity(corvid_learner::store::DEFAULT_CACHE_BYTES)
         .open()?;
     let steps = db.open_tree("steps")?;
+    let mut bytes = 0u64;
     let start = Instant::now();
     for (seq, step) in synthetic::steps("bench", shape).enumerate() {
         let mut key = b"bench\0".to_vec();
         key.extend_from_slice(&(seq as u64).to_be_bytes());
-        steps.insert(key, pb::Step::from(step).encode_to_vec())?;
+        let value = pb::Step::from(step).encode_to_vec();
+        bytes += value.len() as u64;
+        steps.insert(key, value)?;
     }
     db.flush()?;
-    Ok(start.elapsed().as_secs_f64())
+    Ok((start.elapsed().as_secs_f64(), bytes))
 }
