@@ -48,6 +48,7 @@ pub struct SandboxBuilder {
     search: Option<Arc<SearchIndex>>,
     custom: Vec<CustomTool>,
     pool_slots: Option<u32>,
+    search_tool: bool,
 }
 
 impl SandboxBuilder {
@@ -60,6 +61,14 @@ impl SandboxBuilder {
     /// Enables the `search` tool over this index.
     pub fn search_index(mut self, index: Arc<SearchIndex>) -> Self {
         self.search = Some(index);
+        self
+    }
+
+    /// Declares the `search` tool even without a sandbox-wide index: each episode brings
+    /// its own through [`Workspace::set_search_index`] (a call in a workspace without one
+    /// is refused as `unknown_tool`).
+    pub fn search_tool(mut self, on: bool) -> Self {
+        self.search_tool = on;
         self
     }
 
@@ -83,7 +92,7 @@ impl SandboxBuilder {
         let slots = self.pool_slots.unwrap_or(DEFAULT_POOL_SLOTS).clamp(1, 4096);
         let host = WasmHost::new(slots)?;
         let toolbox = host.prepare("toolbox", TOOLBOX_WASM)?;
-        let mut specs = builtin_specs(self.search.is_some());
+        let mut specs = builtin_specs(self.search.is_some() || self.search_tool);
         let mut custom = Vec::new();
         for t in self.custom {
             let bad = |reason: String| SandboxError::CustomTool {
@@ -197,6 +206,16 @@ pub struct ToolOutput {
     pub infra_detail: Option<String>,
 }
 
+impl ToolOutput {
+    /// A call refused before anything ran, shown to the model as
+    /// `error: <status>: <message>` (the same shape as the sandbox's own refusals).
+    /// For callers that gate tools by policy, such as a task's allowed tools and
+    /// per-tool call limits.
+    pub fn refused(tool: &str, status: ToolStatus, message: impl Into<String>) -> Self {
+        refusal_output(tool, refuse(status, message), Instant::now())
+    }
+}
+
 impl Sandbox {
     /// A sandbox with the built-in tools and default limits.
     pub fn new() -> Result<Self, SandboxError> {
@@ -276,9 +295,12 @@ impl Sandbox {
             ToolKind::ReadFile => Some(tools::read_file(ws, &args)),
             ToolKind::WriteFile => Some(tools::write_file(ws, &args)),
             ToolKind::ListDir => Some(tools::list_dir(ws, &args)),
-            ToolKind::Search => Some(match &self.inner.search {
+            ToolKind::Search => Some(match ws.search.as_ref().or(self.inner.search.as_ref()) {
                 Some(ix) => tools::search(ix, &args),
-                None => Err(refuse(ToolStatus::UnknownTool, "search is not enabled")),
+                None => Err(refuse(
+                    ToolStatus::UnknownTool,
+                    "search is not enabled: this task has no document collection",
+                )),
             }),
             ToolKind::Answer => {
                 ws.answer = Some(args.str("answer").unwrap_or_default().to_string());

@@ -164,6 +164,9 @@ pub struct Workspace {
     pub(crate) seed: u64,
     pub(crate) calls: u64,
     pub(crate) answer: Option<String>,
+    /// This episode's own retrieval index (a task whose corpus is generated per instance);
+    /// preferred over the sandbox-wide index by the `search` tool.
+    pub(crate) search: Option<std::sync::Arc<crate::search::SearchIndex>>,
     /// The temp directory we created (removed on drop); `None` when attached.
     _root: Option<tempfile::TempDir>,
 }
@@ -295,6 +298,7 @@ impl Workspace {
             seed: spec.seed,
             calls: 0,
             answer: None,
+            search: None,
             _root: Some(root),
         })
     }
@@ -344,8 +348,15 @@ impl Workspace {
             seed,
             calls: 0,
             answer: None,
+            search: None,
             _root: None,
         })
+    }
+
+    /// Gives this workspace its own retrieval index: the `search` tool then answers from
+    /// it instead of the sandbox-wide one (see [`crate::SandboxBuilder::search_tool`]).
+    pub fn set_search_index(&mut self, index: std::sync::Arc<crate::search::SearchIndex>) {
+        self.search = Some(index);
     }
 
     /// The episode seed.

@@ -49,6 +49,15 @@ pub enum TasksError {
     /// Saved curriculum state could not be read back.
     #[error("curriculum state is not valid JSON of the expected shape: {0}")]
     State(String),
+    /// The sandbox could not set up or read an episode's workspace (an infrastructure
+    /// failure, never the policy's).
+    #[error("task {task}: sandbox: {message}")]
+    Sandbox {
+        /// The task instance id.
+        task: String,
+        /// What failed.
+        message: String,
+    },
     /// Reading a file failed.
     #[error("cannot read {path}: {message}")]
     Io {

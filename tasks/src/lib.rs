@@ -29,6 +29,7 @@
 
 mod checker;
 pub mod curriculum;
+mod env;
 mod error;
 mod families;
 mod pack;
@@ -39,6 +40,7 @@ mod task;
 
 pub use checker::{Checker, FileExpectation, Verdict};
 pub use curriculum::{ContextStage, Curriculum, CurriculumConfig, FamilyProgress, LevelChange};
+pub use env::{Episode, TaskEnv};
 pub use error::TasksError;
 pub use families::{
     builtin_families, builtin_family, Hops, Search, Shell, CHAIN_CALLS, RECOVERY_FROM,

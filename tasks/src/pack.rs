@@ -486,9 +486,16 @@ impl TaskFamily for TaskPack {
             .iter()
             .map(|(p, c)| (render(p, &vars), render(c.get_ref(), &vars).into_bytes()))
             .collect();
-        let checker: Checker = render_value(self.raw.checker.get_ref(), &vars)
+        let mut checker: Checker = render_value(self.raw.checker.get_ref(), &vars)
             .try_into()
             .map_err(|e| bad("checker", e))?;
+        if let Checker::Wasi { module, .. } = &mut checker {
+            // The module path is written relative to the pack file.
+            let dir = std::path::Path::new(&self.file)
+                .parent()
+                .unwrap_or(std::path::Path::new(""));
+            *module = dir.join(&*module).display().to_string();
+        }
         let process_rules = self
             .raw
             .process_rewards

@@ -5,7 +5,7 @@
 //! The sandbox is the truth during training; this simulator implements just what the
 //! built-in oracles use:
 //! - `read_file {path}`, `write_file {path, content}`, `list_dir {path}`;
-//! - `search {query, top_k = 3}`: title equal to the query scores 10, plus one per query
+//! - `search {query, k = 3}`: title equal to the query scores 10, plus one per query
 //!   word in the text; ties by id. (The sandbox uses BM25; the oracles query exact
 //!   titles, which BM25 also ranks first.)
 //! - `shell {command}` with `cat FILE`, `wc -l FILE`, `ls [DIR]` and
@@ -79,7 +79,7 @@ impl<'a> Simulator<'a> {
             "search" => match s("query") {
                 None => invalid("query"),
                 Some(q) => {
-                    let k = args.get("top_k").and_then(Value::as_u64).unwrap_or(3) as usize;
+                    let k = args.get("k").and_then(Value::as_u64).unwrap_or(3) as usize;
                     (ToolStatus::Ok, self.search(&q, k))
                 }
             },

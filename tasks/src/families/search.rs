@@ -148,7 +148,7 @@ impl TaskFamily for Search {
                 // Recoverable failure: a misnamed argument, then the fix.
                 plan.call("search", json!({"q": n}));
             }
-            plan.call("search", json!({"query": n, "top_k": TOP_K[li]}));
+            plan.call("search", json!({"query": n, "k": TOP_K[li]}));
         }
         let steps = plan.finish();
         let mut inst = TaskInstance {

@@ -1,0 +1,338 @@
+//! A task instance running in the real sandbox: the episode environment shared by the
+//! actor (rollouts), the learner (oracle demonstrations for SFT) and the evaluator.
+//!
+//! - [`TaskEnv`] wraps the process-wide [`Sandbox`] and caches per-instance search
+//!   indexes (a group of G episodes shares one instance, hence one index) and compiled
+//!   WASI checkers.
+//! - [`Episode`] is one live episode: the workspace materialised from the instance's files,
+//!   the task's tool gate (only the tools the task allows, each within its call limit, its
+//!   output cut to the task's byte limit), the per-turn process reward, and the checker run
+//!   on the final state — including the sandbox-only checkers (`command_exit`, `wasi`).
+//!
+//! ```
+//! use corvid_sandbox::Sandbox;
+//! use corvid_tasks::{builtin_family, Episode, TaskEnv};
+//! let env = TaskEnv::new(Sandbox::builder().search_tool(true).build()?);
+//! let task = builtin_family("hops")?.instance(2, 7)?;
+//! let mut ep = Episode::start(&env, &task)?;
+//! for step in &task.oracle.steps {
+//!     let out = ep.call(&step.tool_call());
+//!     assert_eq!(out.result.status, step.expect);
+//! }
+//! ep.call(&task.oracle.answer_step().tool_call());
+//! assert!(ep.check().passed());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use corvid_proto::{ToolCall, ToolStatus};
+use corvid_sandbox::{
+    CustomTool, Entry, Limits, Sandbox, SearchIndex, ToolOutput, Workspace, WorkspaceSpec,
+};
+
+use crate::checker::{Checker, Verdict};
+use crate::error::TasksError;
+use crate::process::{score_turns, ScoredTurn};
+use crate::task::TaskInstance;
+
+/// Most search indexes and compiled checkers kept in memory at once.
+const CACHE_ENTRIES: usize = 64;
+
+/// The sandbox plus per-instance caches; share one per process (`Send + Sync`).
+#[derive(Clone)]
+pub struct TaskEnv {
+    sandbox: Sandbox,
+    indexes: Arc<Mutex<HashMap<String, Arc<SearchIndex>>>>,
+    checkers: Arc<Mutex<HashMap<PathBuf, Sandbox>>>,
+    workspace_parent: Option<PathBuf>,
+}
+
+impl std::fmt::Debug for TaskEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TaskEnv")
+            .field("sandbox", &self.sandbox)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TaskEnv {
+    /// An environment over `sandbox`. Build it with
+    /// [`corvid_sandbox::SandboxBuilder::search_tool`] so that tasks with a corpus can
+    /// search it.
+    pub fn new(sandbox: Sandbox) -> Self {
+        Self {
+            sandbox,
+            indexes: Arc::default(),
+            checkers: Arc::default(),
+            workspace_parent: None,
+        }
+    }
+
+    /// Creates workspaces under `dir` (for example a per-actor tmpfs) instead of the
+    /// system temp directory.
+    pub fn with_workspace_parent(mut self, dir: PathBuf) -> Self {
+        self.workspace_parent = Some(dir);
+        self
+    }
+
+    /// The sandbox.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    fn search_index(&self, task: &TaskInstance) -> Result<Arc<SearchIndex>, TasksError> {
+        let mut cache = self.indexes.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(ix) = cache.get(&task.spec_hash) {
+            return Ok(ix.clone());
+        }
+        let docs: Vec<corvid_sandbox::Document> = task
+            .read_only
+            .corpus
+            .iter()
+            .map(|d| corvid_sandbox::Document {
+                id: d.id.clone(),
+                title: d.title.clone(),
+                text: d.text.clone(),
+            })
+            .collect();
+        let ix = Arc::new(SearchIndex::build(&docs).map_err(|e| TasksError::Sandbox {
+            task: task.id.clone(),
+            message: format!("building the search index: {e}"),
+        })?);
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(task.spec_hash.clone(), ix.clone());
+        Ok(ix)
+    }
+
+    /// The sandbox that runs a `wasi` checker module, compiled once per module path.
+    fn checker_sandbox(&self, module: &Path) -> Result<Sandbox, String> {
+        let mut cache = self.checkers.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = cache.get(module) {
+            return Ok(s.clone());
+        }
+        let wasm = std::fs::read(module)
+            .map_err(|e| format!("cannot read checker module {}: {e}", module.display()))?;
+        let sandbox = Sandbox::builder()
+            .custom_tool(CustomTool {
+                name: "checker".into(),
+                description: "the task's checker".into(),
+                wasm,
+                limits: Limits::default(),
+                workspace_writable: false,
+            })
+            .build()
+            .map_err(|e| format!("checker module {}: {e}", module.display()))?;
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(module.to_path_buf(), sandbox.clone());
+        Ok(sandbox)
+    }
+}
+
+/// One live episode of a task instance in its own workspace.
+pub struct Episode<'a> {
+    env: &'a TaskEnv,
+    task: &'a TaskInstance,
+    ws: Workspace,
+    calls_by_tool: BTreeMap<String, u32>,
+    /// Every call so far and its status, for process rewards.
+    history: Vec<(ToolCall, ToolStatus)>,
+}
+
+impl std::fmt::Debug for Episode<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Episode")
+            .field("task", &self.task.id)
+            .field("calls", &self.history.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'a> Episode<'a> {
+    /// Materialises the task's workspace (its initial files; its corpus as this
+    /// workspace's search index).
+    pub fn start(env: &'a TaskEnv, task: &'a TaskInstance) -> Result<Self, TasksError> {
+        let spec = WorkspaceSpec {
+            files: task.files.clone(),
+            seed: task.seed,
+            parent: env.workspace_parent.clone(),
+            ..WorkspaceSpec::default()
+        };
+        let mut ws = Workspace::create(spec).map_err(|e| TasksError::Sandbox {
+            task: task.id.clone(),
+            message: format!("creating the workspace: {e}"),
+        })?;
+        if !task.read_only.corpus.is_empty() {
+            ws.set_search_index(env.search_index(task)?);
+        }
+        Ok(Self {
+            env,
+            task,
+            ws,
+            calls_by_tool: BTreeMap::new(),
+            history: Vec::new(),
+        })
+    }
+
+    /// The task.
+    pub fn task(&self) -> &TaskInstance {
+        self.task
+    }
+
+    /// Runs one call through the task's tool gate, then the sandbox. Never fails: a tool
+    /// the task does not allow is `unknown_tool`, a call over the tool's limit is
+    /// `invalid_call`, and output over the task's byte limit is cut (`output_truncated`).
+    pub fn call(&mut self, call: &ToolCall) -> ToolOutput {
+        let out = self.gated_call(call);
+        self.history.push((call.clone(), out.result.status));
+        out
+    }
+
+    fn gated_call(&mut self, call: &ToolCall) -> ToolOutput {
+        let Some(spec) = self.task.tools.iter().find(|t| t.name == call.name) else {
+            let shown: String = call
+                .name
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(64)
+                .collect();
+            let names: Vec<&str> = self.task.tools.iter().map(|t| t.name.as_str()).collect();
+            return ToolOutput::refused(
+                &call.name,
+                ToolStatus::UnknownTool,
+                format!(
+                    "no tool named `{shown}` in this task; available: {}",
+                    names.join(", ")
+                ),
+            );
+        };
+        let used = self.calls_by_tool.entry(call.name.clone()).or_insert(0);
+        if let Some(max) = spec.limits.max_calls {
+            if *used >= max {
+                return ToolOutput::refused(
+                    &call.name,
+                    ToolStatus::InvalidCall,
+                    format!(
+                        "{} may be called at most {max} times in this task",
+                        call.name
+                    ),
+                );
+            }
+        }
+        *used += 1;
+        let mut out = self.env.sandbox.call_tool(&mut self.ws, call);
+        if let Some(max) = spec.limits.max_output_bytes {
+            cut_output(&mut out, max as usize);
+        }
+        out
+    }
+
+    /// The process reward of the latest call, from the task's rules over every call so far:
+    /// `p_t = score_turns(rules, turns[..=t])[t]`.
+    pub fn last_process_reward(&self) -> f64 {
+        let turns: Vec<ScoredTurn<'_>> = self
+            .history
+            .iter()
+            .map(|(call, status)| ScoredTurn {
+                call,
+                status: *status,
+            })
+            .collect();
+        score_turns(&self.task.process_rules, &turns)
+            .last()
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    /// The argument of the last `answer` call, if any.
+    pub fn answer(&self) -> Option<&str> {
+        self.ws.answer()
+    }
+
+    /// Every regular file of the workspace now, path → bytes.
+    pub fn files(&self) -> Result<BTreeMap<String, Vec<u8>>, TasksError> {
+        let snap = self.ws.snapshot().map_err(|e| TasksError::Sandbox {
+            task: self.task.id.clone(),
+            message: format!("reading the final workspace: {e}"),
+        })?;
+        Ok(snap
+            .entries
+            .into_iter()
+            .filter_map(|(p, e)| match e {
+                Entry::File(b) => Some((p, b)),
+                _ => None,
+            })
+            .collect())
+    }
+
+    /// Judges the episode with the task's checker on the answer and the final workspace.
+    /// `command_exit` runs its command with the toolbox shell in this workspace; `wasi`
+    /// runs the pack's module over it read-only. A checker that cannot run at all is a
+    /// [`Verdict::Fail`] naming why.
+    pub fn check(&mut self) -> Verdict {
+        match &self.task.checker {
+            Checker::CommandExit { command, exit_code } => {
+                let args = serde_json::json!({ "command": command }).to_string();
+                let out = self.env.sandbox.call(&mut self.ws, "shell", &args);
+                if out.result.status == ToolStatus::InfraError {
+                    return Verdict::Fail(format!("checker command could not run: {}", out.text));
+                }
+                if out.result.exit_code == *exit_code {
+                    Verdict::Pass
+                } else {
+                    Verdict::Fail(format!(
+                        "`{command}` exited {} (want {exit_code}): {}",
+                        out.result.exit_code,
+                        out.text.trim()
+                    ))
+                }
+            }
+            Checker::Wasi { module, args } => {
+                let sandbox = match self.env.checker_sandbox(Path::new(module)) {
+                    Ok(s) => s,
+                    Err(e) => return Verdict::Fail(e),
+                };
+                let call = serde_json::json!({ "args": args }).to_string();
+                let out = sandbox.call(&mut self.ws, "checker", &call);
+                if out.result.status.is_success() && out.result.exit_code == 0 {
+                    Verdict::Pass
+                } else {
+                    Verdict::Fail(format!(
+                        "checker module exited {} ({}): {}",
+                        out.result.exit_code,
+                        out.result.status,
+                        out.text.trim()
+                    ))
+                }
+            }
+            checker => match self.files() {
+                Ok(files) => checker.check(self.answer(), &files),
+                Err(e) => Verdict::Fail(e.to_string()),
+            },
+        }
+    }
+}
+
+/// Cuts the shown text to `max` bytes on a character boundary and marks the result
+/// `output_truncated` (when the call had otherwise succeeded).
+fn cut_output(out: &mut ToolOutput, max: usize) {
+    if out.text.len() <= max {
+        return;
+    }
+    let mut end = max;
+    while !out.text.is_char_boundary(end) {
+        end -= 1;
+    }
+    out.text.truncate(end);
+    out.text.push_str("\n[output truncated]");
+    out.result.bytes_shown = out.text.len() as u64;
+    if out.result.status == ToolStatus::Ok {
+        out.result.status = ToolStatus::OutputTruncated;
+    }
+}

@@ -1,0 +1,152 @@
+//! Oracle plans executed in the real sandbox: every built-in family and shipped pack, every
+//! level, several seeds — each call gets the status the plan expects and the checker passes.
+//! The task's tool gate refuses tools it does not allow and calls over a tool's limit.
+
+use corvid_proto::{ToolCall, ToolStatus};
+use corvid_sandbox::Sandbox;
+use corvid_tasks::{builtin_families, load_pack, Episode, TaskEnv, TaskFamily, Verdict};
+
+fn env() -> TaskEnv {
+    TaskEnv::new(
+        Sandbox::builder()
+            .search_tool(true)
+            .build()
+            .expect("sandbox"),
+    )
+}
+
+fn run_oracle(env: &TaskEnv, family: &dyn TaskFamily, level: u32, seed: u64) {
+    let task = family.instance(level, seed).expect("instance");
+    let mut ep = Episode::start(env, &task).expect("episode");
+    for (i, step) in task.oracle.steps.iter().enumerate() {
+        let out = ep.call(&step.tool_call());
+        assert_eq!(
+            out.result.status, step.expect,
+            "{} call {i} ({}): sandbox said {:?}",
+            task.id, step.name, out.text
+        );
+    }
+    let out = ep.call(&task.oracle.answer_step().tool_call());
+    assert_eq!(out.result.status, ToolStatus::Ok, "{}: answer", task.id);
+    assert_eq!(ep.answer(), Some(task.oracle.answer.as_str()));
+    assert_eq!(ep.check(), Verdict::Pass, "{}: checker", task.id);
+}
+
+#[test]
+fn builtin_oracles_pass_in_the_real_sandbox() {
+    let env = env();
+    for family in builtin_families() {
+        for level in 1..=family.levels() {
+            for seed in [0, 1, 2] {
+                run_oracle(&env, family.as_ref(), level, seed);
+            }
+        }
+    }
+}
+
+#[test]
+fn shipped_pack_oracles_pass_in_the_real_sandbox() {
+    let env = env();
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packs");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).expect("packs dir") {
+        let path = entry.expect("entry").path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let pack = load_pack(&path).expect("pack loads");
+            for level in 1..=pack.levels() {
+                run_oracle(&env, &pack, level, 3);
+            }
+            n += 1;
+        }
+    }
+    assert!(n >= 2, "expected the shipped packs, found {n}");
+}
+
+#[test]
+fn wrong_answer_fails_and_no_answer_fails() {
+    let env = env();
+    let family = &builtin_families()[0];
+    let task = family.instance(1, 5).expect("instance");
+    let mut ep = Episode::start(&env, &task).expect("episode");
+    assert!(matches!(ep.check(), Verdict::Fail(_)), "no answer yet");
+    ep.call(&ToolCall {
+        name: "answer".into(),
+        arguments_json: r#"{"answer": "definitely wrong"}"#.into(),
+    });
+    assert!(matches!(ep.check(), Verdict::Fail(_)));
+}
+
+#[test]
+fn the_tool_gate_refuses_disallowed_tools_and_calls_over_the_limit() {
+    let env = env();
+    let hops = corvid_tasks::builtin_family("hops").expect("hops");
+    let task = hops.instance(1, 0).expect("instance");
+    assert!(task.tools.iter().all(|t| t.name != "shell"));
+    let mut ep = Episode::start(&env, &task).expect("episode");
+    let out = ep.call(&ToolCall {
+        name: "shell".into(),
+        arguments_json: r#"{"command": "ls"}"#.into(),
+    });
+    assert_eq!(out.result.status, ToolStatus::UnknownTool);
+    assert!(out.text.contains("read_file"), "{}", out.text);
+    assert!(
+        ep.last_process_reward() < 0.0,
+        "invalid calls are penalised"
+    );
+
+    let limit = task
+        .tools
+        .iter()
+        .find(|t| t.name == "read_file")
+        .and_then(|t| t.limits.max_calls)
+        .expect("hops limits read_file");
+    let call = task.oracle.steps[0].tool_call();
+    for i in 0..limit {
+        let out = ep.call(&call);
+        assert!(out.result.status.is_success(), "call {i}: {}", out.text);
+    }
+    let out = ep.call(&call);
+    assert_eq!(out.result.status, ToolStatus::InvalidCall);
+    assert!(out.text.contains("at most"), "{}", out.text);
+}
+
+#[test]
+fn command_exit_checker_runs_in_the_workspace() {
+    let src = r#"
+prompt = "Write ok to flag.txt, then answer done."
+
+[pack]
+name = "cmd-check"
+description = "write ok to flag.txt"
+
+[tools]
+write_file = {}
+answer = {}
+
+[[levels]]
+level = 1
+max_turns = 3
+context_budget = 1024
+
+[checker]
+kind = "command_exit"
+command = "grep ok flag.txt"
+exit_code = 0
+
+[oracle]
+answer = "done"
+
+[[oracle.calls]]
+tool = "write_file"
+args = { path = "flag.txt", content = "ok" }
+"#;
+    let dir = tempfile::tempdir().expect("tmp");
+    let path = dir.path().join("cmd-check.toml");
+    std::fs::write(&path, src).expect("write pack");
+    let pack = load_pack(&path).expect("pack loads");
+    let env = env();
+    run_oracle(&env, &pack, 1, 0);
+    let task = pack.instance(1, 0).expect("instance");
+    let mut ep = Episode::start(&env, &task).expect("episode");
+    assert!(matches!(ep.check(), Verdict::Fail(_)), "flag.txt is absent");
+}
