@@ -12,7 +12,12 @@
 //! - [`tokenizer`] is the byte-level tokenizer and chat template.
 #![deny(missing_docs)]
 
+pub mod config;
+pub mod episode;
+pub mod metrics;
 pub mod model;
+pub mod policy_store;
 pub mod server;
 pub mod store;
 pub mod tokenizer;
+pub mod train;

@@ -7,10 +7,17 @@
 //! - Message sizes are capped on both directions at
 //!   [`MAX_MESSAGE_BYTES`](corvid_proto::limits::MAX_MESSAGE_BYTES).
 //!
-//! `Register`, `NextTasks`, `PolicyInfo` and `FetchPolicy` answer UNIMPLEMENTED
-//! until the learner's control plane (curriculum, weights) is attached.
+//! - `Register` ([`register`]) hands out actor ids and the run's [`RunSettings`];
+//!   `NextTasks` ([`tasks`]) hands out groups of assignments from the
+//!   [`TaskDispenser`]; `PolicyInfo` and `FetchPolicy` ([`policy`]) serve the
+//!   versioned weights of the [`PolicyStore`]. These four need the learner's
+//!   control plane ([`Control`], attached with [`LearnerService::with_control`]);
+//!   a service built for ingest alone answers them FAILED_PRECONDITION.
 
+pub mod policy;
+pub mod register;
 mod submit;
+pub mod tasks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -23,7 +30,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::policy_store::PolicyStore;
 use crate::store::TrajectoryStore;
+
+pub use register::{ActorRegistry, RunSettings};
+pub use tasks::{Assignment, DispenserConfig, DispenserState, TaskDispenser};
 
 /// Checks the shared token on every request.
 #[derive(Clone)]
@@ -50,16 +61,47 @@ impl tonic::service::Interceptor for AuthInterceptor {
     }
 }
 
+/// The learner's control plane: what the service hands out besides ingest.
+#[derive(Debug)]
+pub struct Control {
+    /// Settings every actor receives at `Register`.
+    pub settings: RunSettings,
+    /// Task groups from the curriculum.
+    pub dispenser: Arc<TaskDispenser>,
+    /// Published policy weights.
+    pub policies: Arc<PolicyStore>,
+    /// Registered actors.
+    pub actors: Arc<ActorRegistry>,
+}
+
 /// The learner's gRPC service.
 #[derive(Debug, Clone)]
 pub struct LearnerService {
     store: Arc<TrajectoryStore>,
+    control: Option<Arc<Control>>,
 }
 
 impl LearnerService {
-    /// A service that ingests into `store`.
+    /// A service that ingests into `store` and serves nothing else.
     pub fn new(store: Arc<TrajectoryStore>) -> Self {
-        Self { store }
+        Self {
+            store,
+            control: None,
+        }
+    }
+
+    /// The same service, also serving registration, tasks and weights from `control`.
+    pub fn with_control(mut self, control: Arc<Control>) -> Self {
+        self.control = Some(control);
+        self
+    }
+
+    fn control(&self, rpc: &str) -> Result<&Arc<Control>, Status> {
+        self.control.as_ref().ok_or_else(|| {
+            Status::failed_precondition(format!(
+                "{rpc}: this learner service only ingests trajectories (it has no tasks or weights to serve)"
+            ))
+        })
     }
 
     /// The service wrapped with authentication and size limits, ready to serve.
@@ -74,8 +116,6 @@ impl LearnerService {
     }
 }
 
-const NOT_YET: &str = "not served by this learner yet: it arrives with the learner's control plane";
-
 /// Response type of `FetchPolicy`.
 pub type PolicyStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::PolicyChunk, Status>> + Send>>;
@@ -84,41 +124,78 @@ pub type PolicyStream =
 impl pb::learner_server::Learner for LearnerService {
     async fn register(
         &self,
-        _req: Request<pb::RegisterRequest>,
+        req: Request<pb::RegisterRequest>,
     ) -> Result<Response<pb::RegisterResponse>, Status> {
-        Err(Status::unimplemented(format!("Register is {NOT_YET}")))
+        let c = self.control("Register")?;
+        let version = c.policies.latest_version();
+        register::register(&c.actors, &c.settings, version, req.into_inner()).map(Response::new)
     }
 
     async fn next_tasks(
         &self,
-        _req: Request<pb::NextTasksRequest>,
+        req: Request<pb::NextTasksRequest>,
     ) -> Result<Response<pb::NextTasksResponse>, Status> {
-        Err(Status::unimplemented(format!("NextTasks is {NOT_YET}")))
+        let c = Arc::clone(self.control("NextTasks")?);
+        let req = req.into_inner();
+        if req.actor_id.is_empty() {
+            return Err(Status::invalid_argument(
+                "actor_id is empty; call Register first and send the id it returns",
+            ));
+        }
+        if req.max_tasks == 0 {
+            return Err(Status::invalid_argument(
+                "max_tasks is 0; ask for at least one",
+            ));
+        }
+        // Opening a group generates a task instance: blocking work, off the reactor.
+        let dispenser = Arc::clone(&c.dispenser);
+        let assignments = tokio::task::spawn_blocking(move || dispenser.next(req.max_tasks))
+            .await
+            .map_err(|e| Status::internal(format!("task dispenser panicked: {e}")))?
+            .map_err(|e| {
+                tracing::error!(error = %e, "task dispenser failed");
+                Status::internal(e.to_string())
+            })?;
+        if !c.actors.seen(&req.actor_id, assignments.len() as u64) {
+            tracing::debug!(actor = %req.actor_id, "NextTasks from an actor registered before a restart");
+        }
+        Ok(Response::new(pb::NextTasksResponse {
+            assignments: assignments.into_iter().map(Into::into).collect(),
+        }))
     }
 
     async fn policy_info(
         &self,
         _req: Request<pb::PolicyInfoRequest>,
     ) -> Result<Response<pb::PolicyInfoResponse>, Status> {
-        Err(Status::unimplemented(format!("PolicyInfo is {NOT_YET}")))
+        let c = self.control("PolicyInfo")?;
+        policy::info(&c.policies).map(Response::new)
     }
 
     type FetchPolicyStream = PolicyStream;
 
     async fn fetch_policy(
         &self,
-        _req: Request<pb::FetchPolicyRequest>,
+        req: Request<pb::FetchPolicyRequest>,
     ) -> Result<Response<Self::FetchPolicyStream>, Status> {
-        Err(Status::unimplemented(format!("FetchPolicy is {NOT_YET}")))
+        let c = self.control("FetchPolicy")?;
+        policy::fetch(&c.policies, req.into_inner().version).map(Response::new)
     }
 
     async fn submit_trajectory(
         &self,
         req: Request<Streaming<pb::TrajectoryPart>>,
     ) -> Result<Response<pb::SubmitAck>, Status> {
-        submit::ingest(&self.store, req.into_inner())
-            .await
-            .map(Response::new)
+        let ack = submit::ingest(&self.store, req.into_inner()).await?;
+        if let (Some(c), false) = (&self.control, ack.duplicate) {
+            // A new trajectory counts towards its group's completion (tasks, rule 4).
+            match self.store.get(&ack.trajectory_id) {
+                Ok(Some(rec)) => c.dispenser.complete(&rec.header.group_id),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(error = %e, "cannot read back a stored trajectory"),
+            }
+        }
+        Ok(Response::new(ack))
     }
 }
 

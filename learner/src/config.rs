@@ -1,0 +1,555 @@
+//! The learner's configuration: one TOML file, every field with a documented default.
+//!
+//! `configs/demo.toml` is the annotated example. Sections:
+//!
+//! | section | what it sets |
+//! |---|---|
+//! | top level | run name, listen address, token file, run folder, seed, device |
+//! | `[model]` | a preset (`tiny`, `small`, `k3-shape`) or a model TOML file, plus field overrides |
+//! | `[tasks]` | the families trained on and the highest level of each |
+//! | `[curriculum]` | [`CurriculumConfig`]: promotion and demotion thresholds, context stages |
+//! | `[rollout]` | open-group bound, task timeout, sampling, actors' poll interval, versions kept |
+//! | `[sft]`, `[rl]` | the trainers' own configs ([`SftConfig`], [`RlConfig`]); the group size G
+//! |  | (`rl.group_size`), groups per update and synchronous mode (`rl.sync`) live in `[rl]` |
+//! | `[schedule]` | SFT on or off, checkpoint interval and retention, update budget |
+//! | `[metrics]` | the JSONL file, the Prometheus address, the loss-spike rule |
+//!
+//! Relative paths are relative to the current directory, as for the command-line flags.
+//! Unknown keys are errors, so a typo never silently falls back to a default.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use corvid_tasks::CurriculumConfig;
+use serde::{Deserialize, Serialize};
+
+use crate::model::ModelConfig;
+use crate::train::config::{RlConfig, SftConfig};
+
+/// A configuration that does not parse or breaks a rule.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read learner config {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The TOML does not parse or has unknown keys.
+    #[error("learner config does not parse: {0}")]
+    Parse(String),
+    /// A field has a bad value.
+    #[error("learner config: `{field}` = {value}: expected {expected}")]
+    Invalid {
+        /// Dotted field name, e.g. `rollout.max_open_groups`.
+        field: String,
+        /// The offending value.
+        value: String,
+        /// What is allowed.
+        expected: String,
+    },
+}
+
+fn invalid(field: &str, value: impl ToString, expected: &str) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_owned(),
+        value: value.to_string(),
+        expected: expected.to_owned(),
+    }
+}
+
+/// Where the policy is trained and sampled from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// Preset name (`tiny`, `small`, `k3-shape`); ignored when `file` is set. Default `tiny`.
+    pub preset: String,
+    /// A model TOML file (as `configs/model/tiny.toml`); its missing fields default to `tiny`.
+    pub file: Option<PathBuf>,
+    /// Field overrides applied on top of the preset or file, e.g. `num_hidden_layers = 2`.
+    pub overrides: toml::Table,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            preset: "tiny".into(),
+            file: None,
+            overrides: toml::Table::new(),
+        }
+    }
+}
+
+impl ModelSection {
+    /// The model config this section describes: preset or file, then the overrides, validated.
+    pub fn resolve(&self) -> Result<ModelConfig, ConfigError> {
+        let base = match &self.file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+                    path: path.clone(),
+                    source,
+                })?;
+                ModelConfig::from_toml(&text).map_err(|e| {
+                    ConfigError::Parse(format!("model.file {}: {e}", path.display()))
+                })?
+            }
+            None => ModelConfig::preset(&self.preset)
+                .map_err(|e| invalid("model.preset", &self.preset, &e.to_string()))?,
+        };
+        if self.overrides.is_empty() {
+            return Ok(base);
+        }
+        // Merge in JSON space: the overrides replace whole fields of the base.
+        let mut value =
+            serde_json::to_value(&base).map_err(|e| ConfigError::Parse(format!("model: {e}")))?;
+        let over = serde_json::to_value(&self.overrides)
+            .map_err(|e| ConfigError::Parse(format!("model.overrides: {e}")))?;
+        if let (Some(dst), serde_json::Value::Object(src)) = (value.as_object_mut(), over) {
+            for (k, v) in src {
+                dst.insert(k, v);
+            }
+        }
+        let cfg: ModelConfig = serde_json::from_value(value)
+            .map_err(|e| ConfigError::Parse(format!("model.overrides: {e}")))?;
+        cfg.validate()
+            .map_err(|e| ConfigError::Parse(format!("model: {e}")))?;
+        Ok(cfg)
+    }
+}
+
+/// Which task families are trained on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TasksSection {
+    /// Built-in family names (`hops`, `search`, `shell`). Default `["hops"]`.
+    pub families: Vec<String>,
+    /// Highest level per family; a family not listed goes up to all its levels.
+    pub max_levels: BTreeMap<String, u32>,
+}
+
+impl Default for TasksSection {
+    fn default() -> Self {
+        Self {
+            families: vec!["hops".into()],
+            max_levels: BTreeMap::new(),
+        }
+    }
+}
+
+/// How actors sample.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingSection {
+    /// Softmax temperature; 0 is greedy. Default 1.0 (on-policy log-probs match the trainer's).
+    pub temperature: f32,
+    /// Nucleus mass in (0, 1]. Default 1.0 (off, so behaviour log-probs are exact).
+    pub top_p: f32,
+    /// Most tokens generated in one turn. Default 256.
+    pub max_new_tokens: u32,
+}
+
+impl Default for SamplingSection {
+    fn default() -> Self {
+        Self {
+            temperature: 1.0,
+            top_p: 1.0,
+            max_new_tokens: 256,
+        }
+    }
+}
+
+/// Task assignment and weight refresh for actors. The group size G is `rl.group_size`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RolloutSection {
+    /// Most groups handed out and not yet completed at once. When all are out, `NextTasks`
+    /// answers with no assignment and actors wait: this is the back-pressure on rollout.
+    /// Default 16.
+    pub max_open_groups: usize,
+    /// Seconds after its last episode was handed out before an incomplete group is given up
+    /// (its actor may have died); its slot is freed and the group is counted as expired.
+    /// Default 600.
+    pub group_timeout_s: u64,
+    /// How actors sample.
+    pub sampling: SamplingSection,
+    /// How often actors ask for a newer policy version, milliseconds. Default 1000.
+    pub policy_poll_interval_ms: u32,
+    /// Policy versions kept for `FetchPolicy` (the current one and the ones before it).
+    /// Default 4.
+    pub keep_policy_versions: usize,
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        Self {
+            max_open_groups: 16,
+            group_timeout_s: 600,
+            sampling: SamplingSection::default(),
+            policy_poll_interval_ms: 1000,
+            keep_policy_versions: 4,
+        }
+    }
+}
+
+/// The training schedule. Asynchronous or synchronous is `rl.sync`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScheduleSection {
+    /// Run the SFT stage (on oracle demonstrations) before RL when no SFT checkpoint exists.
+    /// Default true.
+    pub sft: bool,
+    /// Write a run checkpoint every this many RL updates (also at the end of SFT and on
+    /// SIGTERM / ctrl-c). Default 10.
+    pub checkpoint_every: u64,
+    /// Run checkpoints kept; older ones are deleted. Default 3.
+    pub keep_checkpoints: usize,
+    /// Stop after this many RL updates (0 = run until stopped). Default 0.
+    pub max_updates: u64,
+    /// How often the trainer looks for newly finished trajectories while it waits, ms.
+    /// Default 200.
+    pub poll_ms: u64,
+}
+
+impl Default for ScheduleSection {
+    fn default() -> Self {
+        Self {
+            sft: true,
+            checkpoint_every: 10,
+            keep_checkpoints: 3,
+            max_updates: 0,
+            poll_ms: 200,
+        }
+    }
+}
+
+/// Where figures go.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MetricsSection {
+    /// The JSONL file, one line per update; relative paths are inside the run folder.
+    /// Default `metrics/metrics.jsonl`.
+    pub jsonl: PathBuf,
+    /// Address of the Prometheus text endpoint (`GET /metrics`); empty = off.
+    /// Default `127.0.0.1:9464`.
+    pub prometheus: String,
+    /// A loss spike is a policy loss above the running mean + k·std. Default k = 4.
+    pub spike_k: f64,
+    /// Updates in the running window of the spike rule. Default 50.
+    pub spike_window: usize,
+    /// Updates seen before spikes are counted at all. Default 10.
+    pub spike_min_samples: usize,
+}
+
+impl Default for MetricsSection {
+    fn default() -> Self {
+        Self {
+            jsonl: PathBuf::from("metrics/metrics.jsonl"),
+            prometheus: "127.0.0.1:9464".into(),
+            spike_k: 4.0,
+            spike_window: 50,
+            spike_min_samples: 10,
+        }
+    }
+}
+
+/// The whole learner configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LearnerConfig {
+    /// Run name, shown to actors and in logs. Default `demo`.
+    pub run_name: String,
+    /// gRPC listen address. Default `127.0.0.1:50051`.
+    pub listen: String,
+    /// The run folder (`store/`, `ckpt/`, `metrics/`). Default `runs/<run_name>`.
+    pub run_dir: Option<PathBuf>,
+    /// File holding the shared token (first line). Default `<run_dir>/token`; if that default
+    /// file does not exist the learner creates it with a random token (mode 0600).
+    pub token_file: Option<PathBuf>,
+    /// Seed of every random choice of the learner (tasks, curriculum, init). Default 0.
+    pub seed: u64,
+    /// `cpu`, `cuda`, `cuda:N` or `auto` (CUDA when present). Default `cpu`.
+    pub device: String,
+    /// libtorch intra-op threads for training (0 = libtorch's default). Default 0.
+    pub threads: usize,
+    /// The policy.
+    pub model: ModelSection,
+    /// Task families and levels.
+    pub tasks: TasksSection,
+    /// The curriculum.
+    pub curriculum: CurriculumConfig,
+    /// Assignments, groups and sampling.
+    pub rollout: RolloutSection,
+    /// Supervised fine-tuning.
+    pub sft: SftConfig,
+    /// Policy optimisation.
+    pub rl: RlConfig,
+    /// Schedule and checkpoints.
+    pub schedule: ScheduleSection,
+    /// Metrics outputs.
+    pub metrics: MetricsSection,
+}
+
+impl Default for LearnerConfig {
+    fn default() -> Self {
+        Self {
+            run_name: "demo".into(),
+            listen: "127.0.0.1:50051".into(),
+            run_dir: None,
+            token_file: None,
+            seed: 0,
+            device: "cpu".into(),
+            threads: 0,
+            model: ModelSection::default(),
+            tasks: TasksSection::default(),
+            curriculum: CurriculumConfig::default(),
+            rollout: RolloutSection::default(),
+            sft: SftConfig::default(),
+            rl: RlConfig::default(),
+            schedule: ScheduleSection::default(),
+            metrics: MetricsSection::default(),
+        }
+    }
+}
+
+impl LearnerConfig {
+    /// Parses and validates a TOML document.
+    pub fn from_toml(text: &str) -> Result<Self, ConfigError> {
+        let cfg: Self = toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads, parses and validates a TOML file.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::from_toml(&text).map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))
+    }
+
+    /// The resolved configuration as TOML (written into the run folder and logged at start).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// The run folder.
+    pub fn run_dir(&self) -> PathBuf {
+        self.run_dir
+            .clone()
+            .unwrap_or_else(|| Path::new("runs").join(&self.run_name))
+    }
+
+    /// The token file, and whether it is the default one (which may be created).
+    pub fn token_path(&self) -> (PathBuf, bool) {
+        match &self.token_file {
+            Some(p) => (p.clone(), false),
+            None => (self.run_dir().join("token"), true),
+        }
+    }
+
+    /// The metrics JSONL file.
+    pub fn metrics_path(&self) -> PathBuf {
+        let p = &self.metrics.jsonl;
+        if p.is_absolute() {
+            p.clone()
+        } else {
+            self.run_dir().join(p)
+        }
+    }
+
+    /// The listen address, parsed.
+    pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
+        self.listen
+            .parse()
+            .map_err(|_| invalid("listen", &self.listen, "an address like 127.0.0.1:50051"))
+    }
+
+    /// The libtorch device.
+    pub fn torch_device(&self) -> Result<tch::Device, ConfigError> {
+        let d = self.device.trim();
+        Ok(match d {
+            "cpu" => tch::Device::Cpu,
+            "cuda" => tch::Device::Cuda(0),
+            "auto" => tch::Device::cuda_if_available(),
+            _ => match d.strip_prefix("cuda:").and_then(|n| n.parse().ok()) {
+                Some(n) => tch::Device::Cuda(n),
+                None => return Err(invalid("device", d, "cpu, cuda, cuda:N or auto")),
+            },
+        })
+    }
+
+    /// Families with their highest level, in configuration order.
+    pub fn family_levels(&self) -> Result<Vec<(String, u32)>, ConfigError> {
+        let mut out = Vec::new();
+        for name in &self.tasks.families {
+            let family = corvid_tasks::builtin_family(name)
+                .map_err(|e| invalid("tasks.families", name, &e.to_string()))?;
+            let top = family.levels();
+            let max = self.tasks.max_levels.get(name).copied().unwrap_or(top);
+            if max == 0 || max > top {
+                return Err(invalid(
+                    &format!("tasks.max_levels.{name}"),
+                    max,
+                    &format!("a level in 1..={top}"),
+                ));
+            }
+            out.push((name.clone(), max));
+        }
+        Ok(out)
+    }
+
+    /// Checks every field, naming the offending one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.run_name.is_empty()
+            || !self
+                .run_name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        {
+            return Err(invalid(
+                "run_name",
+                format!("{:?}", self.run_name),
+                "a non-empty name of [A-Za-z0-9_.-]",
+            ));
+        }
+        self.listen_addr()?;
+        self.torch_device()?;
+        self.model.resolve()?;
+        if self.tasks.families.is_empty() {
+            return Err(invalid("tasks.families", "[]", "at least one family"));
+        }
+        for name in self.tasks.max_levels.keys() {
+            if !self.tasks.families.contains(name) {
+                return Err(invalid(
+                    &format!("tasks.max_levels.{name}"),
+                    name,
+                    "a family listed in tasks.families",
+                ));
+            }
+        }
+        self.family_levels()?;
+        self.curriculum
+            .validate()
+            .map_err(|e| ConfigError::Parse(e.to_string()))?;
+        self.sft
+            .validate()
+            .map_err(|e| ConfigError::Parse(format!("[sft]: {e}")))?;
+        self.rl
+            .validate()
+            .map_err(|e| ConfigError::Parse(format!("[rl]: {e}")))?;
+        if self.rl.group_size > 1024 {
+            return Err(invalid("rl.group_size", self.rl.group_size, "1..=1024"));
+        }
+        let r = &self.rollout;
+        if r.max_open_groups == 0 {
+            return Err(invalid("rollout.max_open_groups", 0, "at least 1"));
+        }
+        if r.group_timeout_s == 0 {
+            return Err(invalid("rollout.group_timeout_s", 0, "at least 1 second"));
+        }
+        let s = &r.sampling;
+        if !(s.temperature.is_finite() && s.temperature >= 0.0) {
+            return Err(invalid(
+                "rollout.sampling.temperature",
+                s.temperature,
+                "a finite value >= 0",
+            ));
+        }
+        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
+            return Err(invalid(
+                "rollout.sampling.top_p",
+                s.top_p,
+                "a value in (0, 1]",
+            ));
+        }
+        if s.max_new_tokens == 0 {
+            return Err(invalid("rollout.sampling.max_new_tokens", 0, "at least 1"));
+        }
+        if r.keep_policy_versions == 0 {
+            return Err(invalid("rollout.keep_policy_versions", 0, "at least 1"));
+        }
+        if self.schedule.checkpoint_every == 0 {
+            return Err(invalid("schedule.checkpoint_every", 0, "at least 1"));
+        }
+        if self.schedule.keep_checkpoints == 0 {
+            return Err(invalid("schedule.keep_checkpoints", 0, "at least 1"));
+        }
+        let m = &self.metrics;
+        if !self.metrics.prometheus.is_empty() && m.prometheus.parse::<SocketAddr>().is_err() {
+            return Err(invalid(
+                "metrics.prometheus",
+                &m.prometheus,
+                "an address like 127.0.0.1:9464, or \"\" for off",
+            ));
+        }
+        if !(m.spike_k.is_finite() && m.spike_k > 0.0) {
+            return Err(invalid("metrics.spike_k", m.spike_k, "a finite k > 0"));
+        }
+        if m.spike_window < 2 || m.spike_min_samples < 2 || m.spike_min_samples > m.spike_window {
+            return Err(invalid(
+                "metrics.spike_min_samples",
+                m.spike_min_samples,
+                "2 <= spike_min_samples <= spike_window",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_file_gives_the_documented_defaults() {
+        let cfg = LearnerConfig::from_toml("").unwrap();
+        assert_eq!(cfg, LearnerConfig::default());
+        assert_eq!(cfg.run_dir(), PathBuf::from("runs/demo"));
+        assert_eq!(cfg.token_path(), (PathBuf::from("runs/demo/token"), true));
+        assert_eq!(cfg.rl.group_size, 8);
+        assert_eq!(cfg.model.resolve().unwrap(), ModelConfig::tiny());
+    }
+
+    #[test]
+    fn resolved_config_round_trips_through_toml() {
+        let mut cfg = LearnerConfig::default();
+        cfg.model
+            .overrides
+            .insert("num_hidden_layers".into(), toml::Value::Integer(2));
+        cfg.tasks.max_levels.insert("hops".into(), 3);
+        let again = LearnerConfig::from_toml(&cfg.to_toml()).unwrap();
+        assert_eq!(again, cfg);
+        assert_eq!(again.model.resolve().unwrap().num_hidden_layers, 2);
+        assert_eq!(again.family_levels().unwrap(), vec![("hops".into(), 3)]);
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        for (text, field) in [
+            ("unknown_key = 1", "unknown"),
+            ("[rl]\ngroup_size = 0", "group_size"),
+            ("[rl]\ngroup_size = 5000", "rl.group_size"),
+            ("[rollout]\nmax_open_groups = 0", "rollout.max_open_groups"),
+            ("[tasks]\nfamilies = [\"nope\"]", "tasks.families"),
+            (
+                "[tasks]\nmax_levels = { hops = 99 }",
+                "tasks.max_levels.hops",
+            ),
+            ("listen = \"nowhere\"", "listen"),
+            ("device = \"tpu\"", "device"),
+            ("[model]\noverrides = { hidden_size = -1 }", "hidden_size"),
+            ("[metrics]\nprometheus = \"x\"", "metrics.prometheus"),
+        ] {
+            let err = LearnerConfig::from_toml(text).unwrap_err().to_string();
+            assert!(
+                err.contains(field),
+                "{text:?} gave {err:?}, not naming {field}"
+            );
+        }
+    }
+}
