@@ -150,9 +150,13 @@ impl EpisodeFormat {
 
     /// The tokens a policy generates for `call`: `<tool_call>{json}</tool_call>`.
     pub fn call_ids(&self, name: &str, arguments: &serde_json::Value) -> Vec<u32> {
-        let body = serde_json::json!({ "name": name, "arguments": arguments });
+        // Name first, so the policy picks the tool before writing its arguments.
+        let body = format!(
+            "{{\"name\":{},\"arguments\":{arguments}}}",
+            serde_json::Value::String(name.to_string())
+        );
         let mut ids = vec![Special::ToolCallOpen.id()];
-        ids.extend(self.tok.encode_plain(&body.to_string()));
+        ids.extend(self.tok.encode_plain(&body));
         ids.push(Special::ToolCallClose.id());
         ids
     }
@@ -273,4 +277,226 @@ pub fn oracle_steps(
     }
     let verdict = ep.check();
     Ok(Demonstration { steps, verdict })
+}
+
+/// One message of an OpenAI-style chat transcript, the interchange format of
+/// `corvid replay export --format chat` and of SFT imports.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `system`, `user`, `assistant` or `tool`.
+    pub role: String,
+    /// The text (for an assistant turn that only calls a tool: empty).
+    #[serde(default)]
+    pub content: String,
+    /// The assistant's tool calls (at most one per turn in Corvid).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ChatToolCall>,
+}
+
+/// A tool call inside a [`ChatMessage`]: `{"type": "function", "function": {...}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatToolCall {
+    /// Always `function`.
+    #[serde(rename = "type", default = "function_type")]
+    pub kind: String,
+    /// The call.
+    pub function: ChatFunction,
+}
+
+fn function_type() -> String {
+    "function".into()
+}
+
+/// Name and JSON-string arguments of a call, as OpenAI writes them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatFunction {
+    /// Tool name.
+    pub name: String,
+    /// The arguments as a JSON string, exactly as the model wrote them.
+    pub arguments: String,
+}
+
+/// Why a chat transcript cannot be laid out as an episode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TranscriptError {
+    /// A role other than system, user, assistant, tool.
+    #[error("message {index}: unknown role {role:?} (use system, user, assistant or tool)")]
+    UnknownRole {
+        /// Message index.
+        index: usize,
+        /// The role given.
+        role: String,
+    },
+    /// More than one tool call in an assistant message.
+    #[error("message {index}: {n} tool calls in one assistant turn; Corvid makes one per turn")]
+    SeveralCalls {
+        /// Message index.
+        index: usize,
+        /// How many.
+        n: usize,
+    },
+    /// A call's arguments are not a JSON object.
+    #[error("message {index}: tool call arguments are not a JSON object: {message}")]
+    Arguments {
+        /// Message index.
+        index: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// No assistant turn: nothing to train on.
+    #[error("the transcript has no assistant message")]
+    NoAssistant,
+}
+
+impl EpisodeFormat {
+    /// Reads an episode's steps back as chat messages: the context segments split at their
+    /// turn headers, each generated segment an assistant message with its parsed call.
+    pub fn to_messages(&self, steps: &[Step]) -> Vec<ChatMessage> {
+        let mut out = Vec::new();
+        for step in steps {
+            let first_gen = step
+                .loss_mask
+                .iter()
+                .position(|m| *m)
+                .unwrap_or(step.token_ids.len());
+            self.context_messages(&step.token_ids[..first_gen], &mut out);
+            let generated = &step.token_ids[first_gen..];
+            if generated.is_empty() {
+                continue;
+            }
+            let open = Special::ToolCallOpen.id();
+            let text_end = generated
+                .iter()
+                .position(|&t| t == open || t == Special::End.id())
+                .unwrap_or(generated.len());
+            let content = self.tok.decode(&generated[..text_end]);
+            let tool_calls = match self.parse_call(generated) {
+                Ok(c) => vec![ChatToolCall {
+                    kind: function_type(),
+                    function: ChatFunction {
+                        name: c.name,
+                        arguments: c.arguments_json,
+                    },
+                }],
+                // A malformed call is kept verbatim as text, so nothing is lost.
+                Err(_) => {
+                    out.push(ChatMessage {
+                        role: "assistant".into(),
+                        content: self.tok.decode(generated),
+                        tool_calls: Vec::new(),
+                    });
+                    continue;
+                }
+            };
+            out.push(ChatMessage {
+                role: "assistant".into(),
+                content,
+                tool_calls,
+            });
+        }
+        out
+    }
+
+    fn context_messages(&self, ids: &[u32], out: &mut Vec<ChatMessage>) {
+        let mut role: Option<&str> = None;
+        let mut body: Vec<u32> = Vec::new();
+        for &t in ids {
+            let header = match Special::from_id(t) {
+                Some(Special::System) => Some("system"),
+                Some(Special::User) => Some("user"),
+                Some(Special::Tool) => Some("tool"),
+                Some(Special::Assistant) | Some(Special::End) | Some(Special::Pad) => {
+                    if let Some(r) = role.take() {
+                        out.push(ChatMessage {
+                            role: r.into(),
+                            content: self.tok.decode(&body),
+                            tool_calls: Vec::new(),
+                        });
+                    }
+                    body.clear();
+                    continue;
+                }
+                _ => None,
+            };
+            match header {
+                Some(r) => {
+                    role = Some(r);
+                    body.clear();
+                }
+                None => body.push(t),
+            }
+        }
+        if let Some(r) = role {
+            out.push(ChatMessage {
+                role: r.into(),
+                content: self.tok.decode(&body),
+                tool_calls: Vec::new(),
+            });
+        }
+    }
+
+    /// Lays out a chat transcript (for example an imported SFT file) in the episode format:
+    /// token ids and the loss mask, true on exactly what the assistant writes — its text,
+    /// its call, and `<|end|>` when it ends a turn without a call.
+    pub fn from_messages(
+        &self,
+        messages: &[ChatMessage],
+    ) -> Result<(Vec<u32>, Vec<bool>), TranscriptError> {
+        let mut ids = Vec::new();
+        let mut mask = Vec::new();
+        let mut push = |t: &[u32], m: bool, ids: &mut Vec<u32>| {
+            ids.extend_from_slice(t);
+            mask.extend(std::iter::repeat_n(m, t.len()));
+        };
+        let mut any_assistant = false;
+        for (index, m) in messages.iter().enumerate() {
+            let header = match m.role.as_str() {
+                "system" => Special::System,
+                "user" => Special::User,
+                "tool" => Special::Tool,
+                "assistant" => Special::Assistant,
+                other => {
+                    return Err(TranscriptError::UnknownRole {
+                        index,
+                        role: other.to_string(),
+                    })
+                }
+            };
+            push(&[header.id()], false, &mut ids);
+            if header != Special::Assistant {
+                push(&self.tok.encode_plain(&m.content), false, &mut ids);
+                push(&[Special::End.id()], false, &mut ids);
+                continue;
+            }
+            any_assistant = true;
+            if m.tool_calls.len() > 1 {
+                return Err(TranscriptError::SeveralCalls {
+                    index,
+                    n: m.tool_calls.len(),
+                });
+            }
+            push(&self.tok.encode_plain(&m.content), true, &mut ids);
+            match m.tool_calls.first() {
+                Some(c) => {
+                    let args: serde_json::Value = serde_json::from_str(&c.function.arguments)
+                        .ok()
+                        .filter(serde_json::Value::is_object)
+                        .ok_or_else(|| TranscriptError::Arguments {
+                            index,
+                            message: format!("{:?}", c.function.arguments),
+                        })?;
+                    push(&self.call_ids(&c.function.name, &args), true, &mut ids);
+                    // The `<|end|>` after a call opens the next turn's context.
+                    if index + 1 < messages.len() {
+                        push(&[Special::End.id()], false, &mut ids);
+                    }
+                }
+                None => push(&[Special::End.id()], true, &mut ids),
+            }
+        }
+        if !any_assistant {
+            return Err(TranscriptError::NoAssistant);
+        }
+        Ok((ids, mask))
+    }
 }

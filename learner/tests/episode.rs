@@ -5,7 +5,7 @@
 use corvid_learner::episode::{oracle_steps, CallParseError, EpisodeFormat, ToolPrompt};
 use corvid_learner::tokenizer::Special;
 use corvid_sandbox::Sandbox;
-use corvid_tasks::{builtin_families, TaskEnv, TaskFamily};
+use corvid_tasks::{builtin_families, TaskEnv};
 
 fn env() -> TaskEnv {
     TaskEnv::new(
@@ -156,4 +156,55 @@ fn compact_tool_prompt_lists_only_the_tasks_tools() {
     assert!(sys.contains("read_file(path, limit?, offset?)"), "{sys}");
     assert!(sys.contains("answer(answer)"), "{sys}");
     assert!(!sys.contains("shell"), "{sys}");
+}
+
+#[test]
+fn demonstrations_round_trip_through_chat_messages() {
+    let env = env();
+    let f = EpisodeFormat::default();
+    let task = corvid_tasks::builtin_family("shell")
+        .expect("shell")
+        .instance(4, 3)
+        .expect("instance");
+    let demo = oracle_steps(&f, &env, &task).expect("demo");
+    let messages = f.to_messages(&demo.steps);
+    assert_eq!(messages[0].role, "system");
+    assert_eq!(messages[1].role, "user");
+    assert_eq!(messages[1].content, task.prompt);
+    let calls = messages.iter().filter(|m| !m.tool_calls.is_empty()).count();
+    assert_eq!(calls, demo.steps.len());
+    assert!(messages.iter().any(|m| m.role == "tool"));
+    // Back to tokens: the same ids and the same trained positions.
+    let (ids, mask) = f.from_messages(&messages).expect("lays out");
+    let (want_ids, want_mask) = demo.flatten();
+    assert_eq!(ids, want_ids);
+    assert_eq!(mask, want_mask);
+}
+
+#[test]
+fn bad_transcripts_are_refused_with_the_message_index() {
+    let f = EpisodeFormat::default();
+    let msg = |role: &str| corvid_learner::episode::ChatMessage {
+        role: role.into(),
+        content: "x".into(),
+        tool_calls: Vec::new(),
+    };
+    let err = f.from_messages(&[msg("user"), msg("robot")]).unwrap_err();
+    assert!(
+        err.to_string().starts_with("message 1: unknown role"),
+        "{err}"
+    );
+    let err = f.from_messages(&[msg("user")]).unwrap_err();
+    assert!(err.to_string().contains("no assistant"), "{err}");
+    // A plain assistant reply trains on its text and its end token.
+    let (ids, mask) = f
+        .from_messages(&[msg("user"), msg("assistant")])
+        .expect("ok");
+    let trained: Vec<u32> = ids
+        .iter()
+        .zip(&mask)
+        .filter(|(_, m)| **m)
+        .map(|(i, _)| *i)
+        .collect();
+    assert_eq!(trained, vec![b'x' as u32, Special::End.id()]);
 }
