@@ -12,6 +12,7 @@
 //! - [`tokenizer`] is the byte-level tokenizer and chat template.
 #![deny(missing_docs)]
 
+pub mod checkpoint;
 pub mod config;
 pub mod episode;
 pub mod metrics;

@@ -1,0 +1,427 @@
+//! Run checkpoints: everything a learner needs to continue exactly where it stopped.
+//!
+//! # Guarantees
+//!
+//! 1. **A checkpoint is whole or absent.** It is written into a hidden temporary folder
+//!    (`ckpt/.tmp-<seq>-<pid>`), every file is fsynced, the folder is fsynced, then it is
+//!    renamed to `ckpt/<seq>` and `ckpt/` is fsynced. A crash at any point leaves either
+//!    the complete new checkpoint or none of it; [`CheckpointDir::open`] deletes leftover
+//!    temporary folders.
+//! 2. **The newest complete checkpoint wins.** [`CheckpointDir::latest`] is the highest
+//!    `<seq>` folder; only the newest `keep` are kept.
+//! 3. **Resume is exact.** Together with the trajectory store (whose acked trajectories are
+//!    durable on their own), a checkpoint fixes every input of the next update: weights,
+//!    optimizer moments and step, curriculum windows and RNG, the dispenser's RNG and open
+//!    groups, the learner's RNG, the store cursor and the trajectories read past it but not
+//!    yet trained on, the update step and the policy version.
+//!
+//! # Layout of `ckpt/<seq>/`
+//!
+//! | file | content |
+//! |---|---|
+//! | `model.safetensors`, `config.json` | the policy ([`crate::model::checkpoint`] format) |
+//! | `optimizer.safetensors` | the active optimizer's moments and step (`AdamW::state_tensors`) |
+//! | `curriculum.json` | [`Curriculum::save`] |
+//! | `state.json` | [`RunState`]: counters, cursor, RNG, dispenser, spike detector, reference path |
+//!
+//! The frozen reference policy (the SFT result) lives in `ref/` beside `ckpt/`, written once,
+//! and `state.json` names it.
+
+use std::fs::File;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use corvid_tasks::{Curriculum, SplitMix64};
+use serde::{Deserialize, Serialize};
+use tch::{nn, Tensor};
+
+use crate::metrics::SpikeDetector;
+use crate::model::checkpoint::{
+    load_weights_from_bytes, weights_to_bytes, CONFIG_FILE, WEIGHTS_FILE,
+};
+use crate::model::{ModelConfig, ModelError};
+use crate::server::DispenserState;
+
+/// Optimizer state file inside a checkpoint.
+pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
+/// Curriculum state file.
+pub const CURRICULUM_FILE: &str = "curriculum.json";
+/// Learner state file.
+pub const STATE_FILE: &str = "state.json";
+/// Version of the [`RunState`] layout.
+pub const STATE_FORMAT: u32 = 1;
+
+/// Everything that can go wrong writing or reading a checkpoint.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// A file operation failed.
+    #[error("checkpoint {path}: {source}")]
+    Io {
+        /// The file or folder.
+        path: PathBuf,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The model or its weights failed.
+    #[error("checkpoint model: {0}")]
+    Model(#[from] ModelError),
+    /// libtorch failed on the optimizer state.
+    #[error("checkpoint optimizer state: {0}")]
+    Torch(#[from] tch::TchError),
+    /// A JSON file does not decode or has the wrong format.
+    #[error("checkpoint {path}: {reason}")]
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> CheckpointError + '_ {
+    move |source| CheckpointError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The training stage a checkpoint was taken in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Stage {
+    /// Supervised fine-tuning, not finished.
+    Sft,
+    /// Policy optimisation (SFT finished or skipped).
+    Rl,
+}
+
+/// Running totals carried across restarts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Totals {
+    /// Episodes trained on.
+    pub episodes_trained: u64,
+    /// Generated tokens trained on.
+    pub tokens_trained: u64,
+    /// Episodes skipped as too stale.
+    pub stale_skipped: u64,
+    /// Episodes skipped as unscored (infra error, abandoned).
+    pub unscored_skipped: u64,
+    /// Episodes of groups given up before they were complete.
+    pub incomplete_dropped: u64,
+}
+
+/// The learner's own state (`state.json`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunState {
+    /// [`STATE_FORMAT`].
+    pub format: u32,
+    /// Sequence number of the checkpoint (its folder name).
+    pub seq: u64,
+    /// Stage at the time of the checkpoint.
+    pub stage: Stage,
+    /// SFT optimizer steps done.
+    pub sft_step: u64,
+    /// RL updates done.
+    pub rl_step: u64,
+    /// Latest published policy version (the weights in this checkpoint are this version).
+    pub policy_version: u64,
+    /// Store position up to which trajectories have been read.
+    pub read_cursor: u64,
+    /// Trajectories read (position ≤ `read_cursor`) but not yet trained on, by id.
+    pub pending: Vec<String>,
+    /// The learner's RNG (seeds libtorch before each update).
+    pub rng: SplitMix64,
+    /// The task dispenser.
+    pub dispenser: DispenserState,
+    /// The loss-spike rule.
+    pub spikes: SpikeDetector,
+    /// Totals.
+    pub totals: Totals,
+    /// Folder of the frozen reference policy (the SFT result), if written.
+    pub reference_policy: Option<PathBuf>,
+    /// Wall clock at save, ms since the Unix epoch.
+    pub saved_unix_ms: u64,
+}
+
+/// What [`CheckpointDir::save`] writes.
+pub struct Snapshot<'a> {
+    /// The policy's variables.
+    pub vs: &'a nn::VarStore,
+    /// Its config.
+    pub model_config: &'a ModelConfig,
+    /// The active optimizer's state (`AdamW::state_tensors`).
+    pub optimizer: Vec<(String, Tensor)>,
+    /// The curriculum.
+    pub curriculum: &'a Curriculum,
+    /// The learner's state; its `seq` is set by `save`.
+    pub state: RunState,
+}
+
+/// A checkpoint read back.
+#[derive(Debug)]
+pub struct Restored {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// The model config.
+    pub model_config: ModelConfig,
+    /// The safetensors bytes of the weights.
+    pub weights: Vec<u8>,
+    /// The optimizer's state tensors.
+    pub optimizer: Vec<(String, Tensor)>,
+    /// The curriculum.
+    pub curriculum: Curriculum,
+    /// The learner's state.
+    pub state: RunState,
+}
+
+impl Restored {
+    /// Copies the weights into `vs` (whose model was built from [`Restored::model_config`]).
+    pub fn load_weights(&self, vs: &nn::VarStore) -> Result<(), CheckpointError> {
+        Ok(load_weights_from_bytes(vs, &self.weights)?)
+    }
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let mut f = File::create(path).map_err(io(path))?;
+    f.write_all(bytes).map_err(io(path))?;
+    f.sync_all().map_err(io(path))
+}
+
+/// Fsyncs a folder, so the names in it are durable.
+pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
+    File::open(dir).and_then(|f| f.sync_all()).map_err(io(dir))
+}
+
+/// Writes a policy folder (`model.safetensors`, `config.json`), every file fsynced.
+pub fn write_policy(
+    dir: &Path,
+    vs: &nn::VarStore,
+    cfg: &ModelConfig,
+) -> Result<(), CheckpointError> {
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    write_synced(&dir.join(WEIGHTS_FILE), &weights_to_bytes(vs)?)?;
+    let text = serde_json::to_string_pretty(cfg).map_err(|e| CheckpointError::Corrupt {
+        path: dir.join(CONFIG_FILE),
+        reason: e.to_string(),
+    })?;
+    write_synced(&dir.join(CONFIG_FILE), text.as_bytes())?;
+    sync_dir(dir)
+}
+
+/// The `ckpt/` folder of a run.
+#[derive(Debug, Clone)]
+pub struct CheckpointDir {
+    root: PathBuf,
+    keep: usize,
+}
+
+fn seq_of(name: &str) -> Option<u64> {
+    if name.len() == 8 && name.bytes().all(|b| b.is_ascii_digit()) {
+        name.parse().ok()
+    } else {
+        None
+    }
+}
+
+impl CheckpointDir {
+    /// Opens (creating) `root`, keeping the newest `keep` checkpoints, and removes temporary
+    /// folders left by a crash mid-save.
+    pub fn open(root: impl Into<PathBuf>, keep: usize) -> Result<Self, CheckpointError> {
+        let root = root.into();
+        std::fs::create_dir_all(&root).map_err(io(&root))?;
+        for entry in std::fs::read_dir(&root).map_err(io(&root))? {
+            let entry = entry.map_err(io(&root))?;
+            if entry.file_name().to_string_lossy().starts_with(".tmp-") {
+                let p = entry.path();
+                tracing::warn!(path = %p.display(), "removing a checkpoint left half-written by a crash");
+                std::fs::remove_dir_all(&p).map_err(io(&p))?;
+            }
+        }
+        Ok(Self {
+            root,
+            keep: keep.max(1),
+        })
+    }
+
+    /// The folder.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    /// Complete checkpoints, oldest first, as (seq, folder).
+    pub fn list(&self) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&self.root).map_err(io(&self.root))? {
+            let entry = entry.map_err(io(&self.root))?;
+            if let Some(seq) = seq_of(&entry.file_name().to_string_lossy()) {
+                out.push((seq, entry.path()));
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// The newest complete checkpoint.
+    pub fn latest(&self) -> Result<Option<PathBuf>, CheckpointError> {
+        Ok(self.list()?.pop().map(|(_, p)| p))
+    }
+
+    /// Writes `snap` atomically as the next checkpoint and prunes old ones. Returns its folder.
+    pub fn save(&self, mut snap: Snapshot<'_>) -> Result<PathBuf, CheckpointError> {
+        let seq = self.list()?.last().map_or(1, |(s, _)| s + 1);
+        snap.state.seq = seq;
+        snap.state.format = STATE_FORMAT;
+        let tmp = self
+            .root
+            .join(format!(".tmp-{seq:08}-{}", std::process::id()));
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
+        }
+        write_policy(&tmp, snap.vs, snap.model_config)?;
+        let opt = tmp.join(OPTIMIZER_FILE);
+        Tensor::write_safetensors(&snap.optimizer, &opt)?;
+        File::open(&opt)
+            .and_then(|f| f.sync_all())
+            .map_err(io(&opt))?;
+        write_synced(
+            &tmp.join(CURRICULUM_FILE),
+            snap.curriculum.save().as_bytes(),
+        )?;
+        let state =
+            serde_json::to_vec_pretty(&snap.state).map_err(|e| CheckpointError::Corrupt {
+                path: tmp.join(STATE_FILE),
+                reason: e.to_string(),
+            })?;
+        write_synced(&tmp.join(STATE_FILE), &state)?;
+        sync_dir(&tmp)?;
+        let dest = self.root.join(format!("{seq:08}"));
+        std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
+        sync_dir(&self.root)?;
+        let all = self.list()?;
+        if all.len() > self.keep {
+            for (_, old) in &all[..all.len() - self.keep] {
+                std::fs::remove_dir_all(old).map_err(io(old))?;
+            }
+        }
+        tracing::info!(
+            path = %dest.display(),
+            stage = ?snap.state.stage,
+            rl_step = snap.state.rl_step,
+            policy_version = snap.state.policy_version,
+            cursor = snap.state.read_cursor,
+            "checkpoint written"
+        );
+        Ok(dest)
+    }
+
+    /// Reads the checkpoint in `dir`.
+    pub fn load(dir: &Path) -> Result<Restored, CheckpointError> {
+        let read = |name: &str| {
+            let p = dir.join(name);
+            std::fs::read(&p).map_err(io(&p))
+        };
+        let corrupt = |name: &str, reason: String| CheckpointError::Corrupt {
+            path: dir.join(name),
+            reason,
+        };
+        let model_config: ModelConfig = serde_json::from_slice(&read(CONFIG_FILE)?)
+            .map_err(|e| corrupt(CONFIG_FILE, e.to_string()))?;
+        model_config.validate()?;
+        let weights = read(WEIGHTS_FILE)?;
+        let optimizer = Tensor::read_safetensors(dir.join(OPTIMIZER_FILE))?;
+        let curriculum_text = String::from_utf8(read(CURRICULUM_FILE)?)
+            .map_err(|e| corrupt(CURRICULUM_FILE, e.to_string()))?;
+        let curriculum = Curriculum::load(&curriculum_text)
+            .map_err(|e| corrupt(CURRICULUM_FILE, e.to_string()))?;
+        let state: RunState = serde_json::from_slice(&read(STATE_FILE)?)
+            .map_err(|e| corrupt(STATE_FILE, e.to_string()))?;
+        if state.format != STATE_FORMAT {
+            return Err(corrupt(
+                STATE_FILE,
+                format!(
+                    "format {} but this learner reads format {STATE_FORMAT}",
+                    state.format
+                ),
+            ));
+        }
+        Ok(Restored {
+            dir: dir.to_path_buf(),
+            model_config,
+            weights,
+            optimizer,
+            curriculum,
+            state,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corvid_tasks::CurriculumConfig;
+
+    fn state() -> RunState {
+        RunState {
+            format: STATE_FORMAT,
+            seq: 0,
+            stage: Stage::Rl,
+            sft_step: 5,
+            rl_step: 3,
+            policy_version: 4,
+            read_cursor: 17,
+            pending: vec!["a".into()],
+            rng: SplitMix64::new(9),
+            dispenser: DispenserState::new(1),
+            spikes: SpikeDetector::new(4.0, 10, 3),
+            totals: Totals::default(),
+            reference_policy: None,
+            saved_unix_ms: 0,
+        }
+    }
+
+    #[test]
+    fn save_load_round_trips_and_keeps_the_newest() {
+        tch::set_num_threads(1);
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = ModelConfig {
+            num_hidden_layers: 1,
+            hidden_size: 32,
+            num_attention_heads: 2,
+            ..ModelConfig::tiny()
+        };
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let _m = crate::model::MoePolicy::new(&vs.root(), &cfg).unwrap();
+        let cur = Curriculum::new(CurriculumConfig::default(), &[("hops", 3)], 2).unwrap();
+        // A leftover of a crash mid-save is removed on open.
+        std::fs::create_dir_all(dir.path().join(".tmp-00000009-1")).unwrap();
+        let ck = CheckpointDir::open(dir.path(), 2).unwrap();
+        assert!(!dir.path().join(".tmp-00000009-1").exists());
+        for i in 0..3 {
+            let mut st = state();
+            st.rl_step = i;
+            ck.save(Snapshot {
+                vs: &vs,
+                model_config: &cfg,
+                optimizer: vec![("step".into(), Tensor::from_slice(&[i as i64]))],
+                curriculum: &cur,
+                state: st,
+            })
+            .unwrap();
+        }
+        let seqs: Vec<u64> = ck.list().unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(seqs, vec![2, 3]);
+        let r = CheckpointDir::load(&ck.latest().unwrap().unwrap()).unwrap();
+        assert_eq!(r.state.seq, 3);
+        assert_eq!(r.state.rl_step, 2);
+        assert_eq!(r.model_config, cfg);
+        assert_eq!(r.curriculum, cur);
+        assert_eq!(r.weights, weights_to_bytes(&vs).unwrap());
+        assert_eq!(r.optimizer[0].1.int64_value(&[0]), 2);
+        let mut expect = state();
+        expect.seq = 3;
+        expect.rl_step = 2;
+        assert_eq!(r.state, expect);
+    }
+}
