@@ -13,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod checkpoint;
+pub mod collect;
 pub mod config;
 pub mod episode;
 pub mod metrics;

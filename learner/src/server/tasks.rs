@@ -381,6 +381,14 @@ impl TaskDispenser {
         inner.budget = Some(inner.budget.unwrap_or(0) + n);
     }
 
+    /// Whether `group_id` is open (handed out, not completed, not expired).
+    pub fn is_open(&self, group_id: &str) -> bool {
+        self.lock()
+            .open
+            .iter()
+            .any(|o| o.saved.group_id == group_id)
+    }
+
     /// Open groups right now.
     pub fn open_groups(&self) -> usize {
         self.lock().open.len()

@@ -1,0 +1,287 @@
+//! The trainer's reader of the store: finished trajectories in finish order, gathered into
+//! their groups until a group is ready to train on.
+//!
+//! # Rules
+//!
+//! 1. **Cursor.** Trajectories are read in the store's finish order after `read_cursor`
+//!    ([`TrajectoryStore::finished_since`]); the cursor advances past every one read. Those
+//!    read but not yet trained on are *pending*; their ids go into every checkpoint, so a
+//!    resumed learner reloads them and reads on from the same cursor: nothing stored is
+//!    lost and nothing trained is read twice.
+//! 2. **Ready groups.** A group is ready when G trajectories of it have arrived. A group the
+//!    dispenser no longer has open (expired, or opened before a crash and unknown since)
+//!    with no new member for `partial_after` is ready as it is, with fewer members.
+//! 3. **Order.** Ready groups are taken oldest first (by the finish position of their first
+//!    member).
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use corvid_proto::{Step, TrajectoryFooter, TrajectoryHeader};
+
+use crate::store::{StoreError, TrajectoryStore};
+
+/// Most trajectories read from the store in one poll (bounds one poll's memory).
+pub const MAX_READ_PER_POLL: usize = 4096;
+
+/// One finished trajectory, loaded whole for training.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoadedTrajectory {
+    /// Position in the store's finish order.
+    pub finish_seq: u64,
+    /// The header.
+    pub header: TrajectoryHeader,
+    /// The footer.
+    pub footer: TrajectoryFooter,
+    /// Every step, in order.
+    pub steps: Vec<Step>,
+}
+
+impl LoadedTrajectory {
+    /// Loads `id` from `store`; `None` if it is not a finished trajectory.
+    pub fn load(
+        store: &TrajectoryStore,
+        id: &str,
+        finish_seq: u64,
+    ) -> Result<Option<Self>, StoreError> {
+        let Some(rec) = store.get(id)? else {
+            return Ok(None);
+        };
+        let Some(footer) = rec.footer else {
+            return Ok(None);
+        };
+        let steps = match store.steps(id)? {
+            Some(it) => it.collect::<Result<Vec<_>, _>>()?,
+            None => return Ok(None),
+        };
+        Ok(Some(Self {
+            finish_seq: rec.finish_seq.unwrap_or(finish_seq),
+            header: rec.header,
+            footer,
+            steps,
+        }))
+    }
+}
+
+#[derive(Debug)]
+struct PendingGroup {
+    members: Vec<LoadedTrajectory>,
+    first_seq: u64,
+    last_arrival: Instant,
+}
+
+/// Reads finished trajectories and hands out ready groups (see the module doc).
+#[derive(Debug)]
+pub struct Collector {
+    group_size: usize,
+    partial_after: Duration,
+    read_cursor: u64,
+    groups: BTreeMap<String, PendingGroup>,
+}
+
+impl Collector {
+    /// A collector for groups of `group_size`, reading after `read_cursor`.
+    pub fn new(group_size: usize, partial_after: Duration, read_cursor: u64) -> Self {
+        Self {
+            group_size: group_size.max(1),
+            partial_after,
+            read_cursor,
+            groups: BTreeMap::new(),
+        }
+    }
+
+    /// Rule 1 on resume: reloads the `pending` trajectories of a checkpoint. Ids no longer
+    /// in the store are skipped (and returned) — the store never deletes, so that only
+    /// happens when a checkpoint is paired with another run's store.
+    pub fn restore_pending(
+        &mut self,
+        store: &TrajectoryStore,
+        pending: &[String],
+    ) -> Result<Vec<String>, StoreError> {
+        let mut missing = Vec::new();
+        for id in pending {
+            match LoadedTrajectory::load(store, id, 0)? {
+                Some(t) => self.add(t),
+                None => missing.push(id.clone()),
+            }
+        }
+        Ok(missing)
+    }
+
+    fn add(&mut self, t: LoadedTrajectory) {
+        let g = self
+            .groups
+            .entry(t.header.group_id.clone())
+            .or_insert_with(|| PendingGroup {
+                members: Vec::new(),
+                first_seq: t.finish_seq,
+                last_arrival: Instant::now(),
+            });
+        g.first_seq = g.first_seq.min(t.finish_seq);
+        g.last_arrival = Instant::now();
+        g.members.push(t);
+    }
+
+    /// Reads newly finished trajectories (at most [`MAX_READ_PER_POLL`]), calling `on_new`
+    /// on each. Returns how many were read.
+    pub fn poll(
+        &mut self,
+        store: &TrajectoryStore,
+        mut on_new: impl FnMut(&LoadedTrajectory),
+    ) -> Result<usize, StoreError> {
+        let mut n = 0;
+        let ids: Vec<(u64, String)> = store
+            .finished_since(self.read_cursor)
+            .take(MAX_READ_PER_POLL)
+            .map(|r| r.map(|(seq, rec)| (seq, rec.header.trajectory_id)))
+            .collect::<Result<_, _>>()?;
+        for (seq, id) in ids {
+            if let Some(t) = LoadedTrajectory::load(store, &id, seq)? {
+                on_new(&t);
+                self.add(t);
+                n += 1;
+            }
+            self.read_cursor = seq;
+        }
+        Ok(n)
+    }
+
+    /// Rule 2: whether the group `id` is ready.
+    fn is_ready(&self, g: &PendingGroup, id: &str, is_open: &dyn Fn(&str) -> bool) -> bool {
+        g.members.len() >= self.group_size
+            || (!is_open(id) && g.last_arrival.elapsed() >= self.partial_after)
+    }
+
+    /// How many groups are ready now.
+    pub fn ready_groups(&self, is_open: &dyn Fn(&str) -> bool) -> usize {
+        self.groups
+            .iter()
+            .filter(|(id, g)| self.is_ready(g, id, is_open))
+            .count()
+    }
+
+    /// Takes up to `max` ready groups, oldest first (rule 3).
+    pub fn take_ready(
+        &mut self,
+        max: usize,
+        is_open: &dyn Fn(&str) -> bool,
+    ) -> Vec<Vec<LoadedTrajectory>> {
+        let mut ready: Vec<(u64, String)> = self
+            .groups
+            .iter()
+            .filter(|(id, g)| self.is_ready(g, id, is_open))
+            .map(|(id, g)| (g.first_seq, id.clone()))
+            .collect();
+        ready.sort();
+        ready
+            .into_iter()
+            .take(max)
+            .filter_map(|(_, id)| self.groups.remove(&id))
+            .map(|mut g| {
+                g.members.sort_by_key(|t| t.finish_seq);
+                g.members
+            })
+            .collect()
+    }
+
+    /// The store position read up to.
+    pub fn read_cursor(&self) -> u64 {
+        self.read_cursor
+    }
+
+    /// Ids of the trajectories read but not yet handed out, in finish order.
+    pub fn pending_ids(&self) -> Vec<String> {
+        let mut all: Vec<(u64, String)> = self
+            .groups
+            .values()
+            .flat_map(|g| g.members.iter())
+            .map(|t| (t.finish_seq, t.header.trajectory_id.clone()))
+            .collect();
+        all.sort();
+        all.into_iter().map(|(_, id)| id).collect()
+    }
+
+    /// Trajectories pending.
+    pub fn pending_len(&self) -> usize {
+        self.groups.values().map(|g| g.members.len()).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use corvid_proto::synthetic::{self, Shape};
+    use std::sync::Arc;
+
+    const SHAPE: Shape = Shape {
+        steps: 2,
+        tokens_per_step: 9,
+    };
+
+    fn put(store: &Arc<TrajectoryStore>, id: &str, group: &str) {
+        let mut h = synthetic::header(id, "hops", 1, 1);
+        h.group_id = group.into();
+        let crate::store::Begin::New(mut w) = store.begin(h).unwrap() else {
+            panic!("duplicate {id}")
+        };
+        for (seq, s) in synthetic::steps(id, SHAPE).enumerate() {
+            w.append(seq as u64, s).unwrap();
+        }
+        w.finish_blocking(synthetic::footer(id, SHAPE)).unwrap();
+    }
+
+    #[test]
+    fn groups_become_ready_at_g_and_pending_survives_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(TrajectoryStore::open(dir.path()).unwrap());
+        let open = |_: &str| true;
+        let mut c = Collector::new(2, Duration::from_secs(60), 0);
+        put(&store, "a1", "A");
+        put(&store, "b1", "B");
+        put(&store, "a2", "A");
+        let mut seen = Vec::new();
+        assert_eq!(
+            c.poll(&store, |t| seen.push(t.header.trajectory_id.clone()))
+                .unwrap(),
+            3
+        );
+        assert_eq!(seen, ["a1", "b1", "a2"]);
+        assert_eq!(c.ready_groups(&open), 1);
+        let got = c.take_ready(5, &open);
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].len(), 2);
+        assert_eq!(got[0][0].steps.len(), 2);
+        assert_eq!(c.pending_ids(), ["b1"]);
+
+        // "Checkpoint" here, then restart: the pending one is reloaded and the cursor holds.
+        let (cursor, pending) = (c.read_cursor(), c.pending_ids());
+        put(&store, "b2", "B");
+        let mut c2 = Collector::new(2, Duration::from_secs(60), cursor);
+        assert!(c2.restore_pending(&store, &pending).unwrap().is_empty());
+        assert_eq!(c2.poll(&store, |_| {}).unwrap(), 1);
+        let got = c2.take_ready(5, &open);
+        let ids: Vec<_> = got[0]
+            .iter()
+            .map(|t| t.header.trajectory_id.as_str())
+            .collect();
+        assert_eq!(ids, ["b1", "b2"]);
+        assert_eq!(c2.pending_len(), 0);
+    }
+
+    #[test]
+    fn a_closed_idle_group_is_released_incomplete() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(TrajectoryStore::open(dir.path()).unwrap());
+        let mut c = Collector::new(4, Duration::from_millis(10), 0);
+        put(&store, "x1", "X");
+        c.poll(&store, |_| {}).unwrap();
+        assert_eq!(c.ready_groups(&|_| true), 0);
+        std::thread::sleep(Duration::from_millis(20));
+        assert_eq!(
+            c.ready_groups(&|_| true),
+            0,
+            "an open group waits for all G"
+        );
+        assert_eq!(c.take_ready(1, &|_| false).len(), 1);
+    }
+}
