@@ -1,0 +1,368 @@
+//! One episode's state machine: turns, tool results, the context guard, the turn limit,
+//! process rewards, the checker, and the proto steps and footer it produces.
+//!
+//! The layout is `corvid_learner::episode::EpisodeFormat`'s, exactly: step `t` is the
+//! turn's context (the prompt for turn 0, the previous call's result after that; loss mask
+//! 0) followed by the tokens the policy generated (mask 1, each with its behaviour log-prob
+//! and policy version). This module knows nothing about the model: the engine
+//! ([`crate::rollout`]) feeds it generated tokens and tool results and asks it what comes
+//! next.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corvid_learner::episode::{CallParseError, EpisodeFormat};
+use corvid_proto::{
+    SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult, ToolStatus,
+    TrajectoryFooter, TrajectoryHeader,
+};
+use corvid_sandbox::ToolOutput;
+use corvid_tasks::{score_turns, ScoredTurn, SplitMix64, TaskEnv, TaskInstance, Verdict};
+
+/// Most tokens in one proto step; a longer turn is split into consecutive steps with the
+/// same turn index (the tool call, result and reward go on the last piece). Far below
+/// `corvid_proto::limits::MAX_STEP_CHUNK_BYTES` (about 400K tokens).
+pub const MAX_TOKENS_PER_STEP: usize = 65_536;
+
+/// One episode to run: a task instance and how to run it.
+#[derive(Debug, Clone)]
+pub struct EpisodeSpec {
+    /// Trajectory id, `[A-Za-z0-9_.-]{1,128}`, unique per episode and stable across resends.
+    pub trajectory_id: String,
+    /// Recorded in the header.
+    pub actor_id: String,
+    /// The task instance.
+    pub task: Arc<TaskInstance>,
+    /// Episodes of one group share a task instance.
+    pub group_id: String,
+    /// Most turns.
+    pub max_turns: u32,
+    /// Context budget in tokens (the engine also caps it at the model's positions).
+    pub context_budget: u32,
+    /// Sampling; `seed` seeds this episode's RNG, `max_new_tokens` bounds each turn.
+    pub sampling: SamplingParams,
+}
+
+impl EpisodeSpec {
+    /// An episode of `task` with the task's own turn limit and context budget.
+    pub fn new(
+        trajectory_id: impl Into<String>,
+        task: Arc<TaskInstance>,
+        sampling: SamplingParams,
+    ) -> Self {
+        Self {
+            trajectory_id: trajectory_id.into(),
+            actor_id: String::new(),
+            max_turns: task.max_turns,
+            context_budget: task.context_budget,
+            group_id: task.id.replace('/', "."),
+            task,
+            sampling,
+        }
+    }
+
+    /// The header recorded for this episode, started under policy `version`.
+    pub fn header(&self, version: u64) -> TrajectoryHeader {
+        TrajectoryHeader {
+            trajectory_id: self.trajectory_id.clone(),
+            task: task_ref(&self.task),
+            actor_id: self.actor_id.clone(),
+            policy_version: version,
+            sampling: self.sampling,
+            group_id: self.group_id.clone(),
+            started_unix_ms: unix_ms(),
+        }
+    }
+}
+
+fn task_ref(t: &TaskInstance) -> TaskRef {
+    t.task_ref()
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Where an episode is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    /// Its workspace is being created.
+    Starting,
+    /// Context tokens wait to be prefilled; then it decodes.
+    Ready,
+    /// In the decode batch.
+    Decoding,
+    /// Its tool call runs.
+    Tool,
+    /// Its checker runs.
+    Checking,
+}
+
+/// What to do after a turn's tool result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Next {
+    /// Another turn (its context is queued).
+    Turn,
+    /// Run the checker, then end with this termination.
+    Check(Termination),
+    /// End now without the checker (infrastructure failure).
+    End(Termination),
+}
+
+/// A generated turn's call, ready for the sandbox, or the message the model reads instead.
+#[derive(Debug)]
+pub(crate) enum TurnCall {
+    /// A well-formed call.
+    Call(ToolCall),
+    /// A malformed turn: the text of the tool message.
+    Malformed(CallParseError),
+}
+
+/// Episode bookkeeping.
+#[derive(Debug)]
+pub(crate) struct EpisodeRun {
+    pub spec: EpisodeSpec,
+    pub header: TrajectoryHeader,
+    pub phase: Phase,
+    pub rng: SplitMix64,
+    /// Every token of the sequence so far (prompt, generated, tool results).
+    pub history: Vec<u32>,
+    /// Leading tokens of `history` already in this episode's cache.
+    pub cached: usize,
+    /// Context budget actually applied: min(assignment, model positions).
+    pub budget: usize,
+    pub turn: u32,
+    /// This turn's context tokens.
+    pub context: Vec<u32>,
+    /// This turn's generated tokens, their log-probs and versions.
+    pub generated: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub versions: Vec<u64>,
+    pub turn_started: Instant,
+    pub generate_us: u64,
+    pub pending_call: Option<TurnCall>,
+    pub next_after_check: Option<Termination>,
+    pub started: Instant,
+    pub steps_out: u64,
+    pub tokens_out: u64,
+    pub generated_out: u64,
+    /// Deadline of the running tool or checker.
+    pub deadline: Option<Instant>,
+}
+
+impl EpisodeRun {
+    /// A new episode; its first context is the prompt.
+    pub fn new(
+        spec: EpisodeSpec,
+        version: u64,
+        format: &EpisodeFormat,
+        env: &TaskEnv,
+        max_positions: usize,
+    ) -> Self {
+        let header = spec.header(version);
+        let prompt = format.prompt_ids(env, &spec.task);
+        let budget = (spec.context_budget as usize).min(max_positions);
+        Self {
+            rng: SplitMix64::new(spec.sampling.seed),
+            header,
+            phase: Phase::Starting,
+            history: prompt.clone(),
+            cached: 0,
+            budget,
+            turn: 0,
+            context: prompt,
+            generated: Vec::new(),
+            logprobs: Vec::new(),
+            versions: Vec::new(),
+            turn_started: Instant::now(),
+            generate_us: 0,
+            pending_call: None,
+            next_after_check: None,
+            started: Instant::now(),
+            steps_out: 0,
+            tokens_out: 0,
+            generated_out: 0,
+            deadline: None,
+            spec,
+        }
+    }
+
+    /// Most tokens this turn may generate.
+    pub fn max_new(&self) -> usize {
+        self.spec.sampling.max_new_tokens.max(1) as usize
+    }
+
+    /// The context guard: whether the queued context plus a full turn fits the budget.
+    pub fn next_turn_fits(&self) -> bool {
+        self.history.len() + self.max_new() <= self.budget
+    }
+
+    /// Records a generated token.
+    pub fn push_generated(&mut self, token: u32, logprob: f32, version: u64) {
+        self.generated.push(token);
+        self.logprobs.push(logprob);
+        self.versions.push(version);
+        self.history.push(token);
+    }
+
+    /// Whether the turn is over after its latest token.
+    pub fn turn_over(&self, stop_ids: &[u32]) -> bool {
+        self.generated.last().is_some_and(|t| stop_ids.contains(t))
+            || self.generated.len() >= self.max_new()
+    }
+
+    /// Ends generation: parses the call. Returns it for the sandbox, or the parse error.
+    pub fn end_generation(&mut self, format: &EpisodeFormat) -> &TurnCall {
+        self.generate_us = self.turn_started.elapsed().as_micros() as u64;
+        let call = match format.parse_call(&self.generated) {
+            Ok(call) => TurnCall::Call(call),
+            Err(e) => TurnCall::Malformed(e),
+        };
+        self.pending_call.insert(call)
+    }
+
+    /// The steps of the finished turn (usually one; see [`MAX_TOKENS_PER_STEP`]).
+    fn take_turn_steps(
+        &mut self,
+        tool_call: Option<ToolCall>,
+        tool_result: Option<ToolResult>,
+        process_reward: f32,
+        tool_us: u64,
+    ) -> Vec<Step> {
+        let n_ctx = self.context.len();
+        let n_gen = self.generated.len();
+        let mut token_ids = std::mem::take(&mut self.context);
+        token_ids.append(&mut self.generated);
+        let mut loss_mask = vec![false; n_ctx];
+        loss_mask.resize(n_ctx + n_gen, true);
+        let mut logprobs = vec![0.0; n_ctx];
+        logprobs.append(&mut self.logprobs);
+        let mut policy_versions = vec![0; n_ctx];
+        policy_versions.append(&mut self.versions);
+        let total = token_ids.len();
+        let pieces = total.div_ceil(MAX_TOKENS_PER_STEP).max(1);
+        let mut steps = Vec::with_capacity(pieces);
+        for i in 0..pieces {
+            let lo = i * MAX_TOKENS_PER_STEP;
+            let hi = (lo + MAX_TOKENS_PER_STEP).min(total);
+            let last = i + 1 == pieces;
+            steps.push(Step {
+                turn: self.turn,
+                token_ids: token_ids[lo..hi].to_vec(),
+                loss_mask: loss_mask[lo..hi].to_vec(),
+                logprobs: logprobs[lo..hi].to_vec(),
+                policy_versions: policy_versions[lo..hi].to_vec(),
+                tool_call: if last { tool_call.clone() } else { None },
+                tool_result: if last { tool_result } else { None },
+                process_reward: if last { process_reward } else { 0.0 },
+                timings: if last {
+                    StepTimings {
+                        generate_us: self.generate_us,
+                        tool_us,
+                    }
+                } else {
+                    StepTimings::default()
+                },
+            });
+        }
+        self.steps_out += steps.len() as u64;
+        self.tokens_out += total as u64;
+        self.generated_out += n_gen as u64;
+        steps
+    }
+
+    /// Queues the next turn's context (the tool message) and advances the turn counter.
+    fn queue_context(&mut self, format: &EpisodeFormat, closed_by_call: bool, text: &str) {
+        let ids = format.result_ids(closed_by_call, text);
+        self.history.extend_from_slice(&ids);
+        self.context = ids;
+        self.turn += 1;
+        self.turn_started = Instant::now();
+        self.generate_us = 0;
+    }
+
+    /// What follows a turn whose tool message is queued: the answer, the turn limit, or
+    /// the context guard may end the episode.
+    fn decide(&self, answered: bool) -> Next {
+        if answered {
+            Next::Check(Termination::Answered)
+        } else if self.turn >= self.spec.max_turns {
+            Next::Check(Termination::MaxTurns)
+        } else if !self.next_turn_fits() {
+            Next::Check(Termination::ContextFull)
+        } else {
+            Next::Turn
+        }
+    }
+
+    /// A malformed turn: the parse error becomes the tool message; the process reward is
+    /// what the task's rules give an invalid call.
+    pub fn finish_malformed(
+        &mut self,
+        format: &EpisodeFormat,
+        err: &CallParseError,
+    ) -> (Vec<Step>, Next) {
+        let closed = format.closed_by_call(&self.generated);
+        let dummy = ToolCall {
+            name: String::new(),
+            arguments_json: String::new(),
+        };
+        let reward = score_turns(
+            &self.spec.task.process_rules,
+            &[ScoredTurn {
+                call: &dummy,
+                status: ToolStatus::InvalidCall,
+            }],
+        )
+        .last()
+        .copied()
+        .unwrap_or(0.0);
+        let steps = self.take_turn_steps(None, None, reward as f32, 0);
+        self.queue_context(format, closed, &format.parse_error_text(err));
+        (steps, self.decide(false))
+    }
+
+    /// A call that ran: its output becomes the tool message.
+    pub fn finish_call(
+        &mut self,
+        format: &EpisodeFormat,
+        call: ToolCall,
+        out: &ToolOutput,
+        process_reward: f64,
+        wall: Duration,
+    ) -> (Vec<Step>, Next) {
+        let closed = format.closed_by_call(&self.generated);
+        let status = out.result.status;
+        let answered = call.name == "answer" && status.is_success();
+        let steps = self.take_turn_steps(
+            Some(call),
+            Some(out.result),
+            process_reward as f32,
+            wall.as_micros() as u64,
+        );
+        if status == ToolStatus::InfraError {
+            return (steps, Next::End(Termination::InfraError));
+        }
+        self.queue_context(format, closed, &out.text);
+        (steps, self.decide(answered))
+    }
+
+    /// The footer for `termination` with the checker's `verdict` (none when the episode is
+    /// not scored).
+    pub fn footer(&self, termination: Termination, verdict: Option<&Verdict>) -> TrajectoryFooter {
+        let success = termination.is_scored() && verdict.is_some_and(Verdict::passed);
+        TrajectoryFooter {
+            outcome_reward: if success { 1.0 } else { 0.0 },
+            success,
+            termination,
+            step_count: self.steps_out,
+            token_count: self.tokens_out,
+            generated_token_count: self.generated_out,
+            wall_ms: self.started.elapsed().as_millis() as u64,
+            finished_unix_ms: unix_ms(),
+        }
+    }
+}

@@ -1,0 +1,134 @@
+//! The policy weights the engine decodes with: a model, its variables and their version.
+
+use corvid_learner::model::checkpoint::{load_weights_from_bytes, weights_to_bytes};
+use corvid_learner::model::{ModelConfig, MoePolicy};
+use sha2::{Digest, Sha256};
+use tch::{nn, Device};
+
+use crate::error::ActorError;
+
+/// A model on one device, with the version of the weights loaded in it.
+///
+/// tch tensors stay on the thread that uses them: build a `LoadedPolicy` on the engine's
+/// thread and hand the engine a `&mut` to it.
+#[derive(Debug)]
+pub struct LoadedPolicy {
+    vs: nn::VarStore,
+    model: MoePolicy,
+    version: u64,
+}
+
+impl LoadedPolicy {
+    /// A model with freshly initialised (random) weights, version 0.
+    pub fn random(cfg: &ModelConfig, device: Device) -> Result<Self, ActorError> {
+        let vs = nn::VarStore::new(device);
+        let model = MoePolicy::new(&vs.root(), cfg)?;
+        Ok(Self {
+            vs,
+            model,
+            version: 0,
+        })
+    }
+
+    /// A model whose weights are the safetensors `bytes` of `version`.
+    pub fn from_bytes(
+        cfg: &ModelConfig,
+        device: Device,
+        bytes: &[u8],
+        version: u64,
+    ) -> Result<Self, ActorError> {
+        let mut p = Self::random(cfg, device)?;
+        p.load(bytes, version)?;
+        Ok(p)
+    }
+
+    /// Replaces the weights with the safetensors `bytes` of `version`.
+    pub fn load(&mut self, bytes: &[u8], version: u64) -> Result<(), ActorError> {
+        load_weights_from_bytes(&self.vs, bytes)?;
+        self.version = version;
+        Ok(())
+    }
+
+    /// The weights as safetensors bytes (what `FetchPolicy` serves).
+    pub fn to_bytes(&self) -> Result<Vec<u8>, ActorError> {
+        Ok(weights_to_bytes(&self.vs)?)
+    }
+
+    /// The model.
+    pub fn model(&self) -> &MoePolicy {
+        &self.model
+    }
+
+    /// The variables.
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+
+    /// The version of the loaded weights.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Sets the version label (e.g. of a random policy used as version 1).
+    pub fn set_version(&mut self, version: u64) {
+        self.version = version;
+    }
+}
+
+/// Weights fetched from the learner, checked, waiting for the engine to swap them in.
+#[derive(Debug, Clone)]
+pub struct PolicyUpdate {
+    /// Policy version.
+    pub version: u64,
+    /// Safetensors bytes.
+    pub bytes: std::sync::Arc<Vec<u8>>,
+}
+
+impl PolicyUpdate {
+    /// Checks `bytes` against the announced size and hex SHA-256 before accepting them.
+    pub fn verified(
+        version: u64,
+        bytes: Vec<u8>,
+        total_bytes: u64,
+        sha256_hex: &str,
+    ) -> Result<Self, ActorError> {
+        if bytes.len() as u64 != total_bytes {
+            return Err(ActorError::Weights {
+                version,
+                why: format!(
+                    "received {} bytes but {total_bytes} were announced",
+                    bytes.len()
+                ),
+            });
+        }
+        let got = hex::encode(Sha256::digest(&bytes));
+        if !got.eq_ignore_ascii_case(sha256_hex) {
+            return Err(ActorError::Weights {
+                version,
+                why: format!("sha256 {got} does not match the announced {sha256_hex}"),
+            });
+        }
+        Ok(Self {
+            version,
+            bytes: std::sync::Arc::new(bytes),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksum_and_size_are_verified() {
+        let bytes = b"weights".to_vec();
+        let sha = hex::encode(Sha256::digest(&bytes));
+        assert!(PolicyUpdate::verified(3, bytes.clone(), 7, &sha).is_ok());
+        let err = PolicyUpdate::verified(3, bytes.clone(), 8, &sha).unwrap_err();
+        assert!(err.to_string().contains("8 were announced"), "{err}");
+        let mut bad = bytes;
+        bad[0] ^= 1;
+        let err = PolicyUpdate::verified(3, bad, 7, &sha).unwrap_err();
+        assert!(err.to_string().contains("does not match"), "{err}");
+    }
+}

@@ -1,0 +1,854 @@
+//! The batched generation engine: many episodes decode together on one latent cache.
+//!
+//! # How a turn flows
+//!
+//! 1. An episode whose context is queued (the prompt, or a tool message) is *ready*. Ready
+//!    episodes are prefilled — only the tokens not yet in their cache, so a new turn costs
+//!    its new tokens (prefix reuse). Episodes whose pending lengths are equal are prefilled
+//!    together (a GRPO group's prompts are); the last position's logits give each its first
+//!    generated token.
+//! 2. Prefilled episodes join the *decode batch*: one `KvCache` whose rows are the decoding
+//!    episodes (left-aligned, per-row lengths). Every decode step appends each row's latest
+//!    token and draws the next from the [`TokenChooser`] (exact id, behaviour log-prob,
+//!    policy version recorded).
+//! 3. A row whose turn ends (`</tool_call>`, `<|end|>` or `max_new_tokens`) leaves the batch;
+//!    its cache rows are *parked* with the episode, and its call goes to the episode's
+//!    sandbox worker ([`crate::tools`]). Decoding of the others goes on meanwhile.
+//! 4. The tool's result (or the parse error of a malformed call) is queued as the next
+//!    turn's context, masked, and the episode is ready again — or it ends: `answered`,
+//!    `max_turns`, `context_full` (the next turn would not fit the budget) after the checker
+//!    ran, or `infra_error` when the sandbox failed.
+//!
+//! # Weight swaps
+//!
+//! A new policy is swapped in only between turns: once an update is pending, no episode
+//! starts a new turn; when the last row of the batch has finished its turn, the weights are
+//! replaced and every parked cache is dropped, because latents computed under the old
+//! weights are stale. Each episode then re-prefills its whole sequence under the new
+//! weights at its next turn, so every recorded log-prob is exactly that of the weights
+//! whose version is recorded with it.
+//!
+//! The engine runs on one thread (tch tensors stay there); other threads talk to it through
+//! an [`EngineHandle`].
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
+use std::time::{Duration, Instant};
+
+use corvid_learner::episode::EpisodeFormat;
+use corvid_learner::model::KvCache;
+use corvid_proto::{Step, Termination, TrajectoryFooter, TrajectoryHeader};
+use corvid_tasks::{TaskEnv, Verdict};
+use serde::Serialize;
+use tch::{Kind, Tensor};
+
+use crate::episode::{EpisodeRun, EpisodeSpec, Next, Phase, TurnCall};
+use crate::error::ActorError;
+use crate::policy::{LoadedPolicy, PolicyUpdate};
+use crate::sampler::{ChoiceContext, NucleusSampler, TokenChooser};
+use crate::tools::{Job, ToolEvent, Worker};
+
+/// Engine settings.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Episodes run at once (and the largest decode batch). Default 8.
+    pub max_concurrency: usize,
+    /// Longest a tool call, workspace creation or checker may take before the episode is
+    /// ended as `infra_error`. The sandbox enforces its own, much shorter, limits; this is
+    /// the last line against a stuck host. Default 120 s.
+    pub tool_timeout: Duration,
+    /// How long the idle engine waits for news before re-checking deadlines. Default 20 ms.
+    pub idle_wait: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            max_concurrency: 8,
+            tool_timeout: Duration::from_secs(120),
+            idle_wait: Duration::from_millis(20),
+        }
+    }
+}
+
+/// Receives trajectories as they grow: the header when an episode starts, each step when
+/// its turn's tool result is in, the footer at the end. Calls for one trajectory come in
+/// that order.
+pub trait TrajectorySink {
+    /// An episode started.
+    fn header(&mut self, header: &TrajectoryHeader);
+    /// A turn finished.
+    fn step(&mut self, trajectory_id: &str, step: Step);
+    /// The episode ended.
+    fn footer(&mut self, trajectory_id: &str, footer: TrajectoryFooter);
+}
+
+/// A finished trajectory, whole.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Trajectory {
+    /// Header.
+    pub header: TrajectoryHeader,
+    /// Steps in order.
+    pub steps: Vec<Step>,
+    /// Footer.
+    pub footer: TrajectoryFooter,
+}
+
+impl Trajectory {
+    /// All token ids, in order.
+    pub fn token_ids(&self) -> Vec<u32> {
+        self.steps
+            .iter()
+            .flat_map(|s| s.token_ids.iter().copied())
+            .collect()
+    }
+}
+
+/// A sink that keeps whole trajectories in memory (evaluation, tests, benchmarks).
+#[derive(Debug, Default)]
+pub struct CollectSink {
+    open: HashMap<String, (TrajectoryHeader, Vec<Step>)>,
+    /// Finished trajectories, in the order they finished.
+    pub finished: Vec<Trajectory>,
+}
+
+impl TrajectorySink for CollectSink {
+    fn header(&mut self, header: &TrajectoryHeader) {
+        self.open
+            .insert(header.trajectory_id.clone(), (header.clone(), Vec::new()));
+    }
+    fn step(&mut self, id: &str, step: Step) {
+        if let Some((_, steps)) = self.open.get_mut(id) {
+            steps.push(step);
+        }
+    }
+    fn footer(&mut self, id: &str, footer: TrajectoryFooter) {
+        if let Some((header, steps)) = self.open.remove(id) {
+            self.finished.push(Trajectory {
+                header,
+                steps,
+                footer,
+            });
+        }
+    }
+}
+
+/// Counters of one engine run.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RolloutStats {
+    /// Episodes finished (any termination).
+    pub episodes: u64,
+    /// Episodes by termination (`answered`, `max_turns`, ...).
+    pub terminations: std::collections::BTreeMap<String, u64>,
+    /// Checker passes.
+    pub successes: u64,
+    /// Tokens the policy generated.
+    pub generated_tokens: u64,
+    /// Context tokens prefilled (prompts, tool messages, re-prefills after swaps).
+    pub prefill_tokens: u64,
+    /// Of those, tokens re-prefilled because the weights changed.
+    pub reprefill_tokens: u64,
+    /// Batched decode steps.
+    pub decode_steps: u64,
+    /// Sum over decode steps of the batch size.
+    pub decode_rows: u64,
+    /// Time in model forwards (prefill and decode), seconds.
+    pub forward_s: f64,
+    /// Sum over tool calls and checkers of their wall time, seconds.
+    pub tool_s: f64,
+    /// Sum over episodes of their wall time, seconds.
+    pub episode_s: f64,
+    /// Wall time of the run, seconds.
+    pub wall_s: f64,
+    /// Weight swaps performed.
+    pub weight_swaps: u64,
+    /// Episodes queued but never started (shutdown came first).
+    pub unstarted: u64,
+}
+
+enum Msg {
+    Episode(Box<EpisodeSpec>),
+    Policy(PolicyUpdate),
+    Shutdown(Duration),
+    Close,
+    Tool(u64, ToolEvent),
+}
+
+/// Talks to a running engine from any thread.
+#[derive(Clone)]
+pub struct EngineHandle {
+    tx: Sender<Msg>,
+}
+
+impl std::fmt::Debug for EngineHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("EngineHandle")
+    }
+}
+
+impl EngineHandle {
+    fn send(&self, m: Msg) -> Result<(), ActorError> {
+        self.tx
+            .send(m)
+            .map_err(|_| ActorError::EngineGone("its channel is closed".into()))
+    }
+
+    /// Queues an episode; it starts when a slot is free.
+    pub fn start_episode(&self, spec: EpisodeSpec) -> Result<(), ActorError> {
+        self.send(Msg::Episode(Box::new(spec)))
+    }
+
+    /// Hands over newer weights; they are swapped in at the next point where no episode is
+    /// mid-turn.
+    pub fn update_policy(&self, update: PolicyUpdate) -> Result<(), ActorError> {
+        self.send(Msg::Policy(update))
+    }
+
+    /// Stops starting episodes; in-flight ones may finish within `grace`, the rest are
+    /// ended as `abandoned`. `run` returns when none is left.
+    pub fn shutdown(&self, grace: Duration) -> Result<(), ActorError> {
+        self.send(Msg::Shutdown(grace))
+    }
+
+    /// No more episodes will come: `run` returns once the queued and running ones finished.
+    pub fn close(&self) -> Result<(), ActorError> {
+        self.send(Msg::Close)
+    }
+}
+
+/// The batched rollout engine over one policy and one task environment.
+pub struct RolloutEngine<'p> {
+    policy: &'p mut LoadedPolicy,
+    env: TaskEnv,
+    format: EpisodeFormat,
+    cfg: EngineConfig,
+    chooser: Box<dyn TokenChooser>,
+    tx: Sender<Msg>,
+    rx: Receiver<Msg>,
+    queue: VecDeque<EpisodeSpec>,
+    episodes: HashMap<u64, Slot>,
+    next_key: u64,
+    /// Row `i` of `batch` belongs to episode `decoding[i]`.
+    decoding: Vec<u64>,
+    batch: Option<KvCache>,
+    pending_policy: Option<PolicyUpdate>,
+    shutdown_at: Option<Instant>,
+    closed: bool,
+    stats: RolloutStats,
+}
+
+struct Slot {
+    run: EpisodeRun,
+    worker: Option<Worker>,
+    /// This episode's cache rows while it is not in the decode batch.
+    parked: Option<KvCache>,
+}
+
+impl std::fmt::Debug for RolloutEngine<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RolloutEngine")
+            .field("version", &self.policy.version())
+            .field("episodes", &self.episodes.len())
+            .field("decoding", &self.decoding.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<'p> RolloutEngine<'p> {
+    /// An engine decoding with `policy` in `env`, sampling with [`NucleusSampler`].
+    pub fn new(policy: &'p mut LoadedPolicy, env: TaskEnv, cfg: EngineConfig) -> Self {
+        let (tx, rx) = mpsc::channel();
+        Self {
+            policy,
+            env,
+            format: EpisodeFormat::default(),
+            cfg,
+            chooser: Box::new(NucleusSampler),
+            tx,
+            rx,
+            queue: VecDeque::new(),
+            episodes: HashMap::new(),
+            next_key: 0,
+            decoding: Vec::new(),
+            batch: None,
+            pending_policy: None,
+            shutdown_at: None,
+            closed: false,
+            stats: RolloutStats::default(),
+        }
+    }
+
+    /// Uses `chooser` to pick tokens (e.g. [`crate::sampler::ScriptedTokens`]).
+    pub fn with_chooser(mut self, chooser: Box<dyn TokenChooser>) -> Self {
+        self.chooser = chooser;
+        self
+    }
+
+    /// Uses `format` for prompts, tool messages and call parsing.
+    pub fn with_format(mut self, format: EpisodeFormat) -> Self {
+        self.format = format;
+        self
+    }
+
+    /// A handle for other threads.
+    pub fn handle(&self) -> EngineHandle {
+        EngineHandle {
+            tx: self.tx.clone(),
+        }
+    }
+
+    /// Runs until it is closed (or shut down) and every episode has finished, feeding
+    /// `sink` as trajectories grow.
+    pub fn run(&mut self, sink: &mut dyn TrajectorySink) -> Result<RolloutStats, ActorError> {
+        let t0 = Instant::now();
+        loop {
+            let busy = !self.decoding.is_empty() || self.can_prefill();
+            if busy {
+                while let Ok(m) = self.rx.try_recv() {
+                    self.handle_msg(m, sink);
+                }
+            } else {
+                if self.finished() {
+                    break;
+                }
+                match self.rx.recv_timeout(self.cfg.idle_wait) {
+                    Ok(m) => {
+                        self.handle_msg(m, sink);
+                        while let Ok(m) = self.rx.try_recv() {
+                            self.handle_msg(m, sink);
+                        }
+                    }
+                    Err(RecvTimeoutError::Timeout) => {}
+                    Err(RecvTimeoutError::Disconnected) => {
+                        return Err(ActorError::EngineGone("message channel closed".into()))
+                    }
+                }
+            }
+            self.admit(sink);
+            self.check_deadlines(sink);
+            self.maybe_swap_weights()?;
+            self.prefill_ready(sink)?;
+            self.park_finished_turns(sink)?;
+            self.decode_step()?;
+            self.park_finished_turns(sink)?;
+        }
+        self.stats.wall_s = t0.elapsed().as_secs_f64();
+        Ok(std::mem::take(&mut self.stats))
+    }
+
+    /// The version of the weights in use.
+    pub fn policy_version(&self) -> u64 {
+        self.policy.version()
+    }
+
+    fn finished(&self) -> bool {
+        (self.closed || self.shutdown_at.is_some())
+            && self.episodes.is_empty()
+            && (self.queue.is_empty() || self.shutdown_at.is_some())
+    }
+
+    fn can_prefill(&self) -> bool {
+        self.pending_policy.is_none() && self.episodes.values().any(|s| s.run.phase == Phase::Ready)
+    }
+
+    fn handle_msg(&mut self, m: Msg, sink: &mut dyn TrajectorySink) {
+        match m {
+            Msg::Episode(spec) => {
+                if self.shutdown_at.is_some() {
+                    self.stats.unstarted += 1;
+                } else {
+                    self.queue.push_back(*spec);
+                }
+            }
+            Msg::Policy(u) => {
+                if u.version > self.policy.version()
+                    && self
+                        .pending_policy
+                        .as_ref()
+                        .is_none_or(|p| u.version > p.version)
+                {
+                    tracing::info!(
+                        version = u.version,
+                        "new policy pending; swapping between turns"
+                    );
+                    self.pending_policy = Some(u);
+                }
+            }
+            Msg::Shutdown(grace) => {
+                let at = Instant::now() + grace;
+                self.shutdown_at = Some(self.shutdown_at.map_or(at, |t| t.min(at)));
+                self.stats.unstarted += self.queue.len() as u64;
+                self.queue.clear();
+            }
+            Msg::Close => self.closed = true,
+            Msg::Tool(key, ev) => self.on_tool_event(key, ev, sink),
+        }
+    }
+
+    fn admit(&mut self, sink: &mut dyn TrajectorySink) {
+        if self.shutdown_at.is_some() {
+            return;
+        }
+        while self.episodes.len() < self.cfg.max_concurrency.max(1) {
+            let Some(spec) = self.queue.pop_front() else {
+                break;
+            };
+            let key = self.next_key;
+            self.next_key += 1;
+            let max_pos = usize::try_from(self.policy.model().config().max_position_embeddings)
+                .unwrap_or(usize::MAX);
+            let mut run = EpisodeRun::new(
+                spec,
+                self.policy.version(),
+                &self.format,
+                &self.env,
+                max_pos,
+            );
+            sink.header(&run.header);
+            let tx = self.tx.clone();
+            let worker = Worker::spawn(self.env.clone(), run.spec.task.clone(), tx, move |ev| {
+                Msg::Tool(key, ev)
+            });
+            run.deadline = Some(Instant::now() + self.cfg.tool_timeout);
+            match worker {
+                Ok(w) => {
+                    self.episodes.insert(
+                        key,
+                        Slot {
+                            run,
+                            worker: Some(w),
+                            parked: None,
+                        },
+                    );
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot start a sandbox worker thread");
+                    self.end(run, Termination::InfraError, None, sink);
+                }
+            }
+        }
+    }
+
+    /// Records the footer of a finished episode.
+    fn end(
+        &mut self,
+        run: EpisodeRun,
+        termination: Termination,
+        verdict: Option<&Verdict>,
+        sink: &mut dyn TrajectorySink,
+    ) {
+        let footer = run.footer(termination, verdict);
+        self.stats.episodes += 1;
+        *self
+            .stats
+            .terminations
+            .entry(termination.as_str().to_string())
+            .or_default() += 1;
+        self.stats.successes += u64::from(footer.success);
+        self.stats.episode_s += run.started.elapsed().as_secs_f64();
+        tracing::debug!(trajectory = %run.spec.trajectory_id, termination = %termination, success = footer.success, "episode finished");
+        sink.footer(&run.spec.trajectory_id, footer);
+    }
+
+    fn finish_key(
+        &mut self,
+        key: u64,
+        termination: Termination,
+        verdict: Option<&Verdict>,
+        sink: &mut dyn TrajectorySink,
+    ) {
+        if let Some(slot) = self.episodes.remove(&key) {
+            self.end(slot.run, termination, verdict, sink);
+        }
+    }
+
+    /// Sends a job to the episode's worker, or ends the episode if the worker is gone.
+    fn dispatch(&mut self, key: u64, job: Job, phase: Phase, sink: &mut dyn TrajectorySink) {
+        let deadline = Instant::now() + self.cfg.tool_timeout;
+        let Some(slot) = self.episodes.get_mut(&key) else {
+            return;
+        };
+        let sent = slot.worker.as_ref().is_some_and(|w| w.send(job));
+        if sent {
+            slot.run.phase = phase;
+            slot.run.deadline = Some(deadline);
+        } else {
+            tracing::error!(trajectory = %slot.run.spec.trajectory_id, "sandbox worker is gone");
+            self.finish_key(key, Termination::InfraError, None, sink);
+        }
+    }
+
+    fn emit_steps(&mut self, key: u64, steps: Vec<Step>, sink: &mut dyn TrajectorySink) {
+        if let Some(slot) = self.episodes.get(&key) {
+            let id = slot.run.spec.trajectory_id.clone();
+            for s in steps {
+                sink.step(&id, s);
+            }
+        }
+    }
+
+    fn after_turn(&mut self, key: u64, next: Next, sink: &mut dyn TrajectorySink) {
+        match next {
+            Next::Turn => {
+                if let Some(slot) = self.episodes.get_mut(&key) {
+                    slot.run.phase = Phase::Ready;
+                    slot.run.deadline = None;
+                }
+            }
+            Next::Check(t) => {
+                if let Some(slot) = self.episodes.get_mut(&key) {
+                    slot.run.next_after_check = Some(t);
+                    slot.parked = None;
+                }
+                self.dispatch(key, Job::Check, Phase::Checking, sink);
+            }
+            Next::End(t) => self.finish_key(key, t, None, sink),
+        }
+    }
+
+    fn on_tool_event(&mut self, key: u64, ev: ToolEvent, sink: &mut dyn TrajectorySink) {
+        let Some(slot) = self.episodes.get_mut(&key) else {
+            return; // ended already (timeout, shutdown)
+        };
+        match (slot.run.phase, ev) {
+            (Phase::Starting, ToolEvent::Started(Ok(()))) => {
+                if slot.run.next_turn_fits() {
+                    slot.run.phase = Phase::Ready;
+                    slot.run.deadline = None;
+                    slot.run.turn_started = Instant::now();
+                } else {
+                    slot.run.next_after_check = Some(Termination::ContextFull);
+                    self.dispatch(key, Job::Check, Phase::Checking, sink);
+                }
+            }
+            (Phase::Starting, ToolEvent::Started(Err(e))) => {
+                tracing::error!(trajectory = %slot.run.spec.trajectory_id, error = %e, "workspace could not be created");
+                self.finish_key(key, Termination::InfraError, None, sink);
+            }
+            (
+                Phase::Tool,
+                ToolEvent::Called {
+                    out,
+                    process_reward,
+                    wall,
+                },
+            ) => {
+                self.stats.tool_s += wall.as_secs_f64();
+                let Some(TurnCall::Call(call)) = slot.run.pending_call.take() else {
+                    tracing::error!("tool result without a pending call");
+                    self.finish_key(key, Termination::InfraError, None, sink);
+                    return;
+                };
+                if let Some(detail) = &out.infra_detail {
+                    tracing::error!(trajectory = %slot.run.spec.trajectory_id, detail = %detail, "sandbox infrastructure failure");
+                }
+                let (steps, next) =
+                    slot.run
+                        .finish_call(&self.format, call, &out, process_reward, wall);
+                self.emit_steps(key, steps, sink);
+                self.after_turn(key, next, sink);
+            }
+            (Phase::Checking, ToolEvent::Checked { verdict, wall }) => {
+                self.stats.tool_s += wall.as_secs_f64();
+                let t = slot.run.next_after_check.unwrap_or(Termination::MaxTurns);
+                self.finish_key(key, t, Some(&verdict), sink);
+            }
+            (_, ToolEvent::Crashed(why)) => {
+                tracing::error!(trajectory = %slot.run.spec.trajectory_id, panic = %why, "sandbox worker crashed");
+                self.finish_key(key, Termination::InfraError, None, sink);
+            }
+            (phase, ev) => {
+                tracing::warn!(?phase, event = ?ev, "unexpected sandbox event ignored");
+            }
+        }
+    }
+
+    fn check_deadlines(&mut self, sink: &mut dyn TrajectorySink) {
+        let now = Instant::now();
+        if self.shutdown_at.is_some_and(|t| now >= t) && !self.episodes.is_empty() {
+            let keys: Vec<u64> = self.episodes.keys().copied().collect();
+            tracing::warn!(
+                episodes = keys.len(),
+                "grace period over: abandoning in-flight episodes"
+            );
+            self.decoding.clear();
+            self.batch = None;
+            let mut keys = keys;
+            keys.sort_unstable();
+            for key in keys {
+                self.finish_key(key, Termination::Abandoned, None, sink);
+            }
+            return;
+        }
+        let late: Vec<u64> = self
+            .episodes
+            .iter()
+            .filter(|(_, s)| {
+                matches!(s.run.phase, Phase::Starting | Phase::Tool | Phase::Checking)
+                    && s.run.deadline.is_some_and(|d| now >= d)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        for key in late {
+            if let Some(slot) = self.episodes.get(&key) {
+                tracing::error!(trajectory = %slot.run.spec.trajectory_id, phase = ?slot.run.phase, timeout_s = self.cfg.tool_timeout.as_secs_f64(), "sandbox did not answer in time");
+            }
+            self.finish_key(key, Termination::InfraError, None, sink);
+        }
+    }
+
+    fn maybe_swap_weights(&mut self) -> Result<(), ActorError> {
+        if !self.decoding.is_empty() {
+            return Ok(());
+        }
+        let Some(update) = self.pending_policy.take() else {
+            return Ok(());
+        };
+        self.policy.load(&update.bytes, update.version)?;
+        for slot in self.episodes.values_mut() {
+            self.stats.reprefill_tokens += slot.run.cached as u64;
+            slot.parked = None;
+            slot.run.cached = 0;
+        }
+        self.stats.weight_swaps += 1;
+        tracing::info!(version = update.version, "policy swapped in");
+        Ok(())
+    }
+
+    /// Prefills every ready episode and moves it into the decode batch.
+    fn prefill_ready(&mut self, _sink: &mut dyn TrajectorySink) -> Result<(), ActorError> {
+        if self.pending_policy.is_some() || self.shutdown_at.is_some_and(|t| Instant::now() >= t) {
+            return Ok(());
+        }
+        let mut ready: Vec<u64> = self
+            .episodes
+            .iter()
+            .filter(|(_, s)| s.run.phase == Phase::Ready)
+            .map(|(k, _)| *k)
+            .collect();
+        if ready.is_empty() {
+            return Ok(());
+        }
+        ready.sort_unstable();
+        // Group by the number of tokens to append, so each group is one [k, T] forward.
+        let mut groups: Vec<(usize, Vec<u64>)> = Vec::new();
+        for key in ready {
+            let r = &self.episodes[&key].run;
+            let n = r.history.len() - r.cached;
+            match groups.iter_mut().find(|(m, _)| *m == n) {
+                Some((_, g)) => g.push(key),
+                None => groups.push((n, vec![key])),
+            }
+        }
+        let model = self.policy.model();
+        let dev = self.policy.var_store().device();
+        let max_pos = usize::try_from(model.config().max_position_embeddings).unwrap_or(usize::MAX);
+        let version = self.policy.version();
+        let mut joined: Vec<KvCache> = Vec::new();
+        for (t, keys) in groups {
+            if t == 0 {
+                // Nothing to append cannot happen (a turn always has context); be safe.
+                for key in keys {
+                    if let Some(s) = self.episodes.get_mut(&key) {
+                        s.run.phase = Phase::Decoding;
+                    }
+                }
+                continue;
+            }
+            let mut caches = Vec::with_capacity(keys.len());
+            let mut tokens: Vec<i64> = Vec::with_capacity(keys.len() * t);
+            for key in &keys {
+                let slot = self.episodes.get_mut(key).expect("ready key exists");
+                let r = &slot.run;
+                let cap = (r.history.len() + r.max_new()).min(max_pos) as i64;
+                let cache = match slot.parked.take() {
+                    Some(c) if r.cached > 0 => c,
+                    _ => model.new_cache(1, cap),
+                };
+                caches.push(cache);
+                tokens.extend(r.history[r.cached..].iter().map(|&x| i64::from(x)));
+            }
+            let mut cache = if caches.len() == 1 {
+                caches.pop().expect("one cache")
+            } else {
+                KvCache::concat(&caches)?
+            };
+            let k = keys.len() as i64;
+            let t0 = Instant::now();
+            let tokens_bt = Tensor::from_slice(&tokens)
+                .view([k, t as i64])
+                .to_device(dev);
+            let logits = model.forward_cached(&mut cache, &tokens_bt)?;
+            let last = logits
+                .select(1, t as i64 - 1)
+                .to_kind(Kind::Float)
+                .to_device(tch::Device::Cpu)
+                .contiguous();
+            let flat = Vec::<f32>::try_from(last.view([-1]))?;
+            self.stats.forward_s += t0.elapsed().as_secs_f64();
+            self.stats.prefill_tokens += (k as u64) * t as u64;
+            let v = flat.len() / keys.len();
+            for (i, key) in keys.iter().enumerate() {
+                let slot = self.episodes.get_mut(key).expect("ready key exists");
+                let r = &mut slot.run;
+                r.cached = r.history.len();
+                let choice = self.chooser.choose(
+                    ChoiceContext {
+                        trajectory_id: &r.spec.trajectory_id,
+                        turn: r.turn,
+                        generated: &r.generated,
+                        sampling: &r.spec.sampling,
+                        rng: &mut r.rng,
+                    },
+                    &flat[i * v..(i + 1) * v],
+                )?;
+                r.push_generated(choice.token, choice.logprob, version);
+                self.stats.generated_tokens += 1;
+                r.phase = Phase::Decoding;
+                self.decoding.push(*key);
+            }
+            joined.push(cache);
+        }
+        if !joined.is_empty() {
+            let mut all = Vec::with_capacity(joined.len() + 1);
+            if let Some(b) = self.batch.take() {
+                all.push(b);
+            }
+            all.extend(joined);
+            self.batch = Some(if all.len() == 1 {
+                all.pop().expect("one cache")
+            } else {
+                KvCache::concat(&all)?
+            });
+        }
+        Ok(())
+    }
+
+    /// Moves rows whose turn ended out of the batch and sends their calls to the sandbox.
+    fn park_finished_turns(&mut self, sink: &mut dyn TrajectorySink) -> Result<(), ActorError> {
+        let stop = self.format.stop_ids();
+        let leaving: Vec<usize> = self
+            .decoding
+            .iter()
+            .enumerate()
+            .filter(|(_, k)| self.episodes[*k].run.turn_over(&stop))
+            .map(|(i, _)| i)
+            .collect();
+        if leaving.is_empty() {
+            return Ok(());
+        }
+        let batch = self.batch.take().ok_or_else(|| {
+            ActorError::invalid("decode batch", "rows are decoding but the batch is empty")
+        })?;
+        let keep: Vec<usize> = (0..self.decoding.len())
+            .filter(|i| !leaving.contains(i))
+            .collect();
+        for &i in &leaving {
+            let key = self.decoding[i];
+            let parked = batch.select(&[i])?;
+            let slot = self.episodes.get_mut(&key).expect("decoding key exists");
+            slot.parked = Some(parked);
+        }
+        if !keep.is_empty() {
+            self.batch = Some(batch.select(&keep)?);
+        }
+        let leaving_keys: Vec<u64> = leaving.iter().map(|&i| self.decoding[i]).collect();
+        self.decoding = keep.iter().map(|&i| self.decoding[i]).collect();
+        for key in leaving_keys {
+            let slot = self.episodes.get_mut(&key).expect("decoding key exists");
+            match slot.run.end_generation(&self.format) {
+                TurnCall::Call(call) => {
+                    let call = call.clone();
+                    self.dispatch(key, Job::Call(call), Phase::Tool, sink);
+                }
+                TurnCall::Malformed(err) => {
+                    let err = err.clone();
+                    slot.run.pending_call = None;
+                    let (steps, next) = slot.run.finish_malformed(&self.format, &err);
+                    self.emit_steps(key, steps, sink);
+                    self.after_turn(key, next, sink);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One batched decode step: appends each row's latest token and draws the next.
+    fn decode_step(&mut self) -> Result<(), ActorError> {
+        if self.decoding.is_empty() {
+            return Ok(());
+        }
+        let model = self.policy.model();
+        let dev = self.policy.var_store().device();
+        let version = self.policy.version();
+        let batch = self
+            .batch
+            .as_mut()
+            .ok_or_else(|| ActorError::invalid("decode batch", "missing"))?;
+        let tokens: Vec<i64> = self
+            .decoding
+            .iter()
+            .map(|k| {
+                let r = &self.episodes[k].run;
+                i64::from(r.history[r.cached])
+            })
+            .collect();
+        let b = tokens.len() as i64;
+        let t0 = Instant::now();
+        let tokens_bt = Tensor::from_slice(&tokens).view([b, 1]).to_device(dev);
+        let logits = model.forward_cached(batch, &tokens_bt)?;
+        let flat = Vec::<f32>::try_from(
+            logits
+                .view([b, -1])
+                .to_kind(Kind::Float)
+                .to_device(tch::Device::Cpu)
+                .contiguous()
+                .view([-1]),
+        )?;
+        self.stats.forward_s += t0.elapsed().as_secs_f64();
+        self.stats.decode_steps += 1;
+        self.stats.decode_rows += b as u64;
+        let v = flat.len() / self.decoding.len();
+        for (i, key) in self.decoding.iter().enumerate() {
+            let r = &mut self.episodes.get_mut(key).expect("decoding key exists").run;
+            r.cached += 1;
+            let choice = self.chooser.choose(
+                ChoiceContext {
+                    trajectory_id: &r.spec.trajectory_id,
+                    turn: r.turn,
+                    generated: &r.generated,
+                    sampling: &r.spec.sampling,
+                    rng: &mut r.rng,
+                },
+                &flat[i * v..(i + 1) * v],
+            )?;
+            r.push_generated(choice.token, choice.logprob, version);
+            self.stats.generated_tokens += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `specs` to completion with `policy` in `env` and returns every trajectory (in the
+/// order they finished) and the run's counters. `chooser` defaults to [`NucleusSampler`]
+/// (each episode's temperature, top-p and seed; temperature 0 is greedy).
+pub fn run_episodes(
+    policy: &mut LoadedPolicy,
+    env: &TaskEnv,
+    specs: Vec<EpisodeSpec>,
+    cfg: EngineConfig,
+    chooser: Option<Box<dyn TokenChooser>>,
+) -> Result<(Vec<Trajectory>, RolloutStats), ActorError> {
+    let mut engine = RolloutEngine::new(policy, env.clone(), cfg);
+    if let Some(c) = chooser {
+        engine = engine.with_chooser(c);
+    }
+    let h = engine.handle();
+    for s in specs {
+        h.start_episode(s)?;
+    }
+    h.close()?;
+    let mut sink = CollectSink::default();
+    let stats = engine.run(&mut sink)?;
+    Ok((sink.finished, stats))
+}
