@@ -1,6 +1,8 @@
 //! Shared helpers for the actor's integration tests.
 #![allow(dead_code)]
 
+pub mod learner;
+
 use std::sync::Arc;
 
 use corvid_actor::{LoadedPolicy, Trajectory};

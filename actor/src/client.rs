@@ -1,0 +1,432 @@
+//! The actor's side of the `corvid.v1.Learner` protocol: a reconnecting link, `Register`,
+//! `NextTasks`, and weight sync (`PolicyInfo` polling, `FetchPolicy` assembly with size and
+//! SHA-256 checks), plus the exponential back-off every retry uses.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use corvid_learner::model::ModelConfig;
+use corvid_proto::client::{connect, AuthedClient};
+use corvid_proto::{pb, SamplingParams, TaskRef};
+use futures::StreamExt;
+use tonic::Code;
+
+use crate::error::ActorError;
+use crate::policy::PolicyUpdate;
+
+/// Exponential back-off with jitter.
+#[derive(Debug, Clone)]
+pub struct Backoff {
+    initial: Duration,
+    max: Duration,
+    current: Duration,
+    jitter_state: u64,
+}
+
+impl Backoff {
+    /// Starts at `initial`, doubles per failure up to `max`; each wait is jittered by ±20%.
+    pub fn new(initial: Duration, max: Duration) -> Self {
+        Self {
+            initial,
+            max: max.max(initial),
+            current: initial,
+            jitter_state: (std::process::id() as u64) ^ 0x9e37_79b9_7f4a_7c15,
+        }
+    }
+
+    /// The next wait (and doubles the one after).
+    pub fn next_delay(&mut self) -> Duration {
+        let base = self.current;
+        self.current = (self.current * 2).min(self.max);
+        // xorshift for jitter; no need for a real RNG here.
+        let mut x = self.jitter_state;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.jitter_state = x;
+        let frac = (x % 1000) as f64 / 1000.0; // [0, 1)
+        base.mul_f64(0.8 + 0.4 * frac)
+    }
+
+    /// Back to the initial wait after a success.
+    pub fn reset(&mut self) {
+        self.current = self.initial;
+    }
+}
+
+/// Whether a failed call may succeed later (the learner is restarting, busy, or the
+/// stream of the same trajectory is still live on its side).
+pub fn retryable(status: &tonic::Status) -> bool {
+    matches!(
+        status.code(),
+        Code::Unavailable
+            | Code::Unknown
+            | Code::Aborted
+            | Code::Cancelled
+            | Code::DeadlineExceeded
+            | Code::ResourceExhausted
+            | Code::Internal
+    )
+}
+
+/// A learner connection that is (re)established on demand.
+#[derive(Clone)]
+pub struct LearnerLink {
+    url: Arc<str>,
+    token: Arc<str>,
+    client: Arc<tokio::sync::Mutex<Option<AuthedClient>>>,
+}
+
+impl std::fmt::Debug for LearnerLink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LearnerLink")
+            .field("url", &self.url)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The run's settings as the actor uses them.
+#[derive(Debug, Clone)]
+pub struct Registration {
+    /// Id the learner gave this actor.
+    pub actor_id: String,
+    /// Run name.
+    pub run_name: String,
+    /// Default sampling (assignments carry their own).
+    pub sampling: SamplingParams,
+    /// Longest context the model takes.
+    pub max_context: u32,
+    /// How often to poll `PolicyInfo`.
+    pub policy_poll_interval: Duration,
+    /// The policy's architecture.
+    pub model_config: ModelConfig,
+    /// Latest policy version at registration (0: none yet).
+    pub policy_version: u64,
+}
+
+/// One task assignment.
+#[derive(Debug, Clone)]
+pub struct Assignment {
+    /// The task instance.
+    pub task: TaskRef,
+    /// Its group.
+    pub group_id: String,
+    /// Most turns.
+    pub max_turns: u32,
+    /// Context budget, tokens.
+    pub context_budget: u32,
+    /// Sampling with this episode's seed.
+    pub sampling: SamplingParams,
+}
+
+/// `PolicyInfo`'s answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyInfo {
+    /// Latest version.
+    pub version: u64,
+    /// Size of its weights.
+    pub total_bytes: u64,
+    /// Hex SHA-256 of its weights.
+    pub sha256: String,
+}
+
+fn from_status(what: &str, s: tonic::Status) -> LinkError {
+    LinkError::Status {
+        what: what.to_string(),
+        status: s,
+    }
+}
+
+/// A failed learner call: retryable or not (see [`LinkError::is_retryable`]).
+#[derive(Debug, thiserror::Error)]
+pub enum LinkError {
+    /// The learner could not be reached.
+    #[error("{0}")]
+    Connect(String),
+    /// The learner answered with an error status.
+    #[error("{what}: {status}")]
+    Status {
+        /// The call.
+        what: String,
+        /// Its status.
+        status: tonic::Status,
+    },
+    /// The answer does not make sense.
+    #[error("{0}")]
+    Protocol(#[from] ActorError),
+}
+
+impl LinkError {
+    /// Whether trying again later may help.
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            LinkError::Connect(_) => true,
+            LinkError::Status { status, .. } => retryable(status),
+            LinkError::Protocol(ActorError::Weights { .. }) => true,
+            LinkError::Protocol(_) => false,
+        }
+    }
+}
+
+impl LearnerLink {
+    /// A link to `url` with the shared `token`; nothing is connected yet.
+    pub fn new(url: &str, token: &str) -> Self {
+        Self {
+            url: url.into(),
+            token: token.into(),
+            client: Arc::new(tokio::sync::Mutex::new(None)),
+        }
+    }
+
+    /// The learner's URL.
+    pub fn url(&self) -> &str {
+        &self.url
+    }
+
+    /// A connected client (connecting if needed).
+    pub async fn client(&self) -> Result<AuthedClient, LinkError> {
+        let mut guard = self.client.lock().await;
+        if let Some(c) = guard.as_ref() {
+            return Ok(c.clone());
+        }
+        let c = connect(&self.url, &self.token)
+            .await
+            .map_err(|e| LinkError::Connect(e.to_string()))?;
+        *guard = Some(c.clone());
+        Ok(c)
+    }
+
+    /// Forgets the connection after a transport failure, so the next call reconnects.
+    pub async fn reset(&self) {
+        *self.client.lock().await = None;
+    }
+
+    async fn note(&self, e: &LinkError) {
+        let transport = match e {
+            LinkError::Connect(_) => true,
+            LinkError::Status { status, .. } => {
+                matches!(
+                    status.code(),
+                    Code::Unavailable | Code::Unknown | Code::Cancelled
+                )
+            }
+            LinkError::Protocol(_) => false,
+        };
+        if transport {
+            self.reset().await;
+        }
+    }
+
+    /// `Register`.
+    pub async fn register(
+        &self,
+        actor_name: &str,
+        hostname: &str,
+        concurrency: u32,
+    ) -> Result<Registration, LinkError> {
+        let r = async {
+            let mut c = self.client().await?;
+            let resp = c
+                .register(pb::RegisterRequest {
+                    actor_name: actor_name.into(),
+                    hostname: hostname.into(),
+                    concurrency,
+                })
+                .await
+                .map_err(|s| from_status("Register", s))?
+                .into_inner();
+            let s = resp.settings.ok_or_else(|| {
+                ActorError::Learner("Register answered without run settings".into())
+            })?;
+            let sampling = s
+                .sampling
+                .ok_or_else(|| ActorError::Learner("run settings lack sampling".into()))
+                .and_then(|p| {
+                    SamplingParams::try_from(p).map_err(|e| ActorError::Learner(e.to_string()))
+                })?;
+            let model_config: ModelConfig =
+                serde_json::from_str(&s.model_config_json).map_err(|e| {
+                    ActorError::Learner(format!("the run's model config does not parse: {e}"))
+                })?;
+            model_config
+                .validate()
+                .map_err(|e| ActorError::Learner(format!("the run's model config: {e}")))?;
+            Ok(Registration {
+                actor_id: resp.actor_id,
+                run_name: s.run_name,
+                sampling,
+                max_context: s.max_context,
+                policy_poll_interval: Duration::from_millis(u64::from(
+                    s.policy_poll_interval_ms.max(50),
+                )),
+                model_config,
+                policy_version: resp.policy_version,
+            })
+        }
+        .await;
+        if let Err(e) = &r {
+            self.note(e).await;
+        }
+        r
+    }
+
+    /// `NextTasks`: up to `max` assignments (none under back-pressure).
+    pub async fn next_tasks(&self, actor_id: &str, max: u32) -> Result<Vec<Assignment>, LinkError> {
+        let r = async {
+            let mut c = self.client().await?;
+            let resp = c
+                .next_tasks(pb::NextTasksRequest {
+                    actor_id: actor_id.into(),
+                    max_tasks: max,
+                })
+                .await
+                .map_err(|s| from_status("NextTasks", s))?
+                .into_inner();
+            let mut out = Vec::with_capacity(resp.assignments.len());
+            for a in resp.assignments {
+                let bad = |e: corvid_proto::ProtoError| {
+                    LinkError::Protocol(ActorError::Learner(format!("assignment: {e}")))
+                };
+                let task = TaskRef::try_from(
+                    a.task
+                        .ok_or(corvid_proto::ProtoError::Missing("assignment.task"))
+                        .map_err(bad)?,
+                )
+                .map_err(bad)?;
+                let sampling = SamplingParams::try_from(
+                    a.sampling
+                        .ok_or(corvid_proto::ProtoError::Missing("assignment.sampling"))
+                        .map_err(bad)?,
+                )
+                .map_err(bad)?;
+                out.push(Assignment {
+                    task,
+                    group_id: a.group_id,
+                    max_turns: a.max_turns,
+                    context_budget: a.context_budget,
+                    sampling,
+                });
+            }
+            Ok(out)
+        }
+        .await;
+        if let Err(e) = &r {
+            self.note(e).await;
+        }
+        r
+    }
+
+    /// `PolicyInfo`.
+    pub async fn policy_info(&self) -> Result<PolicyInfo, LinkError> {
+        let r = async {
+            let mut c = self.client().await?;
+            let i = c
+                .policy_info(pb::PolicyInfoRequest {})
+                .await
+                .map_err(|s| from_status("PolicyInfo", s))?
+                .into_inner();
+            Ok(PolicyInfo {
+                version: i.version,
+                total_bytes: i.total_bytes,
+                sha256: i.sha256,
+            })
+        }
+        .await;
+        if let Err(e) = &r {
+            self.note(e).await;
+        }
+        r
+    }
+
+    /// `FetchPolicy(version)` (0 = latest): assembles the chunks in order, then checks the
+    /// size and the SHA-256 every chunk announced.
+    pub async fn fetch_policy(&self, version: u64) -> Result<PolicyUpdate, LinkError> {
+        let r = async {
+            let mut c = self.client().await?;
+            let mut stream = c
+                .fetch_policy(pb::FetchPolicyRequest { version })
+                .await
+                .map_err(|s| from_status("FetchPolicy", s))?
+                .into_inner();
+            let mut bytes: Vec<u8> = Vec::new();
+            let mut meta: Option<(u64, u64, String)> = None;
+            let mut last = false;
+            while let Some(chunk) = stream.next().await {
+                let chunk = chunk.map_err(|s| from_status("FetchPolicy stream", s))?;
+                let this = (chunk.version, chunk.total_bytes, chunk.sha256.clone());
+                let weights_err = |why: String| {
+                    LinkError::Protocol(ActorError::Weights {
+                        version: chunk.version,
+                        why,
+                    })
+                };
+                match &meta {
+                    None => {
+                        if chunk.total_bytes > (16u64 << 30) {
+                            return Err(weights_err(format!(
+                                "{} bytes announced; refusing",
+                                chunk.total_bytes
+                            )));
+                        }
+                        bytes.reserve(chunk.total_bytes as usize);
+                        meta = Some(this);
+                    }
+                    Some(m) if *m != this => {
+                        return Err(weights_err(
+                            "chunks disagree on version, size or checksum".into(),
+                        ))
+                    }
+                    Some(_) => {}
+                }
+                if chunk.offset != bytes.len() as u64 {
+                    return Err(weights_err(format!(
+                        "chunk at offset {} but {} bytes received so far",
+                        chunk.offset,
+                        bytes.len()
+                    )));
+                }
+                bytes.extend_from_slice(&chunk.data);
+                if chunk.last {
+                    last = true;
+                    break;
+                }
+            }
+            let (v, total, sha) = meta.ok_or_else(|| {
+                LinkError::Protocol(ActorError::Learner("FetchPolicy sent no chunk".into()))
+            })?;
+            if !last {
+                return Err(LinkError::Protocol(ActorError::Weights {
+                    version: v,
+                    why: "the stream ended before the last chunk".into(),
+                }));
+            }
+            Ok(PolicyUpdate::verified(v, bytes, total, &sha)?)
+        }
+        .await;
+        if let Err(e) = &r {
+            self.note(e).await;
+        }
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_up_to_the_cap_with_bounded_jitter() {
+        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(1000));
+        let waits: Vec<Duration> = (0..7).map(|_| b.next_delay()).collect();
+        let bases = [100u64, 200, 400, 800, 1000, 1000, 1000];
+        for (w, base) in waits.iter().zip(bases) {
+            let ms = w.as_secs_f64() * 1000.0;
+            assert!(
+                ms >= base as f64 * 0.8 - 1e-6 && ms <= base as f64 * 1.2 + 1e-6,
+                "{ms} vs {base}"
+            );
+        }
+        b.reset();
+        assert!(b.next_delay() <= Duration::from_millis(120));
+    }
+}
