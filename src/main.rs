@@ -16,6 +16,7 @@ use clap::{Parser, Subcommand};
 
 mod bench;
 mod cmd;
+mod report;
 
 /// Corvid: agentic-RL post-training for Mixture-of-Experts tool-using policies.
 #[derive(Parser, Debug)]
@@ -23,6 +24,7 @@ mod cmd;
 #[command(after_help = "Examples:
   corvid run --config configs/demo.toml          train an agent end to end on this machine
   corvid replay list --store runs/demo/store     list stored trajectories
+  corvid report --run-dir runs/demo              rewrite a run's report from its folder
   corvid bench ingest --tokens 1000000 --json    measure trajectory ingest
 
 Logging: set RUST_LOG (e.g. RUST_LOG=corvid=debug).")]
@@ -43,6 +45,8 @@ enum Command {
     Eval(cmd::eval::EvalArgs),
     /// List, show and export stored trajectories.
     Replay(cmd::replay::ReplayArgs),
+    /// Rewrite a run's report (report.json, charts, report.html) from its folder.
+    Report(cmd::report::ReportArgs),
     /// List, show, sample and validate task families and task packs.
     Tasks(cmd::tasks::TasksArgs),
     /// Run tools in the sandbox exactly as the policy would.
@@ -68,6 +72,7 @@ fn main() -> ExitCode {
         Command::Actor(a) => cmd::actor::run(a),
         Command::Eval(a) => cmd::eval::run(a),
         Command::Replay(a) => cmd::replay::run(a),
+        Command::Report(a) => cmd::report::run(a),
         Command::Tasks(a) => cmd::tasks::run(a),
         Command::Sandbox(a) => cmd::sandbox::run(a),
         Command::Model(a) => cmd::model::run(a),
@@ -105,7 +110,7 @@ mod tests {
     fn every_subcommand_has_help_with_an_example() {
         let cli = Cli::command();
         for name in [
-            "run", "learner", "actor", "eval", "replay", "tasks", "sandbox", "bench",
+            "run", "learner", "actor", "eval", "replay", "report", "tasks", "sandbox", "bench",
         ] {
             let sub = cli
                 .find_subcommand(name)

@@ -5,6 +5,7 @@ pub mod eval;
 pub mod learner;
 pub mod model;
 pub mod replay;
+pub mod report;
 pub mod run;
 pub mod sandbox;
 pub mod tasks;

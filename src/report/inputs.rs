@@ -1,0 +1,720 @@
+//! What a run folder holds for the report, read leniently.
+//!
+//! | file | written by | one record is |
+//! |---|---|---|
+//! | `run.json` | `corvid run` | the run: name, config, times, frontier, oracle tokens per level, ablation |
+//! | `metrics/metrics.jsonl` | the learner | one RL update |
+//! | `metrics/sft.jsonl` | the learner | one SFT step (some lines carry a held-out `eval_loss`) |
+//! | `eval/<stage>.json` | `corvid eval` | held-out success per family and level for one checkpoint |
+//!
+//! Every file and every key is optional: an interrupted run has a partial picture and the report
+//! says what is missing instead of failing. A value of the wrong type reads as absent (with
+//! [`lenient`]), and a malformed JSONL line (the torn last line of a killed writer) is skipped and
+//! counted, so one bad figure never hides the others.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize};
+
+/// Reads a value, or the type's default when the JSON value has another shape.
+fn lenient<'de, D, T>(d: D) -> Result<T, D::Error>
+where
+    D: Deserializer<'de>,
+    T: DeserializeOwned + Default,
+{
+    let v = serde_json::Value::deserialize(d)?;
+    Ok(T::deserialize(v).unwrap_or_default())
+}
+
+/// One MoE layer's routing health in one update (`learner::model::health::MoeHealth`).
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct MoeLayer {
+    /// Layer index.
+    #[serde(deserialize_with = "lenient")]
+    pub layer: Option<u32>,
+    /// Share of routed tokens per expert, summing to one `[E]`.
+    #[serde(deserialize_with = "lenient")]
+    pub load: Vec<f64>,
+    /// `(max_e c_e − c̄) / c̄`.
+    #[serde(deserialize_with = "lenient")]
+    pub max_vio: Option<f64>,
+    /// Mean per-token router entropy (nats).
+    #[serde(deserialize_with = "lenient")]
+    pub router_entropy: Option<f64>,
+    /// Experts that received no token.
+    #[serde(deserialize_with = "lenient")]
+    pub dead_experts: Option<f64>,
+}
+
+/// One line of `metrics/metrics.jsonl`: one RL update, normalised.
+///
+/// Two layouts are read. The learner's `corvid_learner::metrics::UpdateRecord` nests its
+/// figures: `step`, `policy_version`, `unix_ms`, `rollout.{reward_mean, success_rate,
+/// success_by_task{"family/level": {episodes, successes, rate}}, tokens_per_s, episodes_per_s,
+/// staleness_mean}`, `loss.{policy, kl, entropy, clip_frac_low, clip_frac_high, iw_mean, iw_max,
+/// grad_norm}`, `moe[]`, `spikes.count`, `curriculum.frontier`. A flat layout with the names
+/// of the fields below (`update`, `wall_s`, `kl`, `frontier`, …) is read too; where both are
+/// present the flat key wins.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(from = "RawUpdate")]
+pub struct UpdateMetrics {
+    /// Update number (`step`).
+    pub update: Option<u64>,
+    /// Policy version after the update.
+    pub policy_version: Option<u64>,
+    /// Seconds since the run started (flat `wall_s`, else `unix_ms` against `run.json`'s start).
+    pub wall_s: Option<f64>,
+    /// Wall clock of the update, ms since the Unix epoch.
+    pub unix_ms: Option<u64>,
+    /// Mean episode reward of the update's batch.
+    pub reward_mean: Option<f64>,
+    /// Share of the batch's episodes that succeeded.
+    pub success_rate: Option<f64>,
+    /// family → level → success rate of the batch (absent where it had no episode).
+    pub success_by_family_level: BTreeMap<String, BTreeMap<String, Option<f64>>>,
+    /// family → frontier level.
+    pub frontier: BTreeMap<String, u32>,
+    /// Policy-gradient loss.
+    pub policy_loss: Option<f64>,
+    /// KL to the reference policy.
+    pub kl: Option<f64>,
+    /// Mean token entropy of the policy.
+    pub entropy: Option<f64>,
+    /// Share of tokens clipped below.
+    pub clip_frac_low: Option<f64>,
+    /// Share of tokens clipped above.
+    pub clip_frac_high: Option<f64>,
+    /// Mean importance weight (learner policy / behaviour policy).
+    pub is_weight_mean: Option<f64>,
+    /// Largest importance weight.
+    pub is_weight_max: Option<f64>,
+    /// Mean policy-version lag of the batch's episodes.
+    pub staleness_mean: Option<f64>,
+    /// Gradient norm before clipping.
+    pub grad_norm: Option<f64>,
+    /// Trained tokens per second.
+    pub tokens_per_s: Option<f64>,
+    /// Ingested episodes per second.
+    pub episodes_per_s: Option<f64>,
+    /// Per-layer MoE health.
+    pub moe: Vec<MoeLayer>,
+    /// Loss spikes counted so far.
+    pub loss_spikes: Option<u64>,
+}
+
+/// `rollout.success_by_task` values.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct RawRate {
+    #[serde(deserialize_with = "lenient")]
+    episodes: Option<u64>,
+    #[serde(deserialize_with = "lenient")]
+    rate: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct RawRollout {
+    #[serde(deserialize_with = "lenient")]
+    reward_mean: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    success_rate: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    success_by_task: BTreeMap<String, RawRate>,
+    #[serde(deserialize_with = "lenient")]
+    tokens_per_s: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    episodes_per_s: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    staleness_mean: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct RawLoss {
+    #[serde(deserialize_with = "lenient")]
+    policy: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    kl: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    entropy: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    clip_frac_low: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    clip_frac_high: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    iw_mean: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    iw_max: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    grad_norm: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct RawSpikes {
+    #[serde(deserialize_with = "lenient")]
+    count: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct RawCurriculum {
+    #[serde(deserialize_with = "lenient")]
+    frontier: BTreeMap<String, u32>,
+}
+
+/// Both layouts of a metrics line, every key optional.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+struct RawUpdate {
+    #[serde(deserialize_with = "lenient")]
+    update: Option<u64>,
+    #[serde(deserialize_with = "lenient")]
+    step: Option<u64>,
+    #[serde(deserialize_with = "lenient")]
+    policy_version: Option<u64>,
+    #[serde(deserialize_with = "lenient")]
+    wall_s: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    unix_ms: Option<u64>,
+    #[serde(deserialize_with = "lenient")]
+    reward_mean: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    success_rate: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    success_by_family_level: BTreeMap<String, BTreeMap<String, Option<f64>>>,
+    #[serde(deserialize_with = "lenient")]
+    frontier: BTreeMap<String, u32>,
+    #[serde(deserialize_with = "lenient")]
+    policy_loss: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    kl: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    entropy: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    clip_frac_low: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    clip_frac_high: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    is_weight_mean: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    is_weight_max: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    staleness_mean: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    grad_norm: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    tokens_per_s: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    episodes_per_s: Option<f64>,
+    #[serde(deserialize_with = "lenient")]
+    moe: Vec<MoeLayer>,
+    #[serde(deserialize_with = "lenient")]
+    loss_spikes: Option<u64>,
+    #[serde(deserialize_with = "lenient")]
+    rollout: RawRollout,
+    #[serde(deserialize_with = "lenient")]
+    loss: RawLoss,
+    #[serde(deserialize_with = "lenient")]
+    spikes: RawSpikes,
+    #[serde(deserialize_with = "lenient")]
+    curriculum: RawCurriculum,
+}
+
+impl From<RawUpdate> for UpdateMetrics {
+    fn from(r: RawUpdate) -> Self {
+        let mut by_level = r.success_by_family_level;
+        if by_level.is_empty() {
+            // "family/level" → {episodes, rate}; a level without episodes has no rate.
+            for (task, rate) in &r.rollout.success_by_task {
+                let Some((family, level)) = task.rsplit_once('/') else {
+                    continue;
+                };
+                let value = rate.rate.filter(|_| rate.episodes != Some(0));
+                by_level
+                    .entry(family.to_string())
+                    .or_default()
+                    .insert(level.to_string(), value);
+            }
+        }
+        UpdateMetrics {
+            update: r.update.or(r.step),
+            policy_version: r.policy_version,
+            wall_s: r.wall_s,
+            unix_ms: r.unix_ms,
+            reward_mean: r.reward_mean.or(r.rollout.reward_mean),
+            success_rate: r.success_rate.or(r.rollout.success_rate),
+            success_by_family_level: by_level,
+            frontier: if r.frontier.is_empty() {
+                r.curriculum.frontier
+            } else {
+                r.frontier
+            },
+            policy_loss: r.policy_loss.or(r.loss.policy),
+            kl: r.kl.or(r.loss.kl),
+            entropy: r.entropy.or(r.loss.entropy),
+            clip_frac_low: r.clip_frac_low.or(r.loss.clip_frac_low),
+            clip_frac_high: r.clip_frac_high.or(r.loss.clip_frac_high),
+            is_weight_mean: r.is_weight_mean.or(r.loss.iw_mean),
+            is_weight_max: r.is_weight_max.or(r.loss.iw_max),
+            staleness_mean: r.staleness_mean.or(r.rollout.staleness_mean),
+            grad_norm: r.grad_norm.or(r.loss.grad_norm),
+            tokens_per_s: r.tokens_per_s.or(r.rollout.tokens_per_s),
+            episodes_per_s: r.episodes_per_s.or(r.rollout.episodes_per_s),
+            moe: r.moe,
+            loss_spikes: r.loss_spikes.or(r.spikes.count),
+        }
+    }
+}
+
+/// One line of `metrics/sft.jsonl`: one SFT step.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct SftStep {
+    /// Step number.
+    #[serde(deserialize_with = "lenient")]
+    pub step: Option<u64>,
+    /// Training loss (mean cross-entropy per trained token).
+    #[serde(deserialize_with = "lenient")]
+    pub loss: Option<f64>,
+    /// Learning rate.
+    #[serde(deserialize_with = "lenient")]
+    pub lr: Option<f64>,
+    /// Trained tokens per second.
+    #[serde(deserialize_with = "lenient")]
+    pub tokens_per_s: Option<f64>,
+    /// Held-out loss, on the lines where it was measured.
+    #[serde(deserialize_with = "lenient")]
+    pub eval_loss: Option<f64>,
+}
+
+/// One level of one family in an evaluation file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct EvalLevel {
+    /// Level.
+    #[serde(deserialize_with = "lenient")]
+    pub level: Option<u32>,
+    /// Episodes evaluated.
+    #[serde(deserialize_with = "lenient")]
+    pub episodes: Option<u64>,
+    /// Share of episodes whose checker passed.
+    #[serde(deserialize_with = "lenient")]
+    pub success_rate: Option<f64>,
+    /// Share of tool calls that parsed.
+    #[serde(deserialize_with = "lenient")]
+    pub tool_call_parse_rate: Option<f64>,
+    /// Share of parsed tool calls that ran without error.
+    #[serde(deserialize_with = "lenient")]
+    pub tool_call_success_rate: Option<f64>,
+    /// Share of multi-step episodes that completed every step.
+    #[serde(deserialize_with = "lenient")]
+    pub multi_step_completion: Option<f64>,
+    /// Share of episodes with a failed call that still succeeded.
+    #[serde(deserialize_with = "lenient")]
+    pub failure_recovery_rate: Option<f64>,
+    /// pass@k.
+    #[serde(deserialize_with = "lenient")]
+    pub pass_at_k: Option<f64>,
+    /// pass^k.
+    #[serde(deserialize_with = "lenient")]
+    pub pass_hat_k: Option<f64>,
+    /// Mean turns per episode.
+    #[serde(deserialize_with = "lenient")]
+    pub mean_turns: Option<f64>,
+    /// Mean tokens per episode.
+    #[serde(deserialize_with = "lenient")]
+    pub mean_tokens: Option<f64>,
+    /// Episodes left out (infrastructure errors).
+    #[serde(deserialize_with = "lenient")]
+    pub excluded: Option<u64>,
+}
+
+/// One family in an evaluation file.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct EvalFamily {
+    /// Family name.
+    #[serde(deserialize_with = "lenient")]
+    pub family: String,
+    /// Levels evaluated.
+    #[serde(deserialize_with = "lenient")]
+    pub levels: Vec<EvalLevel>,
+}
+
+/// `eval/<stage>.json`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct EvalFile {
+    /// Stage named in the file.
+    #[serde(deserialize_with = "lenient")]
+    pub stage: Option<String>,
+    /// Checkpoint evaluated.
+    #[serde(deserialize_with = "lenient")]
+    pub checkpoint: Option<String>,
+    /// Policy version of the checkpoint.
+    #[serde(deserialize_with = "lenient")]
+    pub policy_version: Option<u64>,
+    /// Episodes per level requested.
+    #[serde(deserialize_with = "lenient")]
+    pub episodes_per_level: Option<u64>,
+    /// The k of pass@k and pass^k.
+    #[serde(deserialize_with = "lenient")]
+    pub k: Option<u64>,
+    /// Families evaluated.
+    #[serde(deserialize_with = "lenient")]
+    pub families: Vec<EvalFamily>,
+}
+
+impl EvalFile {
+    /// The figures of `family` at `level`, if that level was evaluated.
+    pub fn level(&self, family: &str, level: u32) -> Option<&EvalLevel> {
+        self.families
+            .iter()
+            .find(|f| f.family == family)?
+            .levels
+            .iter()
+            .find(|l| l.level == Some(level))
+    }
+}
+
+/// Seconds spent per stage of `corvid run`.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct StageTimes {
+    /// Supervised fine-tuning.
+    #[serde(deserialize_with = "lenient")]
+    pub sft_s: Option<f64>,
+    /// Reinforcement learning.
+    #[serde(deserialize_with = "lenient")]
+    pub rl_s: Option<f64>,
+    /// Held-out evaluation.
+    #[serde(deserialize_with = "lenient")]
+    pub eval_s: Option<f64>,
+}
+
+/// `run.json`'s `ablation`: success at the frontier of the two credit-assignment variants.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct Ablation {
+    /// Step-level credit (the main run).
+    #[serde(deserialize_with = "lenient")]
+    pub step_level: Option<f64>,
+    /// Trajectory-level GRPO advantages (`configs/demo-grpo.toml`).
+    #[serde(deserialize_with = "lenient")]
+    pub trajectory_grpo: Option<f64>,
+}
+
+/// `run.json`'s optional `goals`: targets that replace the demo's defaults.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct GoalTargets {
+    /// RL minus SFT-only success at the frontier, in points. Default 15.
+    #[serde(deserialize_with = "lenient")]
+    pub rl_minus_sft_points: Option<f64>,
+    /// Oracle tokens at the frontier level over level 1. Default 4.
+    #[serde(deserialize_with = "lenient")]
+    pub frontier_tokens_ratio: Option<f64>,
+    /// Wall-clock minutes from start to finish. Default 20.
+    #[serde(deserialize_with = "lenient")]
+    pub max_minutes: Option<f64>,
+}
+
+/// `run.json`, written by `corvid run`.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(default)]
+pub struct RunInfo {
+    /// Run name.
+    #[serde(deserialize_with = "lenient")]
+    pub name: Option<String>,
+    /// Config file the run was started with.
+    #[serde(deserialize_with = "lenient")]
+    pub config: Option<String>,
+    /// The family whose frontier the headline figures are taken at.
+    #[serde(deserialize_with = "lenient")]
+    pub main_family: Option<String>,
+    /// Start time (Unix ms).
+    #[serde(deserialize_with = "lenient")]
+    pub started_unix_ms: Option<u64>,
+    /// Finish time (Unix ms); absent while running or after an interruption.
+    #[serde(deserialize_with = "lenient")]
+    pub finished_unix_ms: Option<u64>,
+    /// Seconds per stage.
+    #[serde(deserialize_with = "lenient")]
+    pub stages: StageTimes,
+    /// family → frontier level reached.
+    #[serde(deserialize_with = "lenient")]
+    pub frontier_level: BTreeMap<String, u32>,
+    /// family → level → oracle tokens of an episode at that level.
+    #[serde(deserialize_with = "lenient")]
+    pub level_tokens: BTreeMap<String, BTreeMap<String, f64>>,
+    /// The ablation's figures.
+    #[serde(deserialize_with = "lenient")]
+    pub ablation: Ablation,
+    /// Goal targets.
+    #[serde(deserialize_with = "lenient")]
+    pub goals: GoalTargets,
+}
+
+impl RunInfo {
+    /// Oracle tokens of `family` at `level`.
+    pub fn oracle_tokens(&self, family: &str, level: u32) -> Option<f64> {
+        self.level_tokens
+            .get(family)?
+            .get(&level.to_string())
+            .copied()
+    }
+}
+
+/// An evaluation stage: one checkpoint evaluated on held-out seeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stage {
+    /// The randomly initialised policy.
+    Random,
+    /// After supervised fine-tuning.
+    Sft,
+    /// After RL (step-level credit).
+    Rl,
+    /// After RL with trajectory-level GRPO advantages (the ablation).
+    AblationGrpo,
+}
+
+impl Stage {
+    /// Every stage, in report order.
+    pub const ALL: [Stage; 4] = [Stage::Random, Stage::Sft, Stage::Rl, Stage::AblationGrpo];
+
+    /// Key in `report.json` and stem of `eval/<key>.json`.
+    pub fn key(self) -> &'static str {
+        match self {
+            Stage::Random => "random",
+            Stage::Sft => "sft",
+            Stage::Rl => "rl",
+            Stage::AblationGrpo => "ablation-grpo",
+        }
+    }
+
+    /// Human label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::Random => "random init",
+            Stage::Sft => "SFT only",
+            Stage::Rl => "SFT + RL",
+            Stage::AblationGrpo => "SFT + RL, trajectory GRPO (ablation)",
+        }
+    }
+}
+
+/// A JSONL file's records and how many lines could not be read.
+pub struct Jsonl<T> {
+    /// Records in file order.
+    pub records: Vec<T>,
+    /// Lines that were not a JSON object (typically a torn last line).
+    pub bad_lines: usize,
+}
+
+/// Everything the report reads from one run folder.
+#[derive(Default)]
+pub struct Inputs {
+    /// `run.json`.
+    pub run: Option<RunInfo>,
+    /// `metrics/metrics.jsonl`.
+    pub updates: Vec<UpdateMetrics>,
+    /// `metrics/sft.jsonl`.
+    pub sft: Vec<SftStep>,
+    /// `eval/<stage>.json` by stage.
+    pub eval: BTreeMap<Stage, EvalFile>,
+    /// Inputs that are absent, one sentence each.
+    pub missing: Vec<String>,
+    /// Inputs that are present but partly unreadable, one sentence each.
+    pub notes: Vec<String>,
+}
+
+impl Inputs {
+    /// Reads every input under `run_dir`. Absent files are listed in `missing`; a whole-file
+    /// input that is not valid JSON (a file torn by a killed writer) is listed there too, with
+    /// the parse error.
+    ///
+    /// Fails only when a file exists but cannot be read at all (permissions, not UTF-8).
+    pub fn read(run_dir: &Path) -> anyhow::Result<Self> {
+        let mut inputs = Inputs::default();
+
+        match load_json::<RunInfo>(&run_dir.join("run.json"))? {
+            Loaded::Present(r) => inputs.run = Some(r),
+            Loaded::Absent => inputs.missing.push(
+                "run.json (no run summary: times, frontier, oracle tokens and ablation unknown)"
+                    .into(),
+            ),
+            Loaded::Invalid(e) => inputs
+                .missing
+                .push(format!("run.json is not valid JSON ({e})")),
+        }
+
+        let metrics_path = run_dir.join("metrics").join("metrics.jsonl");
+        match read_jsonl::<UpdateMetrics>(&metrics_path)? {
+            Some(j) => {
+                if j.bad_lines > 0 {
+                    inputs.notes.push(format!(
+                        "metrics/metrics.jsonl: {} unreadable line(s) skipped",
+                        j.bad_lines
+                    ));
+                }
+                if j.records.is_empty() {
+                    inputs
+                        .missing
+                        .push("metrics/metrics.jsonl has no RL update yet".into());
+                }
+                inputs.updates = j.records;
+                let start = inputs.run.as_ref().and_then(|r| r.started_unix_ms);
+                for u in &mut inputs.updates {
+                    if let (None, Some(t), Some(t0)) = (u.wall_s, u.unix_ms, start) {
+                        u.wall_s = Some(t.saturating_sub(t0) as f64 / 1000.0);
+                    }
+                }
+            }
+            None => inputs
+                .missing
+                .push("metrics/metrics.jsonl (no RL update was recorded)".into()),
+        }
+
+        let sft_path = run_dir.join("metrics").join("sft.jsonl");
+        match read_jsonl::<SftStep>(&sft_path)? {
+            Some(j) => {
+                if j.bad_lines > 0 {
+                    inputs.notes.push(format!(
+                        "metrics/sft.jsonl: {} unreadable line(s) skipped",
+                        j.bad_lines
+                    ));
+                }
+                inputs.sft = j.records;
+            }
+            None => inputs
+                .missing
+                .push("metrics/sft.jsonl (no SFT step was recorded)".into()),
+        }
+
+        for stage in Stage::ALL {
+            match load_json::<EvalFile>(&eval_path(run_dir, stage))? {
+                Loaded::Present(e) => {
+                    inputs.eval.insert(stage, e);
+                }
+                // The ablation is a separate run; its absence is not a gap in this one.
+                Loaded::Absent if stage == Stage::AblationGrpo => {}
+                Loaded::Absent => inputs.missing.push(format!(
+                    "eval/{}.json (no held-out evaluation of the {} policy)",
+                    stage.key(),
+                    stage.label()
+                )),
+                Loaded::Invalid(e) => inputs
+                    .missing
+                    .push(format!("eval/{}.json is not valid JSON ({e})", stage.key())),
+            }
+        }
+        Ok(inputs)
+    }
+}
+
+/// `eval/<stage>.json` under `run_dir`.
+pub fn eval_path(run_dir: &Path, stage: Stage) -> PathBuf {
+    run_dir.join("eval").join(format!("{}.json", stage.key()))
+}
+
+fn read_text(path: &Path) -> anyhow::Result<Option<String>> {
+    match std::fs::read_to_string(path) {
+        Ok(s) => Ok(Some(s)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e).with_context(|| format!("reading {}", path.display())),
+    }
+}
+
+/// A whole-file JSON input.
+pub enum Loaded<T> {
+    /// The file does not exist.
+    Absent,
+    /// The file exists but is not the expected JSON; the parse error.
+    Invalid(String),
+    /// The file's content.
+    Present(T),
+}
+
+/// Reads a whole-file JSON input.
+pub fn load_json<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Loaded<T>> {
+    let Some(text) = read_text(path)? else {
+        return Ok(Loaded::Absent);
+    };
+    Ok(match serde_json::from_str(&text) {
+        Ok(v) => Loaded::Present(v),
+        Err(e) => Loaded::Invalid(e.to_string()),
+    })
+}
+
+/// A JSONL input, or `None` when the file does not exist. Blank lines are ignored; lines that
+/// are not a JSON object are counted in `bad_lines`.
+pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Option<Jsonl<T>>> {
+    let Some(text) = read_text(path)? else {
+        return Ok(None);
+    };
+    let mut out = Jsonl {
+        records: Vec::new(),
+        bad_lines: 0,
+    };
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(v @ serde_json::Value::Object(_)) => match T::deserialize(v) {
+                Ok(r) => out.records.push(r),
+                Err(_) => out.bad_lines += 1,
+            },
+            _ => out.bad_lines += 1,
+        }
+    }
+    Ok(Some(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_types_read_as_absent_and_torn_lines_are_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("m.jsonl");
+        std::fs::write(
+            &p,
+            "{\"update\": 1, \"kl\": \"high\", \"entropy\": 0.5, \"frontier\": {\"hops\": 2}}\n\
+             \n\
+             {\"update\": 2, \"kl\": null, \"moe\": [{\"layer\": 0, \"load\": [0.5, 0.5]}]}\n\
+             {\"update\": 3, \"kl\"",
+        )
+        .unwrap();
+        let j = read_jsonl::<UpdateMetrics>(&p).unwrap().unwrap();
+        assert_eq!(j.records.len(), 2);
+        assert_eq!(j.bad_lines, 1);
+        assert_eq!(j.records[0].kl, None);
+        assert_eq!(j.records[0].entropy, Some(0.5));
+        assert_eq!(j.records[0].frontier.get("hops"), Some(&2));
+        assert_eq!(j.records[1].moe[0].load, vec![0.5, 0.5]);
+        assert!(read_jsonl::<UpdateMetrics>(&dir.path().join("absent"))
+            .unwrap()
+            .is_none());
+    }
+
+    #[test]
+    fn a_torn_whole_file_input_is_reported_missing_with_its_parse_error() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("run.json"), "{ \"name\": \"de").unwrap();
+        let inputs = Inputs::read(dir.path()).unwrap();
+        assert!(inputs.run.is_none());
+        assert!(
+            inputs
+                .missing
+                .iter()
+                .any(|m| m.starts_with("run.json is not valid JSON")),
+            "{:?}",
+            inputs.missing
+        );
+    }
+}
