@@ -98,7 +98,10 @@ pub enum Stage {
 
 /// Running totals carried across restarts.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct Totals {
+    /// Finished trajectories read from the store.
+    pub trajectories_read: u64,
     /// Episodes trained on.
     pub episodes_trained: u64,
     /// Generated tokens trained on.
@@ -122,6 +125,9 @@ pub struct RunState {
     pub stage: Stage,
     /// SFT optimizer steps done.
     pub sft_step: u64,
+    /// Trained-on SFT tokens seen (the SFT token budget counts them).
+    #[serde(default)]
+    pub sft_tokens: u64,
     /// RL updates done.
     pub rl_step: u64,
     /// Latest published policy version (the weights in this checkpoint are this version).
@@ -368,6 +374,7 @@ mod tests {
             seq: 0,
             stage: Stage::Rl,
             sft_step: 5,
+            sft_tokens: 100,
             rl_step: 3,
             policy_version: 4,
             read_cursor: 17,

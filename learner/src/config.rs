@@ -529,6 +529,24 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_demo_configs_parse_and_differ_only_in_advantages() {
+        let demo = LearnerConfig::from_toml(include_str!("../../configs/demo.toml")).unwrap();
+        let grpo = LearnerConfig::from_toml(include_str!("../../configs/demo-grpo.toml")).unwrap();
+        assert_eq!(demo.rl.advantage, crate::train::AdvantageMode::Step);
+        assert_eq!(grpo.rl.advantage, crate::train::AdvantageMode::Grpo);
+        let same = LearnerConfig {
+            run_name: demo.run_name.clone(),
+            rl: RlConfig {
+                advantage: demo.rl.advantage,
+                ..grpo.rl.clone()
+            },
+            ..grpo
+        };
+        assert_eq!(same, demo);
+        assert_eq!(demo.model.resolve().unwrap(), ModelConfig::tiny());
+    }
+
+    #[test]
     fn bad_fields_are_named() {
         for (text, field) in [
             ("unknown_key = 1", "unknown"),

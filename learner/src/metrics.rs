@@ -5,12 +5,12 @@
 //!
 //! | group | figures |
 //! |---|---|
-//! | `rollout` | episodes, mean reward, success rate, success by `family/level`, trained tokens, episodes/s, tokens/s, staleness (mean, max), stale and unscored episodes skipped |
-//! | `loss` | total, policy (clipped surrogate), KL to the reference (k3), entropy, balance, clip fractions low and high, importance weights (mean, min, max, fraction truncated), gradient norm, learning rate |
+//! | `rollout` | episodes, mean reward, success rate, success by `family/level`, trained tokens, episodes/s, tokens/s, staleness (mean, max), episodes skipped (stale, unscored, too long, invalid), uninformative groups |
+//! | `loss` | policy (clipped surrogate), KL to the reference (k3), entropy, balance, clip fractions low and high, importance weights (mean, max, fraction truncated), gradient norm, learning rate, optimizer steps, advantage mean and mean absolute value |
 //! | `moe` | per layer: load share per expert, MaxVio, CV, load entropy, router entropy, dead experts |
 //! | `spikes` | whether this update's policy loss was a spike, the running count, the window's mean and std |
 //! | `curriculum` | frontier level per family, context tokens of the current stage |
-//! | `service` | open groups, groups completed and expired, actors active, trajectories stored |
+//! | `service` | open groups, groups completed and expired, actors active, trajectories read |
 //!
 //! A **loss spike** is a policy loss above `mean + k·std` of the previous `spike_window`
 //! updates, counted once at least `spike_min_samples` updates are in the window
@@ -80,13 +80,18 @@ pub struct RolloutFigures {
     pub stale_skipped: u64,
     /// Episodes left out because they were not scored (infra error, abandoned).
     pub unscored_skipped: u64,
+    /// Groups left out because every advantage in them was zero.
+    pub uninformative_groups: u64,
+    /// Episodes longer than the model's context, left out.
+    pub too_long_skipped: u64,
+    /// Episodes left out as untrainable (token ids outside the vocabulary, non-finite
+    /// behaviour log-probs).
+    pub invalid_skipped: u64,
 }
 
-/// The loss terms and their diagnostics.
+/// The loss terms and their diagnostics (means over the generated tokens trained on).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct LossFigures {
-    /// The total loss that was back-propagated.
-    pub total: f64,
     /// The clipped-surrogate policy loss.
     pub policy: f64,
     /// k3 estimate of KL(π_θ ‖ π_ref) at generated tokens (0 when off).
@@ -99,18 +104,22 @@ pub struct LossFigures {
     pub clip_frac_low: f64,
     /// Fraction clipped at `1 + ε_high` (positive advantage side).
     pub clip_frac_high: f64,
-    /// Mean truncated importance weight.
+    /// Mean truncated importance weight `w = min(π_prox/μ, tis_cap)`.
     pub iw_mean: f64,
-    /// Smallest importance weight.
-    pub iw_min: f64,
-    /// Largest importance weight before truncation.
+    /// Largest `w` (at most `tis_cap`).
     pub iw_max: f64,
     /// Fraction of tokens whose weight was truncated at the cap.
     pub iw_truncated_frac: f64,
     /// Global gradient norm before clipping.
     pub grad_norm: f64,
-    /// Learning rate of the step.
+    /// Learning rate of the last optimizer step.
     pub lr: f64,
+    /// Optimizer steps of the update (0 when nothing was left to train on).
+    pub optimizer_steps: u64,
+    /// Mean advantage over generated tokens.
+    pub adv_mean: f64,
+    /// Mean absolute advantage over generated tokens.
+    pub adv_abs_mean: f64,
 }
 
 /// MoE health of one layer (from [`MoeHealth`]).
@@ -179,8 +188,8 @@ pub struct ServiceFigures {
     pub groups_expired: u64,
     /// Actors heard from in the last minute.
     pub actors_active: u64,
-    /// Finished trajectories in the store.
-    pub trajectories_stored: u64,
+    /// Finished trajectories the trainer has read from the store, over the whole run.
+    pub trajectories_read: u64,
 }
 
 /// One line of the metrics file.
@@ -382,6 +391,12 @@ pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) 
         ("rollout_staleness_max", ro.staleness_max as f64),
         ("rollout_stale_skipped", ro.stale_skipped as f64),
         ("rollout_unscored_skipped", ro.unscored_skipped as f64),
+        (
+            "rollout_uninformative_groups",
+            ro.uninformative_groups as f64,
+        ),
+        ("rollout_too_long_skipped", ro.too_long_skipped as f64),
+        ("rollout_invalid_skipped", ro.invalid_skipped as f64),
     ] {
         gauge(&mut out, name, &[], v);
     }
@@ -398,7 +413,6 @@ pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) 
     }
     let l = &r.loss;
     for (name, v) in [
-        ("loss_total", l.total),
         ("loss_policy", l.policy),
         ("loss_kl", l.kl),
         ("loss_entropy", l.entropy),
@@ -406,11 +420,13 @@ pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) 
         ("loss_clip_frac_low", l.clip_frac_low),
         ("loss_clip_frac_high", l.clip_frac_high),
         ("loss_iw_mean", l.iw_mean),
-        ("loss_iw_min", l.iw_min),
         ("loss_iw_max", l.iw_max),
         ("loss_iw_truncated_frac", l.iw_truncated_frac),
         ("loss_grad_norm", l.grad_norm),
         ("loss_lr", l.lr),
+        ("loss_optimizer_steps", l.optimizer_steps as f64),
+        ("loss_adv_mean", l.adv_mean),
+        ("loss_adv_abs_mean", l.adv_abs_mean),
     ] {
         gauge(&mut out, name, &[], v);
     }

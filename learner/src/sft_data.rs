@@ -1,0 +1,222 @@
+//! SFT data: oracle demonstrations of the configured families and levels, executed in the
+//! real sandbox and laid out in the episode token format ([`crate::episode`]), packed into
+//! rows for [`SftTrainer`](crate::train::sft::SftTrainer).
+//!
+//! # Rules
+//!
+//! 1. **Stream.** The examples of SFT step `k` are a pure function of `(sft.seed, k)`: each
+//!    is a (family, level) drawn uniformly from `sft.levels` and an instance seed below
+//!    `sft.heldout_seed_base`. A resumed SFT stage therefore sees exactly the data it would
+//!    have seen, with nothing to save but the step.
+//! 2. **Size.** A step draws demonstrations until they hold `batch_tokens` tokens, packs
+//!    them first-fit decreasing into rows of `seq_len`, and keeps at most
+//!    `batch_tokens / seq_len` rows. Demonstrations longer than `seq_len` are dropped and
+//!    counted; a demonstration whose oracle does not pass its checker in the sandbox is never
+//!    trained on (it would teach a wrong answer) and is counted too.
+//! 3. **Held out.** `heldout_per_level` instances per (family, level) with seeds from
+//!    `heldout_seed_base` up: disjoint from every training seed by construction.
+
+use corvid_sandbox::Sandbox;
+use corvid_tasks::{SplitMix64, TaskEnv, TaskFamily, TasksError};
+
+use crate::episode::{oracle_steps, EpisodeFormat};
+use crate::tokenizer::Special;
+use crate::train::config::SftConfig;
+use crate::train::pack::PackedRow;
+use crate::train::sft::{pack, Example};
+use crate::train::TrainError;
+
+/// Most demonstrations drawn for one step, as a multiple of the rows it needs: a guard
+/// against a configuration where nothing fits `seq_len`.
+const MAX_DRAWS_PER_ROW: usize = 16;
+
+/// Why the SFT data could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum SftDataError {
+    /// A family, level or oracle failed.
+    #[error("SFT demonstrations: {0}")]
+    Tasks(#[from] TasksError),
+    /// The sandbox could not be built.
+    #[error("SFT demonstrations: sandbox: {0}")]
+    Sandbox(String),
+    /// Packing failed.
+    #[error("SFT demonstrations: {0}")]
+    Train(#[from] TrainError),
+    /// The configuration yields no usable demonstration.
+    #[error("SFT demonstrations: {0}")]
+    Empty(String),
+}
+
+/// Counts of demonstrations left out.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounts {
+    /// Longer than `seq_len`.
+    pub too_long: u64,
+    /// The oracle did not pass its checker.
+    pub failed_oracle: u64,
+}
+
+/// The SFT example stream.
+pub struct SftData {
+    env: TaskEnv,
+    format: EpisodeFormat,
+    pairs: Vec<(Box<dyn TaskFamily>, u32)>,
+    cfg: SftConfig,
+    dropped: DropCounts,
+}
+
+impl std::fmt::Debug for SftData {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SftData")
+            .field(
+                "pairs",
+                &self
+                    .pairs
+                    .iter()
+                    .map(|(f, l)| format!("{}/{l}", f.name()))
+                    .collect::<Vec<_>>(),
+            )
+            .field("dropped", &self.dropped)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SftData {
+    /// The stream for `cfg` (families from `cfg.levels`), with its own sandbox.
+    pub fn new(cfg: &SftConfig) -> Result<Self, SftDataError> {
+        let mut pairs = Vec::new();
+        for (name, levels) in &cfg.levels {
+            for &level in levels {
+                let family = corvid_tasks::builtin_family(name)?;
+                if level == 0 || level > family.levels() {
+                    return Err(SftDataError::Empty(format!(
+                        "sft.levels.{name} has level {level}; {name} has levels 1..={}",
+                        family.levels()
+                    )));
+                }
+                pairs.push((family, level));
+            }
+        }
+        if pairs.is_empty() {
+            return Err(SftDataError::Empty(
+                "sft.levels names no (family, level)".into(),
+            ));
+        }
+        let sandbox = Sandbox::builder()
+            .search_tool(true)
+            .build()
+            .map_err(|e| SftDataError::Sandbox(e.to_string()))?;
+        Ok(Self {
+            env: TaskEnv::new(sandbox),
+            format: EpisodeFormat::default(),
+            pairs,
+            cfg: cfg.clone(),
+            dropped: DropCounts::default(),
+        })
+    }
+
+    /// Demonstrations left out so far.
+    pub fn dropped(&self) -> DropCounts {
+        self.dropped
+    }
+
+    /// The demonstration of `(pair, seed)` as an example, or `None` if its oracle fails.
+    fn example(&mut self, pair: usize, seed: u64) -> Result<Option<Example>, SftDataError> {
+        let (family, level) = &self.pairs[pair];
+        let task = family.instance(*level, seed)?;
+        let demo = oracle_steps(&self.format, &self.env, &task)?;
+        if !demo.verdict.passed() {
+            self.dropped.failed_oracle += 1;
+            tracing::warn!(task = %task.id, "oracle demonstration does not pass its checker; left out");
+            return Ok(None);
+        }
+        let (ids, mask) = demo.flatten();
+        Ok(Some(Example { ids, mask }))
+    }
+
+    /// The packed rows of SFT step `step` (rules 1 and 2).
+    pub fn step_rows(&mut self, step: u64) -> Result<Vec<PackedRow>, SftDataError> {
+        let seq_len = self.cfg.seq_len;
+        let rows = self.cfg.rows_per_step();
+        let budget = rows * seq_len;
+        let mut rng =
+            SplitMix64::derive(self.cfg.seed ^ step.wrapping_mul(0x9e37_79b9), "sft-step");
+        let (mut examples, mut tokens, mut draws) = (Vec::new(), 0usize, 0usize);
+        while tokens < budget {
+            draws += 1;
+            if draws > MAX_DRAWS_PER_ROW * rows {
+                break;
+            }
+            let pair = rng.below(self.pairs.len() as u64) as usize;
+            let seed = rng.below(self.cfg.heldout_seed_base.max(1));
+            let Some(e) = self.example(pair, seed)? else {
+                continue;
+            };
+            if e.ids.len() > seq_len {
+                self.dropped.too_long += 1;
+                continue;
+            }
+            tokens += e.ids.len();
+            examples.push(e);
+        }
+        if examples.is_empty() {
+            return Err(SftDataError::Empty(format!(
+                "no demonstration of {:?} fits sft.seq_len = {seq_len}",
+                self.cfg.levels
+            )));
+        }
+        let mut packed = pack(&examples, seq_len, Special::Pad.id())?.rows;
+        packed.truncate(rows);
+        Ok(packed)
+    }
+
+    /// The held-out rows (rule 3).
+    pub fn heldout_rows(&mut self) -> Result<Vec<PackedRow>, SftDataError> {
+        let mut examples = Vec::new();
+        for pair in 0..self.pairs.len() {
+            for i in 0..self.cfg.heldout_per_level as u64 {
+                if let Some(e) = self.example(pair, self.cfg.heldout_seed_base + i)? {
+                    if e.ids.len() <= self.cfg.seq_len {
+                        examples.push(e);
+                    }
+                }
+            }
+        }
+        Ok(pack(&examples, self.cfg.seq_len, Special::Pad.id())?.rows)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn cfg() -> SftConfig {
+        SftConfig {
+            levels: BTreeMap::from([("hops".to_string(), vec![1, 2])]),
+            batch_tokens: 2048,
+            seq_len: 512,
+            heldout_per_level: 2,
+            ..SftConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_step_is_a_pure_function_of_the_seed_and_the_step() {
+        let mut a = SftData::new(&cfg()).unwrap();
+        let mut b = SftData::new(&cfg()).unwrap();
+        let r7 = a.step_rows(7).unwrap();
+        assert!(!r7.is_empty() && r7.len() <= 4);
+        assert!(r7.iter().all(|r| r.len() == 512 && r.trained_tokens() > 0));
+        assert_eq!(b.step_rows(7).unwrap(), r7);
+        assert_ne!(a.step_rows(8).unwrap(), r7);
+    }
+
+    #[test]
+    fn heldout_rows_come_from_their_own_seeds() {
+        let mut d = SftData::new(&cfg()).unwrap();
+        let held = d.heldout_rows().unwrap();
+        assert!(!held.is_empty());
+        assert_eq!(d.dropped().failed_oracle, 0);
+    }
+}

@@ -1,0 +1,455 @@
+//! Kill and resume: a learner checkpointed and restored has the same step, curriculum,
+//! cursor, pending trajectories and weights, and its next update equals the one the
+//! original would have made; after a simulated SIGKILL (dropped without a checkpoint) the
+//! resumed learner loses no stored trajectory; and the whole process — gRPC, trainer
+//! thread, stop signal — writes a checkpoint on stop and continues from it.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corvid_learner::config::LearnerConfig;
+use corvid_learner::learner::{self, prepare, LearnerOptions, Shared, StopReason, Trainer};
+use corvid_learner::metrics::UpdateRecord;
+use corvid_learner::server::Assignment;
+use corvid_learner::store::{Begin, TrajectoryStore};
+use corvid_proto::client::{connect, trajectory_parts};
+use corvid_proto::{pb, Step, Termination, TrajectoryFooter, TrajectoryHeader};
+
+/// A learner small enough to update in well under a second on one core.
+fn config(dir: &Path) -> LearnerConfig {
+    let text = format!(
+        r#"
+run_name = "resume-test"
+run_dir = "{}"
+listen = "127.0.0.1:0"
+seed = 3
+threads = 1
+
+[model]
+preset = "tiny"
+[model.overrides]
+hidden_size = 32
+num_hidden_layers = 2
+num_attention_heads = 2
+kv_lora_rank = 16
+qk_nope_head_dim = 16
+qk_rope_head_dim = 8
+v_head_dim = 16
+intermediate_size = 64
+n_routed_experts = 4
+num_experts_per_tok = 2
+moe_intermediate_size = 16
+max_position_embeddings = 1024
+
+[tasks]
+families = ["hops"]
+max_levels = {{ hops = 3 }}
+
+[curriculum]
+window = 8
+min_samples = 4
+
+[rollout]
+max_open_groups = 8
+
+[rl]
+group_size = 2
+groups_per_update = 2
+staleness_bound = 100
+micro_batch_tokens = 512
+
+[schedule]
+sft = false
+checkpoint_every = 100
+poll_ms = 10
+
+[metrics]
+prometheus = ""
+"#,
+        dir.join("run").display()
+    );
+    LearnerConfig::from_toml(&text).unwrap()
+}
+
+/// SplitMix64, for trajectory contents that depend only on the id.
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// A trajectory for `a`: two turns of byte tokens (< 256, inside the vocabulary), the
+/// second half of each generated, reward and success a function of the id.
+fn episode(
+    a: &Assignment,
+    id: &str,
+    version: u64,
+) -> (TrajectoryHeader, Vec<Step>, TrajectoryFooter) {
+    let mut state = id.bytes().fold(0u64, |h, b| mix(h ^ u64::from(b)));
+    let mut steps = Vec::new();
+    for turn in 0..2u32 {
+        let (ctx, gen) = (12, 10);
+        let mut s = Step::context(turn, Vec::new());
+        s.loss_mask.clear();
+        s.logprobs.clear();
+        s.policy_versions.clear();
+        for i in 0..ctx + gen {
+            state = mix(state);
+            s.token_ids.push((state % 256) as u32);
+            let generated = i >= ctx;
+            s.loss_mask.push(generated);
+            s.logprobs.push(if generated { -5.5 } else { 0.0 });
+            s.policy_versions.push(if generated { version } else { 0 });
+        }
+        s.process_reward = if state % 2 == 0 { 0.1 } else { 0.0 };
+        steps.push(s);
+    }
+    let success = mix(state) % 2 == 0;
+    let header = TrajectoryHeader {
+        trajectory_id: id.to_owned(),
+        task: a.task.clone(),
+        actor_id: "test".into(),
+        policy_version: version,
+        sampling: a.sampling,
+        group_id: a.group_id.clone(),
+        started_unix_ms: 1,
+    };
+    let tokens: u64 = steps.iter().map(|s| s.token_ids.len() as u64).sum();
+    let footer = TrajectoryFooter {
+        outcome_reward: f32::from(u8::from(success)),
+        success,
+        termination: Termination::Answered,
+        step_count: steps.len() as u64,
+        token_count: tokens,
+        generated_token_count: 20,
+        wall_ms: 1,
+        finished_unix_ms: 2,
+    };
+    (header, steps, footer)
+}
+
+fn store_one(store: &Arc<TrajectoryStore>, a: &Assignment, id: &str, version: u64) {
+    let (h, steps, f) = episode(a, id, version);
+    let Begin::New(mut w) = store.begin(h).unwrap() else {
+        panic!("{id} stored twice")
+    };
+    for (seq, s) in steps.into_iter().enumerate() {
+        w.append(seq as u64, s).unwrap();
+    }
+    w.finish_blocking(f).unwrap();
+}
+
+/// Opens `groups` groups from the dispenser and stores all their episodes, as actors would.
+fn feed(shared: &Shared, groups: usize, version: u64, tag: &str) -> Vec<String> {
+    let d = &shared.control.dispenser;
+    let g = d.config().group_size as usize;
+    let assignments = d.next((groups * g) as u32).unwrap();
+    assert_eq!(assignments.len(), groups * g);
+    let mut ids = Vec::new();
+    for (i, a) in assignments.iter().enumerate() {
+        let id = format!("{tag}-{i}");
+        store_one(&shared.store, a, &id, version);
+        d.complete(&a.group_id);
+        ids.push(id);
+    }
+    ids
+}
+
+fn open(dir: &Path, resume: bool) -> (Trainer, Shared) {
+    open_with(config(dir), resume)
+}
+
+fn open_with(cfg: LearnerConfig, resume: bool) -> (Trainer, Shared) {
+    let p = prepare(cfg, resume).unwrap();
+    let shared = p.shared.clone();
+    let t = Trainer::new(p.cfg, p.paths, p.model_config, p.shared, p.restored).unwrap();
+    (t, shared)
+}
+
+fn metrics_steps(dir: &Path) -> Vec<u64> {
+    std::fs::read_to_string(dir.join("run/metrics/metrics.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<UpdateRecord>(l).unwrap().step)
+        .collect()
+}
+
+#[test]
+fn a_restored_learner_has_the_same_state_and_makes_the_same_next_update() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, shared) = open(dir.path(), false);
+    feed(&shared, 4, 1, "first");
+    a.poll().unwrap();
+    assert!(a.try_update().unwrap().is_some());
+    assert!(a.try_update().unwrap().is_some());
+    assert!(
+        a.try_update().unwrap().is_none(),
+        "only two updates' worth was fed"
+    );
+    // Two more groups, and one episode of a fifth that stays pending across the restart.
+    feed(&shared, 2, 3, "second");
+    let extra = shared.control.dispenser.next(1).unwrap();
+    store_one(&shared.store, &extra[0], "lonely", 3);
+    a.poll().unwrap();
+    let before = a.state();
+    assert_eq!(before.rl_step, 2);
+    assert_eq!(before.policy_version, 3);
+    assert_eq!(before.pending.len(), 5);
+    let weights = a.weights().unwrap();
+    let curriculum = a.curriculum_json();
+    a.checkpoint().unwrap();
+
+    // The original goes on for one update.
+    let next_a = a.try_update().unwrap().expect("a third update");
+    let weights_after_a = a.weights().unwrap();
+    assert_ne!(weights_after_a, weights, "the update changed the weights");
+    drop(a);
+    drop(shared);
+
+    // The restored learner starts where the checkpoint was taken ...
+    let (mut b, _shared) = open(dir.path(), true);
+    let after = b.state();
+    assert_eq!(after.rl_step, before.rl_step);
+    assert_eq!(after.policy_version, before.policy_version);
+    assert_eq!(after.read_cursor, before.read_cursor);
+    assert_eq!(after.pending, before.pending);
+    assert_eq!(after.rng, before.rng);
+    assert_eq!(after.dispenser, before.dispenser);
+    assert_eq!(after.spikes, before.spikes);
+    assert_eq!(b.curriculum_json(), curriculum);
+    assert!(b.weights().unwrap() == weights, "restored weights differ");
+    assert_eq!(
+        metrics_steps(dir.path()),
+        vec![1, 2],
+        "lines after the checkpoint are cut"
+    );
+
+    // ... and makes exactly the update the original made.
+    b.poll().unwrap();
+    let next_b = b
+        .try_update()
+        .unwrap()
+        .expect("the resumed learner trains on");
+    assert_eq!(next_b.step, 3);
+    assert_eq!(next_b.loss, next_a.loss);
+    assert!(
+        b.weights().unwrap() == weights_after_a,
+        "resumed update differs"
+    );
+    assert_eq!(metrics_steps(dir.path()), vec![1, 2, 3]);
+}
+
+#[test]
+fn after_a_kill_without_checkpoint_no_stored_trajectory_is_lost() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, shared) = open(dir.path(), false);
+    let mut all: BTreeSet<String> = feed(&shared, 2, 1, "a").into_iter().collect();
+    a.poll().unwrap();
+    assert!(a.try_update().unwrap().is_some());
+    a.checkpoint().unwrap();
+    let trained_before: BTreeSet<String> = all.clone();
+    // After the checkpoint: trained on but not checkpointed, read but pending, and stored
+    // but never read. Then the process dies.
+    all.extend(feed(&shared, 2, 2, "b"));
+    a.poll().unwrap();
+    assert!(a.try_update().unwrap().is_some());
+    all.extend(feed(&shared, 1, 3, "c"));
+    let extra = shared.control.dispenser.next(1).unwrap();
+    store_one(&shared.store, &extra[0], "d-0", 3);
+    all.insert("d-0".into());
+    drop(a); // SIGKILL: no checkpoint, nothing flushed by the trainer
+    drop(shared);
+
+    let (mut b, shared) = open(dir.path(), true);
+    assert_eq!(b.state().rl_step, 1);
+    b.poll().unwrap();
+    let pending: BTreeSet<String> = b.state().pending.into_iter().collect();
+    assert!(
+        pending.is_disjoint(&trained_before),
+        "nothing trained before the checkpoint is trained again"
+    );
+    let covered: BTreeSet<String> = pending.union(&trained_before).cloned().collect();
+    assert_eq!(
+        covered, all,
+        "every stored trajectory is trained or pending"
+    );
+    assert_eq!(shared.store.stats().unwrap().finished as usize, all.len());
+    // It trains on: the two groups of "b", then "c" with the new group's partner.
+    assert!(b.try_update().unwrap().is_some());
+    assert_eq!(b.state().rl_step, 2);
+}
+
+/// The test learner with a three-step SFT stage on hops level 1 demonstrations.
+fn sft_config(dir: &Path) -> LearnerConfig {
+    let mut cfg = config(dir);
+    cfg.schedule.sft = true;
+    cfg.sft.steps = 3;
+    cfg.sft.batch_tokens = 1024;
+    cfg.sft.seq_len = 512;
+    cfg.sft.micro_batch_tokens = 1024;
+    cfg.sft.levels = [("hops".to_string(), vec![1])].into();
+    cfg.sft.heldout_per_level = 2;
+    cfg.sft.eval_every = 2;
+    cfg.validate().unwrap();
+    cfg
+}
+
+#[test]
+fn sft_resumed_mid_stage_continues_exactly_then_hands_over_to_rl() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, _shared) = open_with(sft_config(dir.path()), false);
+    let mut run = a.sft_run().unwrap().expect("SFT is due");
+    assert!(a.sft_step(&mut run).unwrap());
+    assert!(a.sft_step(&mut run).unwrap());
+    let before = a.weights().unwrap();
+    a.checkpoint().unwrap();
+    assert!(a.sft_step(&mut run).unwrap());
+    let third = a.weights().unwrap();
+    assert_ne!(third, before);
+    drop(run);
+    drop(a);
+    drop(_shared);
+
+    let (mut b, shared) = open_with(sft_config(dir.path()), true);
+    assert_eq!(b.state().stage, corvid_learner::checkpoint::Stage::Sft);
+    assert_eq!(b.state().sft_step, 2);
+    assert!(b.weights().unwrap() == before);
+    let mut run = b.sft_run().unwrap().expect("SFT is still due");
+    assert!(b.sft_step(&mut run).unwrap());
+    assert!(
+        b.weights().unwrap() == third,
+        "the resumed SFT step differs"
+    );
+    assert!(
+        !b.sft_step(&mut run).unwrap(),
+        "three steps are the whole stage"
+    );
+    let lines: Vec<serde_json::Value> =
+        std::fs::read_to_string(dir.path().join("run/metrics/sft.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+    let steps: Vec<u64> = lines.iter().map(|l| l["step"].as_u64().unwrap()).collect();
+    assert_eq!(steps, vec![1, 2, 3]);
+    assert!(lines[1]["heldout_loss"].as_f64().unwrap() > 0.0);
+
+    b.finish_sft(&mut run).unwrap();
+    assert_eq!(b.state().stage, corvid_learner::checkpoint::Stage::Rl);
+    assert!(dir.path().join("run/ref/model.safetensors").exists());
+    assert!(b.try_update().unwrap().is_none(), "no trajectories yet");
+    assert_eq!(shared.control.policies.latest_version(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_learner_process_checkpoints_on_stop_and_resumes() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    // A listener on a known free port: bind :0, read the port, release it.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cfg = config(&root);
+    cfg.listen = format!("127.0.0.1:{port}");
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(learner::run(
+        cfg.clone(),
+        LearnerOptions { resume: false },
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // Wait for the server and the first policy version (the token file appears first).
+    let mut client = loop {
+        assert!(Instant::now() < deadline, "learner did not come up");
+        if let Ok(token) = std::fs::read_to_string(root.join("run/token")) {
+            if let Ok(mut c) = connect(&url, token.trim()).await {
+                if c.policy_info(pb::PolicyInfoRequest {}).await.is_ok() {
+                    break c;
+                }
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let reg = client
+        .register(pb::RegisterRequest {
+            actor_name: "t".into(),
+            hostname: "h".into(),
+            concurrency: 4,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(reg.policy_version, 1);
+    // Two updates' worth of groups, through NextTasks and SubmitTrajectory.
+    for round in 0..2 {
+        let got = client
+            .next_tasks(pb::NextTasksRequest {
+                actor_id: reg.actor_id.clone(),
+                max_tasks: 4,
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .assignments;
+        assert_eq!(got.len(), 4);
+        for (i, a) in got.into_iter().enumerate() {
+            let a = Assignment {
+                task: a.task.unwrap().try_into().unwrap(),
+                group_id: a.group_id,
+                group_size: a.group_size,
+                max_turns: a.max_turns,
+                context_budget: a.context_budget,
+                sampling: a.sampling.unwrap().try_into().unwrap(),
+            };
+            let (h, steps, f) = episode(&a, &format!("r{round}-{i}"), 1 + round);
+            client
+                .submit_trajectory(trajectory_parts(h, steps, f))
+                .await
+                .unwrap();
+        }
+        // Wait for the update to be published.
+        loop {
+            assert!(Instant::now() < deadline, "no update after round {round}");
+            let v = client
+                .policy_info(pb::PolicyInfoRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .version;
+            if v == 2 + round {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    stop.send(()).unwrap();
+    let summary = run.await.unwrap().unwrap();
+    assert_eq!(summary.stopped_by, StopReason::Signal);
+    assert_eq!((summary.rl_step, summary.policy_version), (2, 3));
+    let ck = summary.checkpoint.expect("a checkpoint on stop");
+    assert!(ck.join("state.json").exists());
+    assert!(root.join("run/ref/model.safetensors").exists());
+
+    // A fresh start over the run is refused; --resume continues it to an update budget.
+    let err = prepare(cfg.clone(), false).unwrap_err().to_string();
+    assert!(err.contains("--resume"), "{err}");
+    cfg.schedule.max_updates = 2;
+    let summary = learner::run(cfg, LearnerOptions { resume: true }, std::future::pending())
+        .await
+        .unwrap();
+    assert_eq!(summary.stopped_by, StopReason::MaxUpdates);
+    assert_eq!((summary.rl_step, summary.policy_version), (2, 3));
+}
