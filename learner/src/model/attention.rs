@@ -180,13 +180,16 @@ impl Mla {
     }
 
     /// Training path: causal attention over the whole sequence. `latent` covers the same
-    /// tokens as `x` (its own or the CLA owner's).
+    /// tokens as `x` (its own or the CLA owner's). `mask_b1tt` (bool, `true` = may attend)
+    /// replaces the causal mask, e.g. block-diagonal causal for packed documents; `None` is
+    /// plain causal attention.
     pub fn forward_full(
         &self,
         x_btd: &Tensor,
         latent: &Latent,
         pos_bt: &Tensor,
         rope: &Rope,
+        mask_b1tt: Option<&Tensor>,
     ) -> Tensor {
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
         let (h, n, r, v) = (self.n_heads, self.nope, self.rope, self.v);
@@ -216,9 +219,9 @@ impl Mla {
             &q_bhtk,
             &k_bhtk,
             &v_pad_bhtk,
-            None::<Tensor>,
+            mask_b1tt,
             0.0,
-            true,
+            mask_b1tt.is_none(),
             scale,
             false,
         );

@@ -184,6 +184,19 @@ impl MoePolicy {
     }
 
     fn check_tokens(&self, tokens_bt: &Tensor, offset: i64) -> Result<(i64, i64), ModelError> {
+        let (b, t) = self.check_ids(tokens_bt)?;
+        if offset + t > self.cfg.max_position_embeddings {
+            return Err(ModelError::Input(format!(
+                "position {} exceeds max_position_embeddings {}",
+                offset + t,
+                self.cfg.max_position_embeddings
+            )));
+        }
+        Ok((b, t))
+    }
+
+    /// Checks shape `[B, T]`, dtype int64 and the id range.
+    fn check_ids(&self, tokens_bt: &Tensor) -> Result<(i64, i64), ModelError> {
         let (b, t) = tokens_bt.size2().map_err(|_| {
             ModelError::Input(format!("tokens must be [B, T], got {:?}", tokens_bt.size()))
         })?;
@@ -202,13 +215,6 @@ impl MoePolicy {
                     self.cfg.vocab_size
                 )));
             }
-        }
-        if offset + t > self.cfg.max_position_embeddings {
-            return Err(ModelError::Input(format!(
-                "position {} exceeds max_position_embeddings {}",
-                offset + t,
-                self.cfg.max_position_embeddings
-            )));
         }
         Ok((b, t))
     }
@@ -235,6 +241,60 @@ impl MoePolicy {
         let pos_bt = Tensor::arange(t, (Kind::Int64, self.device))
             .unsqueeze(0)
             .expand([b, t], false);
+        self.forward_inner(tokens_bt, &pos_bt, None, train)
+    }
+
+    /// Training (or scoring) forward over packed rows: each row holds several documents, told
+    /// apart by `doc_ids [B, T]` (int64; any value, equal within a document, e.g. `-1` for
+    /// padding). `positions [B, T]` (int64) are the RoPE positions, restarting at 0 in each
+    /// document. Attention is causal within a document and never crosses documents (a
+    /// block-diagonal causal mask), so every document's logits equal those of running it
+    /// alone.
+    pub fn forward_packed(
+        &self,
+        tokens_bt: &Tensor,
+        positions_bt: &Tensor,
+        doc_ids_bt: &Tensor,
+        train: bool,
+    ) -> Result<ForwardOutput, ModelError> {
+        let (b, t) = self.check_ids(tokens_bt)?;
+        for (name, x) in [("positions", positions_bt), ("doc_ids", doc_ids_bt)] {
+            if x.size() != [b, t] || x.kind() != Kind::Int64 {
+                return Err(ModelError::Input(format!(
+                    "{name} must be int64 [{b}, {t}] like tokens, got {:?} {:?}",
+                    x.kind(),
+                    x.size()
+                )));
+            }
+        }
+        if b * t > 0 {
+            let lo = positions_bt.f_min()?.int64_value(&[]);
+            let hi = positions_bt.f_max()?.int64_value(&[]);
+            if lo < 0 || hi >= self.cfg.max_position_embeddings {
+                return Err(ModelError::Input(format!(
+                    "positions span {lo}..={hi}, outside 0..{}",
+                    self.cfg.max_position_embeddings
+                )));
+            }
+        }
+        let positions_bt = positions_bt.to_device(self.device);
+        let doc_bt = doc_ids_bt.to_device(self.device);
+        // mask[b, 0, i, j] = (doc[b, i] == doc[b, j]) && j <= i
+        let same_btt = doc_bt.unsqueeze(2).eq_tensor(&doc_bt.unsqueeze(1));
+        let causal_tt = Tensor::ones([t, t], (Kind::Bool, self.device)).tril(0);
+        let mask_b1tt = same_btt.logical_and(&causal_tt).unsqueeze(1);
+        self.forward_inner(tokens_bt, &positions_bt, Some(&mask_b1tt), train)
+    }
+
+    /// The shared body of [`MoePolicy::forward`] and [`MoePolicy::forward_packed`].
+    fn forward_inner(
+        &self,
+        tokens_bt: &Tensor,
+        pos_bt: &Tensor,
+        mask_b1tt: Option<&Tensor>,
+        train: bool,
+    ) -> Result<ForwardOutput, ModelError> {
+        let (b, t) = tokens_bt.size2()?;
         let mut x = self.embed(tokens_bt, b, t);
         let mut state = CrossLayerState::new();
         let mut latent: Option<Latent> = None;
@@ -242,11 +302,13 @@ impl MoePolicy {
         let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
         for (i, blk) in self.blocks.iter().enumerate() {
             let h = blk.attn_norm.forward(&x);
-            if let Some(own) = blk.attn.latent(&h, &pos_bt, &self.rope) {
+            if let Some(own) = blk.attn.latent(&h, pos_bt, &self.rope) {
                 latent = Some(own);
             }
             let lat = latent.as_ref().expect("layer 0 always owns a latent");
-            let a = blk.attn.forward_full(&h, lat, &pos_bt, &self.rope);
+            let a = blk
+                .attn
+                .forward_full(&h, lat, pos_bt, &self.rope, mask_b1tt);
             let mixed = match &blk.cross {
                 Some(c) => c.forward(&state, &a),
                 None => a.shallow_clone(),

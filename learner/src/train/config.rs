@@ -1,0 +1,399 @@
+//! Trainer configuration: the optimizer, the SFT stage and the RL stage.
+//!
+//! Every struct is `#[serde(default, deny_unknown_fields)]`: a TOML table may set any subset
+//! of fields, a misspelt field is an error, and each field's doc comment gives its default.
+//! [`OptimConfig::validate`], [`SftConfig::validate`] and [`RlConfig::validate`] name the
+//! bad field and value.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::TrainError;
+
+fn bad(field: &'static str, value: impl ToString, why: &'static str) -> TrainError {
+    TrainError::Config {
+        field,
+        value: value.to_string(),
+        why,
+    }
+}
+
+/// AdamW with linear warm-up, cosine decay to a floor, and global-norm gradient clipping.
+///
+/// Defaults are those of the 2-core feasibility probe (`research/learning_feasibility.md`):
+/// lr 1e-3, betas (0.9, 0.98), weight decay 0.01, 100 warm-up steps, decay to 0.1×, clip 1.0.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimConfig {
+    /// Peak learning rate, reached at the end of warm-up. Default `1e-3`.
+    pub lr: f64,
+    /// Adam `(β1, β2)`: decay rates of the first and second moment. Default `[0.9, 0.98]`.
+    pub betas: [f64; 2],
+    /// Adam `ε` added to `sqrt(v̂)`. Default `1e-8`.
+    pub eps: f64,
+    /// Decoupled weight decay `λ` (AdamW: `θ ← θ − lr·λ·θ`), applied to matrices only
+    /// (tensors with 2 or more dimensions); norms, biases and router biases are not decayed.
+    /// Default `0.01`.
+    pub weight_decay: f64,
+    /// Steps of linear warm-up from `lr / warmup_steps` to `lr`. Default `100`.
+    pub warmup_steps: u64,
+    /// Step at which the cosine decay reaches its floor; the rate stays at the floor after.
+    /// Default `1000`.
+    pub total_steps: u64,
+    /// The floor of the cosine decay as a fraction of `lr`. Default `0.1`.
+    pub min_lr_ratio: f64,
+    /// Largest global L2 norm of the gradient; larger gradients are scaled down to it.
+    /// `0` turns clipping off (the norm is still measured). Default `1.0`.
+    pub grad_clip: f64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self {
+            lr: 1e-3,
+            betas: [0.9, 0.98],
+            eps: 1e-8,
+            weight_decay: 0.01,
+            warmup_steps: 100,
+            total_steps: 1000,
+            min_lr_ratio: 0.1,
+            grad_clip: 1.0,
+        }
+    }
+}
+
+impl OptimConfig {
+    /// Checks ranges; names the first bad field.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if !(self.lr.is_finite() && self.lr >= 0.0) {
+            return Err(bad("lr", self.lr, "must be a finite value >= 0"));
+        }
+        for (i, b) in self.betas.iter().enumerate() {
+            if !(0.0..1.0).contains(b) {
+                return Err(bad(
+                    if i == 0 { "betas[0]" } else { "betas[1]" },
+                    b,
+                    "must be in [0, 1)",
+                ));
+            }
+        }
+        if !(self.eps.is_finite() && self.eps > 0.0) {
+            return Err(bad("eps", self.eps, "must be a finite value > 0"));
+        }
+        if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
+            return Err(bad(
+                "weight_decay",
+                self.weight_decay,
+                "must be a finite value >= 0",
+            ));
+        }
+        if !(0.0..=1.0).contains(&self.min_lr_ratio) {
+            return Err(bad("min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]"));
+        }
+        if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
+            return Err(bad(
+                "grad_clip",
+                self.grad_clip,
+                "must be a finite value >= 0 (0 = off)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Supervised fine-tuning on oracle demonstrations (and imported transcripts).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SftConfig {
+    /// Optimizer steps to run. `0` means "until `token_budget`". Default `600`.
+    pub steps: u64,
+    /// Stop once this many trained-on (masked-in) tokens have been seen; `0` = no budget, stop
+    /// at `steps`. When both are set the first reached wins. Default `0`.
+    pub token_budget: u64,
+    /// Tokens per optimizer step (rows × `seq_len`, padding included). Default `8192`.
+    pub batch_tokens: usize,
+    /// Length of a packed row; examples longer than this are dropped and counted.
+    /// Default `512`.
+    pub seq_len: usize,
+    /// Tokens per forward/backward; a step's rows are run in micro-batches of at most this
+    /// many tokens and the gradients accumulated, bounding memory. Default `8192`.
+    pub micro_batch_tokens: usize,
+    /// Task levels to draw demonstrations from, per family, e.g. `{ hops = [1, 2] }`.
+    /// Default `{ hops = [1, 2] }`.
+    pub levels: BTreeMap<String, Vec<u32>>,
+    /// Seed of the training example stream (instance seeds are drawn from it). Default `0`.
+    pub seed: u64,
+    /// Held-out examples per (family, level) for the held-out loss. Default `32`.
+    pub heldout_per_level: usize,
+    /// First instance seed of the held-out set; training seeds are kept below it so the two
+    /// never overlap. Default `1 << 40`.
+    pub heldout_seed_base: u64,
+    /// Steps between held-out evaluations (`0` = only at the end). Default `100`.
+    pub eval_every: u64,
+    /// Optimizer settings.
+    pub optim: OptimConfig,
+}
+
+impl Default for SftConfig {
+    fn default() -> Self {
+        Self {
+            steps: 600,
+            token_budget: 0,
+            batch_tokens: 8192,
+            seq_len: 512,
+            micro_batch_tokens: 8192,
+            levels: BTreeMap::from([("hops".to_string(), vec![1, 2])]),
+            seed: 0,
+            heldout_per_level: 32,
+            heldout_seed_base: 1 << 40,
+            eval_every: 100,
+            optim: OptimConfig::default(),
+        }
+    }
+}
+
+impl SftConfig {
+    /// Checks ranges; names the first bad field.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if self.steps == 0 && self.token_budget == 0 {
+            return Err(bad(
+                "steps",
+                0,
+                "steps and token_budget cannot both be 0 (no stopping rule)",
+            ));
+        }
+        if self.seq_len == 0 {
+            return Err(bad("seq_len", 0, "must be > 0"));
+        }
+        if self.batch_tokens < self.seq_len {
+            return Err(bad(
+                "batch_tokens",
+                self.batch_tokens,
+                "must be at least seq_len (one row)",
+            ));
+        }
+        if self.micro_batch_tokens < self.seq_len {
+            return Err(bad(
+                "micro_batch_tokens",
+                self.micro_batch_tokens,
+                "must be at least seq_len (one row)",
+            ));
+        }
+        if self.levels.values().any(|l| l.contains(&0)) {
+            return Err(bad(
+                "levels",
+                format!("{:?}", self.levels),
+                "levels start at 1",
+            ));
+        }
+        self.optim.validate()
+    }
+
+    /// Packed rows per optimizer step: `batch_tokens / seq_len`.
+    pub fn rows_per_step(&self) -> usize {
+        (self.batch_tokens / self.seq_len.max(1)).max(1)
+    }
+}
+
+/// How RL advantages are computed (see `corvid_rewards`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AdvantageMode {
+    /// Step-level, critic-free: each turn's discounted return-to-go (process rewards after it
+    /// plus the outcome) baselined within the group by turn index; every generated token of
+    /// turn `t` carries `A_t` (`corvid_rewards::step_advantages`).
+    Step,
+    /// Trajectory-level GRPO: `A_i = (R_i − mean) / (std + eps)` with
+    /// `R_i = outcome + process_weight · Σ_t p_t`, shared by all tokens of the episode.
+    Grpo,
+    /// Trajectory-level Dr.GRPO: `A_i = R_i − mean` (no std scaling).
+    DrGrpo,
+    /// Trajectory-level RLOO: `A_i = R_i − mean of the others`.
+    Rloo,
+}
+
+/// Asynchronous policy optimisation from stored trajectories.
+///
+/// The loss (see `train::loss`, each term a named function):
+/// `L = L_pg − entropy_coef·H + kl_coef·KL_k3 + aux_loss_scale·L_balance`, with the
+/// decoupled-PPO surrogate `L_pg = −w · min(r·A, clip(r, 1−clip_low, 1+clip_high)·A)`,
+/// `r = π_θ/π_prox`, `w = min(π_prox/μ, tis_cap)`, averaged over generated tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RlConfig {
+    /// `step` (turn-level credit, the default) or the trajectory-level baselines `grpo`,
+    /// `dr_grpo`, `rloo` for comparison. Default `step`.
+    pub advantage: AdvantageMode,
+    /// Per-turn discount `γ` of the step-level returns. Default `1.0`.
+    pub gamma: f64,
+    /// Weight of process rewards: step level scales each `p_t` by it; trajectory level uses
+    /// `R = outcome + process_weight · Σ p_t`. `0` = outcome only. Default `1.0`.
+    pub process_weight: f64,
+    /// Divide step-level advantages by the bucket's std (+`adv_eps`). Default `true`.
+    pub normalize_step_advantages: bool,
+    /// `eps` added to the std in GRPO and normalised step advantages. Default `1e-6`.
+    pub adv_eps: f64,
+    /// Lower clip `ε_low`: the ratio is clipped at `1 − clip_low`. Default `0.2`.
+    pub clip_low: f64,
+    /// Upper clip `ε_high` (clip-higher, DAPO): the ratio is clipped at `1 + clip_high`;
+    /// larger than `clip_low` so low-probability tokens with positive advantage can still
+    /// grow (keeps entropy from collapsing). Default `0.28`.
+    pub clip_high: f64,
+    /// Cap of the truncated importance weight `w = min(π_prox/μ, tis_cap)` that corrects for
+    /// the behaviour policy `μ` being older than the learner. Must be `>= 1`. Default `2.0`.
+    pub tis_cap: f64,
+    /// Largest lag in policy versions (`current − header.policy_version`) a trajectory may
+    /// have and still be trained on; older ones are skipped and counted. Default `4`.
+    pub staleness_bound: u64,
+    /// Weight of the KL penalty to the frozen reference (SFT) policy, k3 estimator
+    /// `KL ≈ exp(logp_ref − logp) − (logp_ref − logp) − 1`. `0` turns it off and skips the
+    /// reference forward. Default `0.0`.
+    pub kl_coef: f64,
+    /// Weight of the entropy bonus (`−entropy_coef · H` in the loss, `H` the full-vocabulary
+    /// entropy of the policy at generated tokens). Default `0.0`.
+    pub entropy_coef: f64,
+    /// Multiplier on the model's own balance loss (Switch aux loss and router z-loss, already
+    /// weighted by `aux_loss_coef` / `router_z_loss_coef` of the model config). Default `1.0`.
+    pub aux_loss_scale: f64,
+    /// Update the routers' balance bias (aux-free / quantile modes) after every optimizer
+    /// step from the step's routing statistics. Default `true`.
+    pub update_balance_bias: bool,
+    /// Drop groups whose advantages are all zero (every scored member had the same return):
+    /// they carry no policy gradient and would only dilute the token mean (DAPO's dynamic
+    /// sampling filter, without re-sampling). Counted in the update statistics.
+    /// Default `true`.
+    pub drop_uninformative_groups: bool,
+    /// Groups (task instances) per policy update. Default `8`.
+    pub groups_per_update: usize,
+    /// Episodes per group (G), requested from actors per task instance. Default `8`.
+    pub group_size: usize,
+    /// Optimizer steps per update: the update's trajectories are split into this many
+    /// minibatches. With more than one, `π_prox` (the policy at the start of the update) is
+    /// recomputed in a gradient-free pass and the PPO clip becomes active. Default `1`.
+    pub minibatches: usize,
+    /// Tokens per forward/backward (rows padded to the longest in the micro-batch); bounds
+    /// memory on long trajectories. Default `4096`.
+    pub micro_batch_tokens: usize,
+    /// Synchronous mode: actors wait for each new policy version before rolling out again
+    /// (on-policy; for comparison). Asynchronous by default. Default `false`.
+    pub sync: bool,
+    /// Optimizer settings. Default: [`OptimConfig::default`] with `lr = 2e-4`,
+    /// `warmup_steps = 10`.
+    pub optim: OptimConfig,
+}
+
+impl Default for RlConfig {
+    fn default() -> Self {
+        Self {
+            advantage: AdvantageMode::Step,
+            gamma: 1.0,
+            process_weight: 1.0,
+            normalize_step_advantages: true,
+            adv_eps: 1e-6,
+            clip_low: 0.2,
+            clip_high: 0.28,
+            tis_cap: 2.0,
+            staleness_bound: 4,
+            kl_coef: 0.0,
+            entropy_coef: 0.0,
+            aux_loss_scale: 1.0,
+            update_balance_bias: true,
+            drop_uninformative_groups: true,
+            groups_per_update: 8,
+            group_size: 8,
+            minibatches: 1,
+            micro_batch_tokens: 4096,
+            sync: false,
+            optim: OptimConfig {
+                lr: 2e-4,
+                warmup_steps: 10,
+                ..OptimConfig::default()
+            },
+        }
+    }
+}
+
+impl RlConfig {
+    /// Checks ranges; names the first bad field.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if !(self.gamma.is_finite() && (0.0..=1.0).contains(&self.gamma)) {
+            return Err(bad("gamma", self.gamma, "must be in [0, 1]"));
+        }
+        if !self.process_weight.is_finite() {
+            return Err(bad("process_weight", self.process_weight, "must be finite"));
+        }
+        if !(self.adv_eps.is_finite() && self.adv_eps >= 0.0) {
+            return Err(bad("adv_eps", self.adv_eps, "must be a finite value >= 0"));
+        }
+        if !((0.0..1.0).contains(&self.clip_low)) {
+            return Err(bad("clip_low", self.clip_low, "must be in [0, 1)"));
+        }
+        if !(self.clip_high.is_finite() && self.clip_high >= 0.0) {
+            return Err(bad(
+                "clip_high",
+                self.clip_high,
+                "must be a finite value >= 0",
+            ));
+        }
+        if self.tis_cap.is_nan() || self.tis_cap < 1.0 {
+            return Err(bad("tis_cap", self.tis_cap, "must be >= 1 (inf = no cap)"));
+        }
+        for (field, v) in [
+            ("kl_coef", self.kl_coef),
+            ("entropy_coef", self.entropy_coef),
+            ("aux_loss_scale", self.aux_loss_scale),
+        ] {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(bad(field, v, "must be a finite value >= 0"));
+            }
+        }
+        if self.groups_per_update == 0 {
+            return Err(bad("groups_per_update", 0, "must be > 0"));
+        }
+        if self.group_size == 0 {
+            return Err(bad("group_size", 0, "must be > 0"));
+        }
+        if self.minibatches == 0 {
+            return Err(bad("minibatches", 0, "must be > 0"));
+        }
+        if self.micro_batch_tokens == 0 {
+            return Err(bad("micro_batch_tokens", 0, "must be > 0"));
+        }
+        self.optim.validate()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn partial_toml_takes_defaults_and_unknown_fields_are_rejected() {
+        let rl: RlConfig = toml::from_str("clip_high = 0.3\n[optim]\nlr = 1e-4\n").unwrap();
+        assert_eq!(rl.clip_high, 0.3);
+        assert_eq!(rl.clip_low, 0.2);
+        assert_eq!(rl.optim.lr, 1e-4);
+        assert_eq!(rl.optim.warmup_steps, 100); // a table given in TOML takes struct defaults
+        assert!(toml::from_str::<RlConfig>("clip_hihg = 0.3").is_err());
+        let sft: SftConfig = toml::from_str("seq_len = 256\n[levels]\nhops = [1, 2, 3]\n").unwrap();
+        assert_eq!(sft.levels["hops"], vec![1, 2, 3]);
+        assert!(sft.validate().is_ok());
+        let adv: RlConfig = toml::from_str("advantage = \"grpo\"").unwrap();
+        assert_eq!(adv.advantage, AdvantageMode::Grpo);
+    }
+
+    #[test]
+    fn validate_names_the_field() {
+        let cfg = RlConfig {
+            tis_cap: 0.5,
+            ..RlConfig::default()
+        };
+        match cfg.validate() {
+            Err(TrainError::Config { field, .. }) => assert_eq!(field, "tis_cap"),
+            other => panic!("expected a config error, got {other:?}"),
+        }
+        assert!(RlConfig::default().validate().is_ok());
+        assert!(SftConfig::default().validate().is_ok());
+    }
+}

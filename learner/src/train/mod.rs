@@ -1,0 +1,73 @@
+//! The trainers: a hand-written AdamW whose state can be saved and restored exactly, SFT with
+//! sequence packing, and asynchronous policy optimisation with step-level credit.
+//!
+//! # Public API
+//!
+//! - [`config`]: [`OptimConfig`], [`SftConfig`], [`RlConfig`] (serde, documented defaults).
+//! - [`optim::AdamW`]: `new(&VarStore, OptimConfig)`, `step() -> OptimStepStats` (global-norm
+//!   clip, scheduled LR, zeroes gradients), `zero_grad()`, `step_count()`, `current_lr()`,
+//!   `state_tensors() -> Vec<(String, Tensor)>`, `load_state(&[(String, Tensor)])`,
+//!   `save(path)` / `load(path)`; [`optim::lr_at`] is the schedule.
+//! - [`pack`]: [`pack::PackedRow`] (tokens, positions restarting per document, document
+//!   ids, next-token targets, loss mask), [`pack::first_fit_decreasing`],
+//!   [`pack::PackedBatch`] (rows as `[B, T]` tensors).
+//! - [`sft`]: [`sft::Example`] `{ ids, mask }`, [`sft::pack`]`(examples, seq_len, pad_id) ->
+//!   Packing { rows, too_long }`, [`sft::SftTrainer`]`::{new(vs, model, cfg), step(&rows) ->
+//!   SftStepStats, eval_loss(&rows) -> f64, done(), into_parts()}`.
+//! - [`batch`]: [`batch::TrainingTrajectory`] `{ header, footer, steps }`,
+//!   [`batch::Group`] (= `Vec<TrainingTrajectory>`), [`batch::group_by_id`],
+//!   [`batch::select`] (staleness, unscored terminations, uninformative groups; advantages),
+//!   [`batch::turn_advantages`], [`batch::tokens_from_turns`].
+//! - [`loss`]: each RL loss term as its own function, formulas in the module doc.
+//! - [`rl`]: [`rl::RlTrainer`]`::{new(vs, model, reference, cfg), update(&groups,
+//!   current_version) -> UpdateStats}`.
+//!
+//! Trainers own their `VarStore`, policy and optimizer; `var_store()`, `model()`,
+//! `optimizer()` / `optimizer_mut()` give the run checkpoint and the weight server access,
+//! and `into_parts()` hands the policy from SFT to RL.
+
+pub mod batch;
+pub mod config;
+pub mod loss;
+pub mod optim;
+pub mod pack;
+pub mod rl;
+pub mod sft;
+
+pub use batch::{Group, TrainingTrajectory};
+pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig};
+pub use optim::{lr_at, AdamW, OptimStepStats};
+pub use rl::{RlTrainer, UpdateStats};
+pub use sft::{Example, SftStepStats, SftTrainer};
+
+use crate::model::ModelError;
+
+/// Everything that can go wrong configuring or running a trainer.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    /// A config field has a bad value.
+    #[error("invalid trainer config: {field} = {value}: {why}")]
+    Config {
+        /// The field.
+        field: &'static str,
+        /// Its value.
+        value: String,
+        /// The rule it breaks.
+        why: &'static str,
+    },
+    /// Training data that cannot be used (misaligned arrays, empty batch, too long).
+    #[error("training data: {0}")]
+    Data(String),
+    /// Optimizer state that does not match the model (restore).
+    #[error("optimizer state: {0}")]
+    OptimState(String),
+    /// The model rejected its input or failed.
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    /// An advantage or weight computation rejected its input.
+    #[error("advantages: {0}")]
+    Rewards(#[from] corvid_rewards::RewardsError),
+    /// libtorch reported an error.
+    #[error("libtorch: {0}")]
+    Torch(#[from] tch::TchError),
+}

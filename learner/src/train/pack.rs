@@ -1,0 +1,212 @@
+//! Sequence packing: several documents per row, each with its own positions (restarting at 0)
+//! and document id, so that [`MoePolicy::forward_packed`](crate::model::MoePolicy::forward_packed)
+//! keeps attention inside each document.
+//!
+//! Layout of a row of length `T` holding documents `d_0, d_1, …` then padding:
+//!
+//! ```text
+//! tokens     d0[0] d0[1] … d0[n0−1] d1[0] … | pad …
+//! positions  0     1       n0−1     0       | 0 …
+//! doc_ids    0     0       0        1       | −1 …
+//! targets    d0[1] d0[2] … pad      d1[1] … | pad …      (next token of the same document)
+//! loss_mask  m0[1] m0[2] … false    m1[1] … | false …    (is that next token trained on)
+//! ```
+//!
+//! Shape legend: `b` rows, `t` row length, `n` trained-on tokens.
+
+use tch::{Device, Kind, Tensor};
+
+use super::TrainError;
+
+/// One packed row; all vectors have the row length.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PackedRow {
+    /// Input token ids (`pad_id` after the last document).
+    pub tokens: Vec<i64>,
+    /// Position of each token within its document.
+    pub positions: Vec<i64>,
+    /// Index of the document within the row; `-1` for padding.
+    pub doc_ids: Vec<i64>,
+    /// The next token of the same document (`pad_id` at a document's last token).
+    pub targets: Vec<i64>,
+    /// Whether `targets[i]` is trained on.
+    pub loss_mask: Vec<bool>,
+}
+
+impl PackedRow {
+    /// An empty (all padding) row of length `len`.
+    pub fn empty(len: usize, pad_id: u32) -> Self {
+        Self {
+            tokens: vec![pad_id as i64; len],
+            positions: vec![0; len],
+            doc_ids: vec![-1; len],
+            targets: vec![pad_id as i64; len],
+            loss_mask: vec![false; len],
+        }
+    }
+
+    /// The row length.
+    pub fn len(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// Whether the row has length 0.
+    pub fn is_empty(&self) -> bool {
+        self.tokens.is_empty()
+    }
+
+    /// Trained-on tokens in the row.
+    pub fn trained_tokens(&self) -> usize {
+        self.loss_mask.iter().filter(|m| **m).count()
+    }
+
+    /// Writes document `doc` (`ids`, `mask[i]` = token `i` is trained on) at `offset`.
+    /// Token 0 of a document is never a target (nothing precedes it).
+    pub(crate) fn put(&mut self, offset: usize, doc: i64, ids: &[u32], mask: &[bool]) {
+        let n = ids.len();
+        for i in 0..n {
+            let at = offset + i;
+            self.tokens[at] = ids[i] as i64;
+            self.positions[at] = i as i64;
+            self.doc_ids[at] = doc;
+            if i + 1 < n {
+                self.targets[at] = ids[i + 1] as i64;
+                self.loss_mask[at] = mask[i + 1];
+            }
+        }
+    }
+}
+
+/// First-fit decreasing bin packing of `lengths` into bins of `capacity`: returns, per bin,
+/// the indices it holds (in the order placed). Lengths above `capacity` are left out and
+/// returned second. Deterministic: ties keep input order.
+pub fn first_fit_decreasing(lengths: &[usize], capacity: usize) -> (Vec<Vec<usize>>, Vec<usize>) {
+    let mut order: Vec<usize> = (0..lengths.len()).collect();
+    order.sort_by(|&a, &b| lengths[b].cmp(&lengths[a]).then(a.cmp(&b)));
+    let mut bins: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut too_long = Vec::new();
+    for i in order {
+        let len = lengths[i];
+        if len > capacity {
+            too_long.push(i);
+            continue;
+        }
+        match bins.iter_mut().find(|(used, _)| used + len <= capacity) {
+            Some((used, items)) => {
+                *used += len;
+                items.push(i);
+            }
+            None => bins.push((len, vec![i])),
+        }
+    }
+    too_long.sort_unstable();
+    (bins.into_iter().map(|(_, items)| items).collect(), too_long)
+}
+
+/// A micro-batch of packed rows as tensors `[B, T]` on one device.
+#[derive(Debug)]
+pub struct PackedBatch {
+    /// Input ids, int64 `[B, T]`.
+    pub tokens_bt: Tensor,
+    /// Positions, int64 `[B, T]`.
+    pub positions_bt: Tensor,
+    /// Document ids, int64 `[B, T]`.
+    pub doc_ids_bt: Tensor,
+    /// Flat indices (into `B·T`) of the trained-on positions, int64 `[N]`.
+    pub idx_n: Tensor,
+    /// Targets at those positions, int64 `[N]`.
+    pub targets_n: Tensor,
+    /// `N`.
+    pub n_trained: usize,
+}
+
+impl PackedBatch {
+    /// Stacks rows of equal length into tensors (one copy per field).
+    pub fn new(rows: &[&PackedRow], device: Device) -> Result<Self, TrainError> {
+        let t = rows.first().map_or(0, |r| r.len());
+        if rows.is_empty() || t == 0 {
+            return Err(TrainError::Data("empty micro-batch".into()));
+        }
+        if let Some(bad) = rows.iter().find(|r| r.len() != t) {
+            return Err(TrainError::Data(format!(
+                "rows of one batch must have equal length: {t} and {}",
+                bad.len()
+            )));
+        }
+        let b = rows.len();
+        let flat = |f: fn(&PackedRow) -> &Vec<i64>| -> Tensor {
+            let v: Vec<i64> = rows.iter().flat_map(|r| f(r).iter().copied()).collect();
+            Tensor::from_slice(&v)
+                .view([b as i64, t as i64])
+                .to_device(device)
+        };
+        let mut idx = Vec::new();
+        let mut targets = Vec::new();
+        for (ri, r) in rows.iter().enumerate() {
+            for (i, &m) in r.loss_mask.iter().enumerate() {
+                if m {
+                    idx.push((ri * t + i) as i64);
+                    targets.push(r.targets[i]);
+                }
+            }
+        }
+        Ok(Self {
+            tokens_bt: flat(|r| &r.tokens),
+            positions_bt: flat(|r| &r.positions),
+            doc_ids_bt: flat(|r| &r.doc_ids),
+            n_trained: idx.len(),
+            idx_n: Tensor::from_slice(&idx).to_device(device),
+            targets_n: Tensor::from_slice(&targets).to_device(device),
+        })
+    }
+
+    /// Picks the trained-on rows of `logits [B, T, V]`: `[N, V]`.
+    pub fn select(&self, logits_btv: &Tensor) -> Tensor {
+        let v = logits_btv.size().last().copied().unwrap_or(0);
+        logits_btv.view([-1, v]).index_select(0, &self.idx_n)
+    }
+}
+
+/// `[N]` values of a per-token field of `rows` at the trained-on positions, as float32.
+pub(crate) fn gather_trained(rows: &[&PackedRow], field: impl Fn(usize, usize) -> f32) -> Tensor {
+    let mut out = Vec::new();
+    for (ri, r) in rows.iter().enumerate() {
+        for (i, &m) in r.loss_mask.iter().enumerate() {
+            if m {
+                out.push(field(ri, i));
+            }
+        }
+    }
+    Tensor::from_slice(&out).to_kind(Kind::Float)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ffd_fills_bins_and_sets_aside_the_too_long() {
+        let (bins, long) = first_fit_decreasing(&[3, 7, 2, 9, 5, 4], 8);
+        assert_eq!(long, vec![3]);
+        // 7 | 5+3 | 4+2 ; every bin within capacity, every short item placed once.
+        let lens = [3, 7, 2, 9, 5, 4];
+        let mut seen: Vec<usize> = bins.iter().flatten().copied().collect();
+        seen.sort_unstable();
+        assert_eq!(seen, vec![0, 1, 2, 4, 5]);
+        assert!(bins
+            .iter()
+            .all(|b| b.iter().map(|&i| lens[i]).sum::<usize>() <= 8));
+        assert_eq!(bins.len(), 3);
+    }
+
+    #[test]
+    fn put_shifts_targets_and_mask_by_one() {
+        let mut row = PackedRow::empty(6, 0);
+        row.put(1, 0, &[10, 11, 12], &[false, true, true]);
+        assert_eq!(row.tokens, vec![0, 10, 11, 12, 0, 0]);
+        assert_eq!(row.positions, vec![0, 0, 1, 2, 0, 0]);
+        assert_eq!(row.doc_ids, vec![-1, 0, 0, 0, -1, -1]);
+        assert_eq!(row.targets, vec![0, 11, 12, 0, 0, 0]);
+        assert_eq!(row.loss_mask, vec![false, true, true, false, false, false]);
+    }
+}

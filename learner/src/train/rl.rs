@@ -1,0 +1,487 @@
+//! Policy optimisation from stored trajectories: one [`RlTrainer::update`] per policy version.
+//!
+//! An update:
+//! 1. [`batch::select`](super::batch::select) drops stale and unscored trajectories and
+//!    computes per-token advantages (step-level by default).
+//! 2. The kept trajectories are split into `minibatches` (one optimizer step each); each
+//!    minibatch is packed into rows as long as its longest trajectory (documents never
+//!    attend to each other) and run in micro-batches of at most `micro_batch_tokens` tokens,
+//!    gradients accumulated, so memory stays bounded on long trajectories.
+//! 3. With several minibatches, `log π_prox` (the policy before the update) is computed for
+//!    every token first, without gradients; with one it is the forward's own log-prob,
+//!    detached.
+//! 4. Per micro-batch, the loss of [`super::loss`]:
+//!    `Σ_i [−w·min(r·A, clip(r)·A) − c_H·H + c_KL·KL_k3]_i / N + c_bal·L_balance·(rows/rows_mb)`
+//!    with `N` the generated tokens of the minibatch. Then AdamW, then the router-bias
+//!    balance step.
+//!
+//! Log-probs are taken at each trajectory's sampling temperature (`softmax(logits / T)`, as
+//! the sampler did); top-p truncation is not replayed, so with `top_p < 1` the behaviour
+//! log-prob is that of the renormalised nucleus and `w` is slightly below the true ratio.
+
+use tch::{nn, Device, Kind, Tensor};
+
+use super::batch::{select, Group, Scored};
+use super::config::RlConfig;
+use super::loss::{
+    clip_masks, clipped_surrogate, entropy, importance_ratio, k3_kl, token_sum_over,
+    truncated_importance_weight,
+};
+use super::optim::AdamW;
+use super::pack::{first_fit_decreasing, gather_trained, PackedBatch, PackedRow};
+use super::TrainError;
+use crate::model::{BalanceStats, MoeHealth, MoePolicy};
+use crate::tokenizer::Special;
+
+/// What one update did; every field is a mean over the generated tokens trained on unless
+/// said otherwise.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct UpdateStats {
+    /// Policy-gradient loss `L_pg` per token.
+    pub policy_loss: f64,
+    /// k3 KL to the reference per token (0 when `kl_coef = 0`).
+    pub kl: f64,
+    /// Policy entropy per token (nats).
+    pub entropy: f64,
+    /// MoE balance loss, mean over micro-batches.
+    pub aux_loss: f64,
+    /// Fraction of tokens with `A < 0` and `r < 1 − clip_low`.
+    pub clip_frac_low: f64,
+    /// Fraction of tokens with `A > 0` and `r > 1 + clip_high`.
+    pub clip_frac_high: f64,
+    /// Mean truncated importance weight `w`.
+    pub is_weight_mean: f64,
+    /// Largest `w` (at most `tis_cap`).
+    pub is_weight_max: f64,
+    /// Fraction of tokens whose weight was truncated at `tis_cap`.
+    pub is_truncated_frac: f64,
+    /// Mean pre-clip gradient norm over the update's optimizer steps.
+    pub grad_norm: f64,
+    /// Learning rate of the last optimizer step.
+    pub lr: f64,
+    /// Optimizer steps taken (0 when nothing was left to train on).
+    pub optimizer_steps: usize,
+    /// Generated tokens trained on.
+    pub tokens: usize,
+    /// All tokens of the trained trajectories (context included).
+    pub total_tokens: usize,
+    /// Trajectories trained on.
+    pub trajectories_used: usize,
+    /// Groups with at least one trajectory trained on.
+    pub groups_used: usize,
+    /// Trajectories skipped as older than the staleness bound.
+    pub stale_skipped: usize,
+    /// Trajectories excluded for an unscored termination (infra_error, abandoned).
+    pub unscored_excluded: usize,
+    /// Groups dropped because all their advantages were zero.
+    pub uninformative_groups: usize,
+    /// Trajectories skipped as longer than the model's context.
+    pub too_long_skipped: usize,
+    /// Largest version lag among trajectories trained on.
+    pub max_lag: u64,
+    /// Mean version lag among trajectories trained on.
+    pub mean_lag: f64,
+    /// Mean outcome reward of the scored, fresh trajectories (uninformative groups
+    /// included: they are part of what the policy achieved).
+    pub mean_reward: f64,
+    /// Success rate of the same trajectories.
+    pub success_rate: f64,
+    /// Mean advantage over generated tokens.
+    pub adv_mean: f64,
+    /// Mean absolute advantage over generated tokens.
+    pub adv_abs_mean: f64,
+    /// MoE health per layer, from the update's last micro-batch.
+    pub health: Vec<MoeHealth>,
+}
+
+/// One micro-batch, ready to run: the packed rows as tensors and the per-token inputs of the
+/// loss at the trained-on positions (`[N]`).
+#[derive(Debug)]
+struct MicroBatch {
+    batch: PackedBatch,
+    rows: usize,
+    logp_behaviour_n: Tensor,
+    adv_n: Tensor,
+    inv_temp_n1: Tensor,
+    logp_prox_n: Option<Tensor>,
+}
+
+/// Per-token RL inputs of a packed row (aligned with `row`: entry `i` is about target `i`).
+struct RlRow {
+    row: PackedRow,
+    behaviour: Vec<f32>,
+    adv: Vec<f32>,
+    inv_temp: Vec<f32>,
+}
+
+/// Lays out trajectories (their tokens, generated mask, behaviour log-probs and token
+/// advantages) into rows of `len` tokens, first-fit decreasing.
+fn pack_trajectories(items: &[&Scored<'_>], len: usize) -> Vec<RlRow> {
+    let lengths: Vec<usize> = items.iter().map(|s| s.trajectory.len()).collect();
+    let (bins, _) = first_fit_decreasing(&lengths, len);
+    let pad = Special::Pad.id();
+    bins.into_iter()
+        .map(|bin| {
+            let mut r = RlRow {
+                row: PackedRow::empty(len, pad),
+                behaviour: vec![0.0; len],
+                adv: vec![0.0; len],
+                inv_temp: vec![1.0; len],
+            };
+            let mut offset = 0;
+            for (doc, &i) in bin.iter().enumerate() {
+                let s = items[i];
+                let t = s.trajectory;
+                let ids = t.token_ids();
+                let mask: Vec<bool> = t.steps.iter().flat_map(|st| st.loss_mask.clone()).collect();
+                let logp: Vec<f32> = t.steps.iter().flat_map(|st| st.logprobs.clone()).collect();
+                r.row.put(offset, doc as i64, &ids, &mask);
+                let temp = t.header.sampling.temperature;
+                let inv = if temp > 0.0 { 1.0 / temp } else { 1.0 };
+                // Position `offset + j` predicts token `j + 1`.
+                for j in 0..ids.len().saturating_sub(1) {
+                    r.behaviour[offset + j] = logp[j + 1];
+                    r.adv[offset + j] = s.token_advantages[j + 1] as f32;
+                    r.inv_temp[offset + j] = inv;
+                }
+                offset += ids.len();
+            }
+            r
+        })
+        .collect()
+}
+
+/// The trainer: owns the policy, its parameters, the optimizer and the frozen reference.
+#[derive(Debug)]
+pub struct RlTrainer {
+    vs: nn::VarStore,
+    model: MoePolicy,
+    reference: Option<(nn::VarStore, MoePolicy)>,
+    opt: AdamW,
+    cfg: RlConfig,
+}
+
+/// `log softmax(logits · 1/T)` at the selected positions, `[N, V]` (float32).
+fn scaled_logp(logits_nv: &Tensor, inv_temp_n1: &Tensor) -> Tensor {
+    (logits_nv.to_kind(Kind::Float) * inv_temp_n1).log_softmax(-1, Kind::Float)
+}
+
+/// `logp_nv[i, targets[i]]`, `[N]`.
+fn pick(logp_nv: &Tensor, targets_n: &Tensor) -> Tensor {
+    logp_nv
+        .gather(-1, &targets_n.unsqueeze(-1), false)
+        .squeeze_dim(-1)
+}
+
+impl RlTrainer {
+    /// A trainer for `model` (parameters in `vs`). `reference` is the frozen SFT policy for
+    /// the KL term; it is required when `cfg.kl_coef > 0` and unused otherwise.
+    pub fn new(
+        vs: nn::VarStore,
+        model: MoePolicy,
+        reference: Option<(nn::VarStore, MoePolicy)>,
+        cfg: RlConfig,
+    ) -> Result<Self, TrainError> {
+        cfg.validate()?;
+        if cfg.kl_coef > 0.0 && reference.is_none() {
+            return Err(TrainError::Config {
+                field: "kl_coef",
+                value: cfg.kl_coef.to_string(),
+                why: "a KL penalty needs the reference policy (none given)",
+            });
+        }
+        let reference = reference.map(|(mut rvs, m)| {
+            rvs.freeze();
+            (rvs, m)
+        });
+        let opt = AdamW::new(&vs, cfg.optim.clone())?;
+        Ok(Self {
+            vs,
+            model,
+            reference,
+            opt,
+            cfg,
+        })
+    }
+
+    fn device(&self) -> Device {
+        self.vs.device()
+    }
+
+    /// Builds the micro-batches of one minibatch.
+    fn micro_batches(&self, items: &[&Scored<'_>]) -> Result<Vec<MicroBatch>, TrainError> {
+        let len = items.iter().map(|s| s.trajectory.len()).max().unwrap_or(0);
+        let rows = pack_trajectories(items, len);
+        let per = (self.cfg.micro_batch_tokens / len.max(1)).max(1);
+        let device = self.device();
+        let mut out = Vec::new();
+        for chunk in rows.chunks(per) {
+            let refs: Vec<&PackedRow> = chunk.iter().map(|r| &r.row).collect();
+            let batch = PackedBatch::new(&refs, device)?;
+            let n = batch.n_trained as i64;
+            out.push(MicroBatch {
+                rows: chunk.len(),
+                logp_behaviour_n: gather_trained(&refs, |ri, i| chunk[ri].behaviour[i])
+                    .to_device(device),
+                adv_n: gather_trained(&refs, |ri, i| chunk[ri].adv[i]).to_device(device),
+                inv_temp_n1: gather_trained(&refs, |ri, i| chunk[ri].inv_temp[i])
+                    .to_device(device)
+                    .view([n, 1]),
+                logp_prox_n: None,
+                batch,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `log π(target)` of every trained-on token of `mb` under `model`, without gradients.
+    fn score(model: &MoePolicy, mb: &MicroBatch) -> Result<Tensor, TrainError> {
+        tch::no_grad(|| {
+            let b = &mb.batch;
+            let out = model.forward_packed(&b.tokens_bt, &b.positions_bt, &b.doc_ids_bt, false)?;
+            let logp = scaled_logp(&b.select(&out.logits_btv), &mb.inv_temp_n1);
+            Ok(pick(&logp, &b.targets_n))
+        })
+    }
+
+    /// One policy update on `groups` (see the module doc); `current_version` is the
+    /// version being trained (trajectories lagging it by more than `staleness_bound` are
+    /// skipped and counted). Returns the statistics; with nothing left to train on it takes
+    /// no optimizer step and says so (`optimizer_steps = 0`).
+    pub fn update(
+        &mut self,
+        groups: &[Group],
+        current_version: u64,
+    ) -> Result<UpdateStats, TrainError> {
+        self.run(groups, current_version, true)
+    }
+
+    /// The loss and its backward pass exactly as [`RlTrainer::update`] computes them, but no
+    /// optimizer or balance step: the gradients (of every minibatch, summed) stay in the
+    /// parameters. For tests and diagnostics; `optimizer_steps` is 0.
+    pub fn backward_only(
+        &mut self,
+        groups: &[Group],
+        current_version: u64,
+    ) -> Result<UpdateStats, TrainError> {
+        self.run(groups, current_version, false)
+    }
+
+    fn run(
+        &mut self,
+        groups: &[Group],
+        current_version: u64,
+        take_steps: bool,
+    ) -> Result<UpdateStats, TrainError> {
+        self.opt.zero_grad();
+        let sel = select(groups, current_version, &self.cfg)?;
+        let max_pos = self.model.config().max_position_embeddings as usize;
+        let (fit, too_long): (Vec<&Scored<'_>>, Vec<&Scored<'_>>) = sel
+            .trajectories
+            .iter()
+            .partition(|s| s.trajectory.len() <= max_pos);
+        let mut st = UpdateStats {
+            groups_used: sel.groups_used,
+            stale_skipped: sel.stale_skipped,
+            unscored_excluded: sel.unscored_excluded,
+            uninformative_groups: sel.uninformative_groups,
+            too_long_skipped: too_long.len(),
+            max_lag: sel.max_lag,
+            mean_lag: sel.mean_lag,
+            mean_reward: if sel.scored > 0 {
+                sel.reward_sum / sel.scored as f64
+            } else {
+                0.0
+            },
+            success_rate: if sel.scored > 0 {
+                sel.successes as f64 / sel.scored as f64
+            } else {
+                0.0
+            },
+            lr: self.opt.current_lr(),
+            ..UpdateStats::default()
+        };
+        // Trainable = at least one generated token that is a target (not the first token).
+        let fit: Vec<&Scored<'_>> = fit
+            .into_iter()
+            .filter(|s| {
+                s.trajectory
+                    .steps
+                    .iter()
+                    .flat_map(|x| x.loss_mask.iter())
+                    .skip(1)
+                    .any(|m| *m)
+            })
+            .collect();
+        if fit.is_empty() {
+            return Ok(st);
+        }
+        let n_mini = self.cfg.minibatches.min(fit.len());
+        let per_mini = fit.len().div_ceil(n_mini);
+        let mut minis: Vec<Vec<MicroBatch>> = fit
+            .chunks(per_mini)
+            .map(|c| self.micro_batches(c))
+            .collect::<Result<_, _>>()?;
+        // π_prox: the policy before this update's first step.
+        if minis.len() > 1 {
+            for mb in minis.iter_mut().flatten() {
+                mb.logp_prox_n = Some(Self::score(&self.model, mb)?);
+            }
+        }
+        let reference_logp: Vec<Vec<Option<Tensor>>> =
+            match (&self.reference, self.cfg.kl_coef > 0.0) {
+                (Some((_, r)), true) => minis
+                    .iter()
+                    .map(|m| m.iter().map(|mb| Self::score(r, mb).map(Some)).collect())
+                    .collect::<Result<_, _>>()?,
+                _ => minis
+                    .iter()
+                    .map(|m| m.iter().map(|_| None).collect())
+                    .collect(),
+            };
+        // Sums over tokens: [pg, kl, entropy, clip_low, clip_high, w, truncated, adv, |adv|].
+        let mut sums = [0.0f64; 9];
+        let (mut w_max, mut aux_sum, mut n_micro_total) = (0.0f64, 0.0, 0usize);
+        let mut grad_norm_sum = 0.0;
+        let c = &self.cfg;
+        for (mbs, refs) in minis.iter().zip(&reference_logp) {
+            let n_tokens: usize = mbs.iter().map(|m| m.batch.n_trained).sum();
+            let n_rows: usize = mbs.iter().map(|m| m.rows).sum();
+            if n_tokens == 0 {
+                continue;
+            }
+            let mut balance = BalanceStats::default();
+            for (mb, logp_ref) in mbs.iter().zip(refs) {
+                let b = &mb.batch;
+                if b.n_trained == 0 {
+                    continue;
+                }
+                let out = self.model.forward_packed(
+                    &b.tokens_bt,
+                    &b.positions_bt,
+                    &b.doc_ids_bt,
+                    true,
+                )?;
+                let logp_nv = scaled_logp(&b.select(&out.logits_btv), &mb.inv_temp_n1);
+                let logp_new = pick(&logp_nv, &b.targets_n);
+                let logp_prox = match &mb.logp_prox_n {
+                    Some(p) => p.shallow_clone(),
+                    None => logp_new.detach(),
+                };
+                // r = π_θ/π_prox ; w = min(π_prox/μ, C)
+                let ratio = importance_ratio(&logp_new, &logp_prox);
+                let (w, truncated) =
+                    truncated_importance_weight(&logp_prox, &mb.logp_behaviour_n, c.tis_cap);
+                // L_pg = −w · min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)
+                let pg = &w * clipped_surrogate(&ratio, &mb.adv_n, c.clip_low, c.clip_high);
+                let ent = entropy(&logp_nv);
+                let kl = match logp_ref {
+                    Some(lr) => k3_kl(&logp_new, lr),
+                    None => logp_new.zeros_like(),
+                };
+                let denom = n_tokens as f64;
+                let loss = token_sum_over(&pg, denom)
+                    - token_sum_over(&ent, denom) * c.entropy_coef
+                    + token_sum_over(&kl, denom) * c.kl_coef
+                    + &out.aux_loss * (c.aux_loss_scale * mb.rows as f64 / n_rows as f64);
+                loss.f_backward()?;
+                let (low, high) = clip_masks(&ratio, &mb.adv_n, c.clip_low, c.clip_high);
+                let f = |x: &Tensor| x.detach().to_kind(Kind::Double).sum(Kind::Double);
+                let stats = Tensor::stack(
+                    &[
+                        f(&pg),
+                        f(&kl),
+                        f(&ent),
+                        f(&low),
+                        f(&high),
+                        f(&w),
+                        f(&truncated),
+                        f(&mb.adv_n),
+                        f(&mb.adv_n.abs()),
+                        w.max().to_kind(Kind::Double),
+                        out.aux_loss.detach().to_kind(Kind::Double),
+                    ],
+                    0,
+                );
+                let v = Vec::<f64>::try_from(&stats)?;
+                for (s, x) in sums.iter_mut().zip(&v) {
+                    *s += x;
+                }
+                w_max = w_max.max(v[9]);
+                aux_sum += v[10];
+                n_micro_total += 1;
+                balance.merge(&out.balance);
+                st.health = out.health;
+                st.tokens += b.n_trained;
+            }
+            if !take_steps {
+                grad_norm_sum = self.opt.grad_norm();
+                continue;
+            }
+            // AdamW zeroes the gradients for the next minibatch.
+            let s = self.opt.step()?;
+            if c.update_balance_bias {
+                self.model.update_balance(&balance)?;
+            }
+            grad_norm_sum += s.grad_norm;
+            st.lr = s.lr;
+            st.optimizer_steps += 1;
+        }
+        let n = st.tokens.max(1) as f64;
+        st.policy_loss = sums[0] / n;
+        st.kl = sums[1] / n;
+        st.entropy = sums[2] / n;
+        st.clip_frac_low = sums[3] / n;
+        st.clip_frac_high = sums[4] / n;
+        st.is_weight_mean = sums[5] / n;
+        st.is_truncated_frac = sums[6] / n;
+        st.adv_mean = sums[7] / n;
+        st.adv_abs_mean = sums[8] / n;
+        st.is_weight_max = w_max;
+        st.aux_loss = aux_sum / n_micro_total.max(1) as f64;
+        st.grad_norm = grad_norm_sum / st.optimizer_steps.max(1) as f64;
+        st.trajectories_used = fit.len();
+        st.total_tokens = fit.iter().map(|s| s.trajectory.len()).sum();
+        Ok(st)
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RlConfig {
+        &self.cfg
+    }
+
+    /// The policy.
+    pub fn model(&self) -> &MoePolicy {
+        &self.model
+    }
+
+    /// The policy, mutably (e.g. to extend its context window at a curriculum stage).
+    pub fn model_mut(&mut self) -> &mut MoePolicy {
+        &mut self.model
+    }
+
+    /// The parameters (checkpoints, weight serving).
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+
+    /// The optimizer (its `state_tensors` go into the run checkpoint).
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// The optimizer, mutably (`load_state` on resume).
+    pub fn optimizer_mut(&mut self) -> &mut AdamW {
+        &mut self.opt
+    }
+
+    /// Whether a reference policy is loaded.
+    pub fn has_reference(&self) -> bool {
+        self.reference.is_some()
+    }
+
+    /// Gives back the parameters and the policy.
+    pub fn into_parts(self) -> (nn::VarStore, MoePolicy) {
+        (self.vs, self.model)
+    }
+}

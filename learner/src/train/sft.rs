@@ -1,0 +1,264 @@
+//! Supervised fine-tuning: packed rows, cross-entropy on the assistant's tokens only.
+//!
+//! `L = (1/N) Σ_{i: mask_i} −log π_θ(x_i | x_<i)` over the `N` trained-on tokens of the step
+//! (all micro-batches together), plus the model's MoE balance loss. Prompt, user and tool
+//! tokens are context only.
+
+use tch::{nn, Kind, Tensor};
+
+use super::config::SftConfig;
+use super::optim::AdamW;
+use super::pack::{first_fit_decreasing, PackedBatch, PackedRow};
+use super::TrainError;
+use crate::model::{BalanceStats, MoeHealth, MoePolicy};
+
+/// One training document: token ids and which of them are trained on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Example {
+    /// Token ids of the whole transcript.
+    pub ids: Vec<u32>,
+    /// `mask[i]`: token `i` is the assistant's output and is trained on.
+    pub mask: Vec<bool>,
+}
+
+impl Example {
+    /// An episode's steps as one example: all tokens, trained on where `loss_mask` is set
+    /// (the policy's own turns; prompts and tool output are context).
+    pub fn from_steps(steps: &[corvid_proto::Step]) -> Self {
+        Self {
+            ids: steps
+                .iter()
+                .flat_map(|s| s.token_ids.iter().copied())
+                .collect(),
+            mask: steps
+                .iter()
+                .flat_map(|s| s.loss_mask.iter().copied())
+                .collect(),
+        }
+    }
+}
+
+/// The result of [`pack`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Packing {
+    /// Rows of length `seq_len`.
+    pub rows: Vec<PackedRow>,
+    /// Indices of the examples longer than `seq_len` (left out).
+    pub too_long: Vec<usize>,
+}
+
+/// Packs `examples` into rows of `seq_len` tokens (first-fit decreasing), each example a
+/// document with positions from 0. Examples whose `ids` and `mask` differ in length are an
+/// error; examples longer than `seq_len` are left out and listed in [`Packing::too_long`].
+pub fn pack(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<Packing, TrainError> {
+    if let Some((i, e)) = examples
+        .iter()
+        .enumerate()
+        .find(|(_, e)| e.ids.len() != e.mask.len())
+    {
+        return Err(TrainError::Data(format!(
+            "example {i}: {} ids but {} mask entries",
+            e.ids.len(),
+            e.mask.len()
+        )));
+    }
+    let lengths: Vec<usize> = examples.iter().map(|e| e.ids.len()).collect();
+    let (bins, too_long) = first_fit_decreasing(&lengths, seq_len);
+    let rows = bins
+        .into_iter()
+        .map(|items| {
+            let mut row = PackedRow::empty(seq_len, pad_id);
+            let mut offset = 0;
+            for (doc, &i) in items.iter().enumerate() {
+                row.put(offset, doc as i64, &examples[i].ids, &examples[i].mask);
+                offset += examples[i].ids.len();
+            }
+            row
+        })
+        .collect();
+    Ok(Packing { rows, too_long })
+}
+
+/// What one SFT step did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SftStepStats {
+    /// Mean cross-entropy over the trained-on tokens (nats/token), before the step.
+    pub loss: f64,
+    /// The balance loss (mean over micro-batches).
+    pub aux_loss: f64,
+    /// Trained-on tokens.
+    pub tokens: usize,
+    /// All tokens in the rows, padding included.
+    pub row_tokens: usize,
+    /// Gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// MoE health per layer, of the step's last micro-batch.
+    pub health: Vec<MoeHealth>,
+}
+
+/// SFT trainer: owns the policy, its `VarStore` and the optimizer.
+#[derive(Debug)]
+pub struct SftTrainer {
+    vs: nn::VarStore,
+    model: MoePolicy,
+    opt: AdamW,
+    cfg: SftConfig,
+    tokens_seen: u64,
+}
+
+/// `Σ −log softmax(logits)[target]` over selected positions, as a scalar tensor.
+fn summed_cross_entropy(logits_nv: &Tensor, targets_n: &Tensor) -> Tensor {
+    logits_nv
+        .to_kind(Kind::Float)
+        .log_softmax(-1, Kind::Float)
+        .gather(-1, &targets_n.unsqueeze(-1), false)
+        .sum(Kind::Float)
+        .neg()
+}
+
+impl SftTrainer {
+    /// A trainer for `model`, whose parameters live in `vs`.
+    pub fn new(vs: nn::VarStore, model: MoePolicy, cfg: SftConfig) -> Result<Self, TrainError> {
+        cfg.validate()?;
+        let opt = AdamW::new(&vs, cfg.optim.clone())?;
+        Ok(Self {
+            vs,
+            model,
+            opt,
+            cfg,
+            tokens_seen: 0,
+        })
+    }
+
+    /// Rows per micro-batch, from `micro_batch_tokens`.
+    fn rows_per_micro(&self, row_len: usize) -> usize {
+        (self.cfg.micro_batch_tokens / row_len.max(1)).max(1)
+    }
+
+    /// One optimizer step on `rows` (run in micro-batches, gradients accumulated): the loss
+    /// is the mean cross-entropy over all trained-on tokens of `rows`.
+    pub fn step(&mut self, rows: &[PackedRow]) -> Result<SftStepStats, TrainError> {
+        let n_total: usize = rows.iter().map(PackedRow::trained_tokens).sum();
+        if n_total == 0 {
+            return Err(TrainError::Data("no trained-on token in the batch".into()));
+        }
+        let device = self.vs.device();
+        let per = self.rows_per_micro(rows[0].len());
+        let n_micro = rows.len().div_ceil(per);
+        self.opt.zero_grad();
+        let (mut ce_sum, mut aux_sum) = (0.0, 0.0);
+        let mut balance = BalanceStats::default();
+        let mut health = Vec::new();
+        for chunk in rows.chunks(per) {
+            let refs: Vec<&PackedRow> = chunk.iter().collect();
+            let batch = PackedBatch::new(&refs, device)?;
+            let out = self.model.forward_packed(
+                &batch.tokens_bt,
+                &batch.positions_bt,
+                &batch.doc_ids_bt,
+                true,
+            )?;
+            let ce = summed_cross_entropy(&batch.select(&out.logits_btv), &batch.targets_n);
+            // Token mean over the whole step; the balance loss is averaged over micro-batches.
+            let loss = &ce / n_total as f64 + &out.aux_loss / n_micro as f64;
+            loss.f_backward()?;
+            ce_sum += ce.double_value(&[]);
+            aux_sum += out.aux_loss.double_value(&[]);
+            balance.merge(&out.balance);
+            health = out.health;
+        }
+        let s = self.opt.step()?;
+        self.model.update_balance(&balance)?;
+        self.tokens_seen += n_total as u64;
+        Ok(SftStepStats {
+            loss: ce_sum / n_total as f64,
+            aux_loss: aux_sum / n_micro as f64,
+            tokens: n_total,
+            row_tokens: rows.iter().map(PackedRow::len).sum(),
+            grad_norm: s.grad_norm,
+            lr: s.lr,
+            health,
+        })
+    }
+
+    /// Mean cross-entropy over the trained-on tokens of `rows`, without gradients (the
+    /// held-out loss). Router noise is off.
+    pub fn eval_loss(&self, rows: &[PackedRow]) -> Result<f64, TrainError> {
+        let n_total: usize = rows.iter().map(PackedRow::trained_tokens).sum();
+        if n_total == 0 {
+            return Err(TrainError::Data("no trained-on token to evaluate".into()));
+        }
+        let device = self.vs.device();
+        let per = self.rows_per_micro(rows[0].len());
+        let mut ce_sum = 0.0;
+        tch::no_grad(|| -> Result<(), TrainError> {
+            for chunk in rows.chunks(per) {
+                let refs: Vec<&PackedRow> = chunk.iter().collect();
+                let batch = PackedBatch::new(&refs, device)?;
+                let out = self.model.forward_packed(
+                    &batch.tokens_bt,
+                    &batch.positions_bt,
+                    &batch.doc_ids_bt,
+                    false,
+                )?;
+                ce_sum += summed_cross_entropy(&batch.select(&out.logits_btv), &batch.targets_n)
+                    .double_value(&[]);
+            }
+            Ok(())
+        })?;
+        Ok(ce_sum / n_total as f64)
+    }
+
+    /// Whether the configured stopping rule (`steps` or `token_budget`) is reached.
+    pub fn done(&self) -> bool {
+        (self.cfg.steps > 0 && self.opt.step_count() >= self.cfg.steps)
+            || (self.cfg.token_budget > 0 && self.tokens_seen >= self.cfg.token_budget)
+    }
+
+    /// Trained-on tokens seen so far (restore with [`SftTrainer::set_tokens_seen`]).
+    pub fn tokens_seen(&self) -> u64 {
+        self.tokens_seen
+    }
+
+    /// Restores the token count on resume.
+    pub fn set_tokens_seen(&mut self, tokens: u64) {
+        self.tokens_seen = tokens;
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SftConfig {
+        &self.cfg
+    }
+
+    /// The policy.
+    pub fn model(&self) -> &MoePolicy {
+        &self.model
+    }
+
+    /// The policy, mutably (e.g. to extend its context window between stages).
+    pub fn model_mut(&mut self) -> &mut MoePolicy {
+        &mut self.model
+    }
+
+    /// The parameters (for checkpoints and weight serving).
+    pub fn var_store(&self) -> &nn::VarStore {
+        &self.vs
+    }
+
+    /// The optimizer (its `state_tensors` go into the run checkpoint).
+    pub fn optimizer(&self) -> &AdamW {
+        &self.opt
+    }
+
+    /// The optimizer, mutably (`load_state` on resume).
+    pub fn optimizer_mut(&mut self) -> &mut AdamW {
+        &mut self.opt
+    }
+
+    /// Gives back the parameters and the policy (to hand them to the RL trainer).
+    pub fn into_parts(self) -> (nn::VarStore, MoePolicy) {
+        (self.vs, self.model)
+    }
+}
