@@ -1,0 +1,378 @@
+//! RL updates: a contrived one-step task, the staleness bound, unscored terminations, and
+//! the advantage broadcast by hand.
+
+use corvid_learner::model::{checkpoint, ModelConfig, MoePolicy};
+use corvid_learner::tokenizer::{ByteTokenizer, Special};
+use corvid_learner::train::batch::{
+    select, tokens_from_turns, turn_advantages, TrainingTrajectory,
+};
+use corvid_learner::train::{AdvantageMode, OptimConfig, RlConfig, RlTrainer};
+use corvid_proto::{
+    SamplingParams, Step, TaskRef, Termination, TrajectoryFooter, TrajectoryHeader,
+};
+use tch::{nn, Device, Kind, Tensor};
+
+fn small_model(seed: i64) -> (nn::VarStore, MoePolicy) {
+    tch::manual_seed(seed);
+    let cfg = ModelConfig {
+        num_hidden_layers: 2,
+        ..ModelConfig::tiny()
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = MoePolicy::new(&vs.root(), &cfg).unwrap();
+    (vs, model)
+}
+
+fn header(id: &str, group: &str, version: u64) -> TrajectoryHeader {
+    TrajectoryHeader {
+        trajectory_id: id.into(),
+        task: TaskRef {
+            family: "toy".into(),
+            level: 1,
+            seed: 0,
+            spec_hash: "0".into(),
+        },
+        actor_id: "test".into(),
+        policy_version: version,
+        sampling: SamplingParams::default(),
+        group_id: group.into(),
+        started_unix_ms: 0,
+    }
+}
+
+fn footer(reward: f32, termination: Termination) -> TrajectoryFooter {
+    TrajectoryFooter {
+        outcome_reward: reward,
+        success: reward > 0.5,
+        termination,
+        step_count: 1,
+        token_count: 0,
+        generated_token_count: 1,
+        wall_ms: 0,
+        finished_unix_ms: 0,
+    }
+}
+
+fn prompt() -> Vec<u32> {
+    let tok = ByteTokenizer::new();
+    let mut p = vec![Special::User.id()];
+    p.extend(tok.encode_plain("pick"));
+    p.push(Special::Assistant.id());
+    p
+}
+
+/// `log π(action | prompt)` for each action, at temperature 1.
+fn action_logprobs(model: &MoePolicy, actions: &[u32]) -> Vec<f64> {
+    let p: Vec<i64> = prompt().iter().map(|&x| x as i64).collect();
+    let n = p.len() as i64;
+    tch::no_grad(|| {
+        let out = model
+            .forward(&Tensor::from_slice(&p).view([1, n]), false)
+            .unwrap();
+        let logp = out
+            .logits_btv
+            .select(1, n - 1)
+            .log_softmax(-1, Kind::Float)
+            .squeeze_dim(0);
+        actions
+            .iter()
+            .map(|&a| logp.double_value(&[a as i64]))
+            .collect()
+    })
+}
+
+/// A one-step episode: the prompt, then one generated action token.
+fn one_step(
+    id: &str,
+    group: &str,
+    action: u32,
+    logp: f64,
+    reward: f32,
+    version: u64,
+    termination: Termination,
+) -> TrainingTrajectory {
+    let mut s = Step::context(0, prompt());
+    s.token_ids.push(action);
+    s.loss_mask.push(true);
+    s.logprobs.push(logp as f32);
+    s.policy_versions.push(version);
+    TrainingTrajectory {
+        header: header(id, group, version),
+        footer: footer(reward, termination),
+        steps: vec![s],
+    }
+}
+
+fn rl_config(advantage: AdvantageMode) -> RlConfig {
+    RlConfig {
+        advantage,
+        optim: OptimConfig {
+            lr: 1e-2,
+            warmup_steps: 0,
+            weight_decay: 0.0,
+            ..OptimConfig::default()
+        },
+        ..RlConfig::default()
+    }
+}
+
+fn contrived_update_moves_the_right_way(advantage: AdvantageMode) {
+    let tok = ByteTokenizer::new();
+    let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
+    let (vs, model) = small_model(11);
+    let before = action_logprobs(&model, &[a, b]);
+    let group = vec![
+        one_step("a1", "g", a, before[0], 1.0, 0, Termination::Answered),
+        one_step("b1", "g", b, before[1], 0.0, 0, Termination::Answered),
+        one_step("a2", "g", a, before[0], 1.0, 0, Termination::Answered),
+        one_step("b2", "g", b, before[1], 0.0, 0, Termination::Answered),
+    ];
+    let mut trainer = RlTrainer::new(vs, model, None, rl_config(advantage)).unwrap();
+    let st = trainer.update(&[group], 0).unwrap();
+    let after = action_logprobs(trainer.model(), &[a, b]);
+    assert_eq!(st.optimizer_steps, 1);
+    assert_eq!(st.tokens, 4);
+    assert_eq!(st.trajectories_used, 4);
+    assert!((st.mean_reward - 0.5).abs() < 1e-12 && (st.success_rate - 0.5).abs() < 1e-12);
+    // On-policy: every importance weight is 1 and nothing is clipped.
+    assert!((st.is_weight_mean - 1.0).abs() < 1e-5, "{st:?}");
+    assert_eq!(st.is_truncated_frac, 0.0);
+    assert!(
+        after[0] > before[0] + 1e-3,
+        "log p(A) did not rise: {before:?} -> {after:?}"
+    );
+    assert!(
+        after[1] < before[1] - 1e-3,
+        "log p(B) did not fall: {before:?} -> {after:?}"
+    );
+}
+
+#[test]
+fn one_update_raises_the_rewarded_action_step_level() {
+    contrived_update_moves_the_right_way(AdvantageMode::Step);
+}
+
+#[test]
+fn one_update_raises_the_rewarded_action_grpo() {
+    contrived_update_moves_the_right_way(AdvantageMode::Grpo);
+}
+
+fn params(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut p: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (n, t.copy()))
+        .collect();
+    p.sort_by(|x, y| x.0.cmp(&y.0));
+    p
+}
+
+#[test]
+fn trajectories_older_than_the_bound_are_not_trained_on_and_are_counted() {
+    let tok = ByteTokenizer::new();
+    let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
+    let (vs, model) = small_model(5);
+    let lp = action_logprobs(&model, &[a, b]);
+    let cfg = RlConfig {
+        staleness_bound: 2,
+        ..rl_config(AdvantageMode::Step)
+    };
+    let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+    let before = params(trainer.var_store());
+    // Current version 10, bound 2: version 7 (lag 3) is stale, 8 (lag 2) is not.
+    let stale_only = vec![
+        one_step("s1", "old", a, lp[0], 1.0, 7, Termination::Answered),
+        one_step("s2", "old", b, lp[1], 0.0, 7, Termination::Answered),
+    ];
+    let st = trainer.update(&[stale_only.clone()], 10).unwrap();
+    assert_eq!(st.stale_skipped, 2);
+    assert_eq!(st.trajectories_used, 0);
+    assert_eq!(st.optimizer_steps, 0);
+    for ((n, x), (_, y)) in before.iter().zip(params(trainer.var_store())) {
+        assert!(
+            x.equal(&y),
+            "{n} changed although every trajectory was stale"
+        );
+    }
+    // A mixed update: the stale group is skipped, the fresh one (lag 2 and 0) is used, and
+    // an infra_error episode is excluded, not scored as zero.
+    let fresh = vec![
+        one_step("f1", "new", a, lp[0], 1.0, 8, Termination::Answered),
+        one_step("f2", "new", b, lp[1], 0.0, 10, Termination::Answered),
+        one_step("f3", "new", b, lp[1], 0.0, 10, Termination::InfraError),
+    ];
+    let st = trainer.update(&[stale_only, fresh], 10).unwrap();
+    assert_eq!(st.stale_skipped, 2);
+    assert_eq!(st.unscored_excluded, 1);
+    assert_eq!(st.trajectories_used, 2);
+    assert_eq!(st.groups_used, 1);
+    assert_eq!(st.max_lag, 2);
+    assert_eq!(st.optimizer_steps, 1);
+    assert_ne!(
+        st.mean_reward,
+        1.0 / 3.0,
+        "the crashed episode entered the reward mean"
+    );
+    assert!((st.mean_reward - 0.5).abs() < 1e-12);
+}
+
+/// A two-turn episode whose steps are `context, generated` per turn with the given sizes.
+fn two_turn(
+    id: &str,
+    p: [f32; 2],
+    outcome: f32,
+    sizes: [(usize, usize); 2],
+    termination: Termination,
+) -> TrainingTrajectory {
+    let steps = (0..2)
+        .map(|t| {
+            let (c, g) = sizes[t];
+            let mut s = Step::context(t as u32, vec![65; c]);
+            s.token_ids.extend(vec![66; g]);
+            s.loss_mask.extend(vec![true; g]);
+            s.logprobs.extend(vec![-1.0; g]);
+            s.policy_versions.extend(vec![0; g]);
+            s.process_reward = p[t];
+            s
+        })
+        .collect();
+    TrainingTrajectory {
+        header: header(id, "g", 0),
+        footer: footer(outcome, termination),
+        steps,
+    }
+}
+
+#[test]
+fn step_advantages_broadcast_to_tokens_as_computed_by_hand() {
+    // Episode 1: p = (0.1, 0), R = 1 → returns-to-go (γ = 1) G = (1.1, 1.0).
+    // Episode 2: p = (0, 0.2), R = 0 → G = (0.2, 0.2).
+    // Baseline per turn index: turn 0 mean 0.65, turn 1 mean 0.6.
+    // Unnormalised: A1 = (0.45, 0.4), A2 = (−0.45, −0.4).
+    let e1 = two_turn(
+        "e1",
+        [0.1, 0.0],
+        1.0,
+        [(3, 2), (2, 3)],
+        Termination::Answered,
+    );
+    let e2 = two_turn(
+        "e2",
+        [0.0, 0.2],
+        0.0,
+        [(3, 1), (2, 2)],
+        Termination::MaxTurns,
+    );
+    let crashed = two_turn(
+        "e3",
+        [0.0, 0.0],
+        0.0,
+        [(3, 1), (2, 1)],
+        Termination::InfraError,
+    );
+    let cfg = RlConfig {
+        normalize_step_advantages: false,
+        ..RlConfig::default()
+    };
+    let group = [&e1, &e2, &crashed];
+    let turns = turn_advantages(&group, &cfg).unwrap();
+    assert!(
+        turns[2].is_none(),
+        "an infra_error episode gets no advantage"
+    );
+    let t1 = tokens_from_turns(&e1, turns[0].as_ref().unwrap()).unwrap();
+    let t2 = tokens_from_turns(&e2, turns[1].as_ref().unwrap()).unwrap();
+    let want1 = [0.0, 0.0, 0.0, 0.45, 0.45, 0.0, 0.0, 0.4, 0.4, 0.4];
+    let want2 = [0.0, 0.0, 0.0, -0.45, 0.0, 0.0, -0.4, -0.4];
+    let close = |a: &[f64], b: &[f64]| {
+        a.len() == b.len() && a.iter().zip(b).all(|(x, y)| (x - y).abs() < 1e-6)
+    };
+    assert!(close(&t1, &want1), "{t1:?}");
+    assert!(close(&t2, &want2), "{t2:?}");
+
+    // Normalised: each bucket has two values ±d, unbiased std = d·√2, so A = ±1/√2.
+    let cfg_n = RlConfig {
+        normalize_step_advantages: true,
+        adv_eps: 0.0,
+        ..RlConfig::default()
+    };
+    let turns = turn_advantages(&group, &cfg_n).unwrap();
+    let s = std::f64::consts::FRAC_1_SQRT_2;
+    let a1 = turns[0].as_ref().unwrap();
+    assert!(
+        (a1[0] - s).abs() < 1e-6 && (a1[1] - s).abs() < 1e-6,
+        "{a1:?}"
+    );
+
+    // Trajectory-level GRPO: R = outcome + Σp = (1.1, 0.2) → A = ±1/√2 on every token.
+    let cfg_g = RlConfig {
+        advantage: AdvantageMode::Grpo,
+        adv_eps: 0.0,
+        ..RlConfig::default()
+    };
+    let groups = vec![vec![e1.clone(), e2.clone(), crashed.clone()]];
+    let sel = select(&groups, 0, &cfg_g).unwrap();
+    assert_eq!(sel.unscored_excluded, 1);
+    assert_eq!(sel.trajectories.len(), 2);
+    let g1 = &sel.trajectories[0].token_advantages;
+    let gen1: Vec<f64> = g1.iter().copied().filter(|a| *a != 0.0).collect();
+    assert_eq!(gen1.len(), 5);
+    assert!(gen1.iter().all(|a| (a - s).abs() < 1e-6), "{g1:?}");
+}
+
+#[test]
+fn a_group_with_equal_rewards_is_dropped_and_counted() {
+    let e1 = two_turn(
+        "e1",
+        [0.0, 0.0],
+        1.0,
+        [(3, 2), (2, 3)],
+        Termination::Answered,
+    );
+    let e2 = two_turn(
+        "e2",
+        [0.0, 0.0],
+        1.0,
+        [(3, 1), (2, 2)],
+        Termination::Answered,
+    );
+    let groups = vec![vec![e1, e2]];
+    let sel = select(&groups, 0, &RlConfig::default()).unwrap();
+    assert_eq!(sel.uninformative_groups, 1);
+    assert!(sel.trajectories.is_empty());
+    assert_eq!(sel.scored, 2);
+    let keep = RlConfig {
+        drop_uninformative_groups: false,
+        ..RlConfig::default()
+    };
+    assert_eq!(select(&groups, 0, &keep).unwrap().trajectories.len(), 2);
+}
+
+#[test]
+fn the_kl_term_needs_a_reference_and_is_zero_against_itself() {
+    let (vs, model) = small_model(3);
+    let cfg = RlConfig {
+        kl_coef: 0.1,
+        ..rl_config(AdvantageMode::Step)
+    };
+    assert!(RlTrainer::new(vs, model, None, cfg.clone()).is_err());
+    // Reference = an exact copy (through the checkpoint bytes; the global seed is shared
+    // with tests running in parallel): KL is 0 before the step.
+    let (vs, model) = small_model(3);
+    let (rvs, rmodel) = small_model(4);
+    let bytes = checkpoint::weights_to_bytes(&vs).unwrap();
+    checkpoint::load_weights_from_bytes(&rvs, &bytes).unwrap();
+    let tok = ByteTokenizer::new();
+    let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
+    let lp = action_logprobs(&model, &[a, b]);
+    let mut trainer = RlTrainer::new(vs, model, Some((rvs, rmodel)), cfg).unwrap();
+    let group = vec![
+        one_step("a", "g", a, lp[0], 1.0, 0, Termination::Answered),
+        one_step("b", "g", b, lp[1], 0.0, 0, Termination::Answered),
+    ];
+    let st = trainer.update(&[group.clone()], 0).unwrap();
+    assert!(st.kl.abs() < 1e-6, "{st:?}");
+    // After one step the policy moved away from the reference: KL > 0.
+    let st = trainer.update(&[group], 1).unwrap();
+    assert!(st.kl > 1e-7, "{st:?}");
+}
