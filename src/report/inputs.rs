@@ -288,8 +288,8 @@ pub struct SftStep {
     /// Trained tokens per second.
     #[serde(deserialize_with = "lenient")]
     pub tokens_per_s: Option<f64>,
-    /// Held-out loss, on the lines where it was measured.
-    #[serde(deserialize_with = "lenient")]
+    /// Held-out loss, on the lines where it was measured (the learner writes `heldout_loss`).
+    #[serde(deserialize_with = "lenient", alias = "heldout_loss")]
     pub eval_loss: Option<f64>,
 }
 

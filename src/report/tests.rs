@@ -545,10 +545,12 @@ fn a_record_written_by_the_learner_is_read_in_full() {
     let dir = tempfile::tempdir().unwrap();
     let start = 1_700_000_000_000u64;
     put_json(dir.path(), "run.json", &json!({"started_unix_ms": start}));
-    let mut rec = UpdateRecord::default();
-    rec.step = 7;
-    rec.policy_version = 8;
-    rec.unix_ms = start + 90_000;
+    let mut rec = UpdateRecord {
+        step: 7,
+        policy_version: 8,
+        unix_ms: start + 90_000,
+        ..UpdateRecord::default()
+    };
     rec.rollout.reward_mean = 0.4;
     rec.rollout.success_rate = 0.5;
     rec.rollout.success_by_task.insert(
@@ -625,4 +627,33 @@ fn a_record_written_by_the_learner_is_read_in_full() {
             Some(2.0)
         )
     );
+}
+
+#[test]
+fn an_sft_record_written_by_the_learner_is_read() {
+    use corvid_learner::trainer::{SftRecord, SFT_METRICS_FILE};
+    let dir = tempfile::tempdir().unwrap();
+    let rec = |step: u64, heldout_loss: Option<f64>| SftRecord {
+        step,
+        loss: 2.0 / step as f64,
+        aux_loss: 0.01,
+        tokens: 1000,
+        tokens_seen: 1000 * step,
+        grad_norm: 0.5,
+        lr: 1e-3,
+        heldout_loss,
+        unix_ms: 1_700_000_000_000 + step,
+    };
+    let text: String = [rec(1, None), rec(10, Some(0.4))]
+        .iter()
+        .map(|r| serde_json::to_string(r).unwrap() + "\n")
+        .collect();
+    put(dir.path(), &format!("metrics/{SFT_METRICS_FILE}"), &text);
+    let inputs = Inputs::read(dir.path()).unwrap();
+    assert_eq!(inputs.sft.len(), 2);
+    assert_eq!(inputs.sft[1].step, Some(10));
+    assert_eq!(inputs.sft[1].loss, Some(0.2));
+    assert_eq!(inputs.sft[1].lr, Some(1e-3));
+    assert_eq!(inputs.sft[0].eval_loss, None);
+    assert_eq!(inputs.sft[1].eval_loss, Some(0.4));
 }
