@@ -15,12 +15,13 @@
 //!    written once to `ref/` as the frozen reference policy, and a checkpoint is taken.
 //! 2. **Publish** the current weights as the current policy version (1 after SFT).
 //! 3. **RL**, until stopped or `schedule.max_updates`:
-//!    a. read newly finished trajectories after the store cursor ([`Collector`]) and record
-//!       each scored outcome into the curriculum;
-//!    b. when `rl.groups_per_update` groups are ready, form the batch (stale and unscored
-//!       episodes left out and counted), seed libtorch from the learner's RNG, update;
-//!    c. publish the new version, mark the trajectories consumed, write one metrics line;
-//!    d. every `schedule.checkpoint_every` updates, write a run checkpoint.
+//!    - read newly finished trajectories after the store cursor
+//!      ([`Collector`](crate::collect::Collector)) and record each scored outcome into the
+//!      curriculum;
+//!    - when `rl.groups_per_update` groups are ready, form the batch (stale and unscored
+//!      episodes left out and counted), seed libtorch from the learner's RNG, update;
+//!    - publish the new version, mark the trajectories consumed, write one metrics line;
+//!    - every `schedule.checkpoint_every` updates, write a run checkpoint.
 //!
 //!    Asynchronous (default): actors keep rolling with the last version while the update
 //!    runs. Synchronous (`rl.sync`): the dispenser opens exactly one batch of groups per

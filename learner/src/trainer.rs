@@ -437,7 +437,7 @@ impl Trainer {
         self.state.sft_step += 1;
         let step = self.state.sft_step;
         let every = self.cfg.sft.eval_every;
-        let heldout_loss = if every > 0 && step % every == 0 {
+        let heldout_loss = if every > 0 && step.is_multiple_of(every) {
             run.heldout_loss(t)?
         } else {
             None
@@ -454,7 +454,7 @@ impl Trainer {
             unix_ms: now_unix_ms(),
         };
         run.write(&record)?;
-        if step % SFT_LOG_EVERY == 0 || step == 1 || heldout_loss.is_some() {
+        if step.is_multiple_of(SFT_LOG_EVERY) || step == 1 || heldout_loss.is_some() {
             let rate = t.tokens_seen() as f64 / run.started.elapsed().as_secs_f64().max(1e-9);
             tracing::info!(
                 step,
@@ -729,7 +729,12 @@ impl Trainer {
             }
             self.poll()?;
             match self.try_update()? {
-                Some(_) if self.state.rl_step % self.cfg.schedule.checkpoint_every == 0 => {
+                Some(_)
+                    if self
+                        .state
+                        .rl_step
+                        .is_multiple_of(self.cfg.schedule.checkpoint_every) =>
+                {
                     self.checkpoint()?;
                 }
                 Some(_) => {}

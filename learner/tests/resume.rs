@@ -104,10 +104,10 @@ fn episode(
             s.logprobs.push(if generated { -5.5 } else { 0.0 });
             s.policy_versions.push(if generated { version } else { 0 });
         }
-        s.process_reward = if state % 2 == 0 { 0.1 } else { 0.0 };
+        s.process_reward = if state.is_multiple_of(2) { 0.1 } else { 0.0 };
         steps.push(s);
     }
-    let success = mix(state) % 2 == 0;
+    let success = mix(state).is_multiple_of(2);
     let header = TrajectoryHeader {
         trajectory_id: id.to_owned(),
         task: a.task.clone(),
