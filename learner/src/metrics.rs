@@ -58,9 +58,12 @@ impl Rate {
 /// What the update trained on.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RolloutFigures {
-    /// Episodes trained on.
+    /// Scored episodes within the staleness bound: what the reward and success figures
+    /// describe.
     pub episodes: u64,
-    /// Mean outcome reward of those episodes.
+    /// Of those, episodes trained on (groups whose advantages are all zero are not).
+    pub episodes_trained: u64,
+    /// Mean outcome reward of the scored episodes.
     pub reward_mean: f64,
     /// Fraction that succeeded.
     pub success_rate: f64,
@@ -382,6 +385,7 @@ pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) 
     let ro = &r.rollout;
     for (name, v) in [
         ("rollout_episodes", ro.episodes as f64),
+        ("rollout_episodes_trained", ro.episodes_trained as f64),
         ("rollout_reward_mean", ro.reward_mean),
         ("rollout_success_rate", ro.success_rate),
         ("rollout_tokens", ro.tokens as f64),

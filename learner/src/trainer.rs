@@ -770,7 +770,7 @@ fn update_record(
     l.adv_abs_mean = stats.adv_abs_mean;
     record.moe = stats.health.iter().map(LayerHealth::from).collect();
     let r = &mut record.rollout;
-    r.episodes = stats.trajectories_used as u64;
+    r.episodes_trained = stats.trajectories_used as u64;
     r.reward_mean = stats.mean_reward;
     r.success_rate = stats.success_rate;
     r.tokens = stats.tokens as u64;
@@ -790,6 +790,7 @@ fn update_record(
             .entry(format!("{}/{}", t.header.task.family, t.header.task.level))
             .or_insert_with(Rate::default)
             .add(t.footer.success);
+        r.episodes += 1;
     }
     record
 }

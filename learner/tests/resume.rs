@@ -2,7 +2,9 @@
 //! cursor, pending trajectories and weights, and its next update equals the one the
 //! original would have made; after a simulated SIGKILL (dropped without a checkpoint) the
 //! resumed learner loses no stored trajectory; and the whole process — gRPC, trainer
-//! thread, stop signal — writes a checkpoint on stop and continues from it.
+//! thread, stop signal — writes a checkpoint on stop and continues from it. Also: the
+//! synchronous mode opens exactly one batch of groups per policy version, and an update's
+//! metrics line carries the figures it promises.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -195,6 +197,24 @@ fn a_restored_learner_has_the_same_state_and_makes_the_same_next_update() {
     let extra = shared.control.dispenser.next(1).unwrap();
     store_one(&shared.store, &extra[0], "lonely", 3);
     a.poll().unwrap();
+    let first = &std::fs::read_to_string(dir.path().join("run/metrics/metrics.jsonl")).unwrap();
+    let rec: UpdateRecord = serde_json::from_str(first.lines().next().unwrap()).unwrap();
+    assert_eq!((rec.step, rec.policy_version), (1, 2));
+    assert_eq!(rec.moe.len(), 2, "MoE health of both layers");
+    assert!(rec
+        .moe
+        .iter()
+        .all(|h| h.load.len() == 4 && (h.load.iter().sum::<f64>() - 1.0).abs() < 1e-6));
+    assert_eq!(
+        rec.rollout.success_by_task.keys().collect::<Vec<_>>(),
+        ["hops/1"]
+    );
+    assert_eq!(rec.rollout.episodes, 4);
+    assert_eq!(rec.rollout.success_by_task["hops/1"].episodes, 4);
+    assert!(rec.rollout.episodes_trained <= 4);
+    assert!(rec.loss.policy.is_finite() && rec.loss.grad_norm > 0.0 && rec.loss.lr > 0.0);
+    assert!(rec.loss.entropy > 0.0 && rec.loss.iw_mean > 0.0);
+    assert!(rec.rollout.tokens > 0 && rec.rollout.tokens_per_s > 0.0);
     let before = a.state();
     assert_eq!(before.rl_step, 2);
     assert_eq!(before.policy_version, 3);
@@ -282,6 +302,36 @@ fn after_a_kill_without_checkpoint_no_stored_trajectory_is_lost() {
     // It trains on: the two groups of "b", then "c" with the new group's partner.
     assert!(b.try_update().unwrap().is_some());
     assert_eq!(b.state().rl_step, 2);
+}
+
+#[test]
+fn sync_mode_opens_one_batch_of_groups_per_version() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.rl.sync = true;
+    let (mut t, shared) = open_with(cfg, false);
+    let d = Arc::clone(&shared.control.dispenser);
+    assert!(
+        d.next(100).unwrap().is_empty(),
+        "nothing before the first version"
+    );
+    assert!(t.try_update().unwrap().is_none());
+    // Version 1 is out: exactly groups_per_update (2) groups of G (2).
+    let batch = d.next(100).unwrap();
+    assert_eq!(batch.len(), 4);
+    assert!(
+        d.next(100).unwrap().is_empty(),
+        "the next batch waits for the update"
+    );
+    for (i, a) in batch.iter().enumerate() {
+        store_one(&shared.store, a, &format!("s{i}"), 1);
+        d.complete(&a.group_id);
+    }
+    t.poll().unwrap();
+    let rec = t.try_update().unwrap().expect("the batch is complete");
+    assert_eq!(rec.rollout.staleness_max, 0);
+    assert_eq!(d.next(100).unwrap().len(), 4, "one new batch for version 2");
 }
 
 /// The test learner with a three-step SFT stage on hops level 1 demonstrations.
