@@ -1,20 +1,802 @@
-//! `corvid run`: train an agent end to end: a learner and K actor processes, SFT then RL, evaluation and a report.
+//! `corvid run`: the one-command local job. A learner and K actor *processes* on loopback,
+//! SFT then RL, evaluation on held-out seeds, and a report.
+//!
+//! The phases, each a real child process of this binary:
+//!
+//! 1. **SFT**: `corvid learner` on the run folder with no actors; once the SFT reference
+//!    (`ref/`) and its checkpoint exist, it is stopped with SIGTERM (it checkpoints and exits).
+//! 2. **Ablation copy**: when the config names an ablation config, the stopped run folder is
+//!    copied to `runs/<name>-ablation/`, so both RL runs start from the same SFT weights.
+//! 3. **RL**: `corvid learner --resume` and K `corvid actor`s, for `rl_minutes` of wall time
+//!    (or until the learner reaches `schedule.max_updates`); one progress line per update.
+//!    Then the actors get SIGTERM (they finish or abandon their episodes, nothing is lost),
+//!    then the learner (it checkpoints). The ablation runs the same way on its copy.
+//! 4. **Evaluation** in this process on held-out seeds: the random initial policy, the SFT
+//!    reference, the RL result (and the ablation's), `eval/<stage>.json`, episodes stored
+//!    in `eval/store`.
+//! 5. **Report**: `run.json`, then `report.json`, `report.html` and the plots.
+//!
+//! Children run in their own process groups, so Ctrl-C reaches only this process, which then
+//! stops the children in order (actors, then learner) and goes on to evaluate and report
+//! what exists. A second Ctrl-C skips evaluation.
 
-use std::process::ExitCode;
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{BufRead, BufReader, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context, Result};
 use clap::Args;
+use corvid_learner::config::LearnerConfig;
+use serde::{Deserialize, Serialize};
 
-/// train an agent end to end: a learner and K actor processes, SFT then RL, evaluation and a report.
+use super::eval::{evaluate, EvalArgs, EvalResult};
+
+/// Train an agent end to end: a learner and K actor processes, SFT then RL, evaluation and
+/// a report.
 #[derive(Args, Debug)]
-#[command(after_help = "Example:
-  corvid run --config configs/demo.toml")]
+#[command(after_help = "Examples:
+  corvid run --config configs/demo.toml
+  corvid run --config configs/demo.toml --name demo2 --rl-minutes 5
+  corvid report --run-dir runs/demo          rebuild the report of a finished or interrupted run
+
+The config is a learner config (see configs/demo.toml) plus a [run] table:
+  actors, actor_concurrency, rl_minutes, eval_family, eval_levels, eval_episodes,
+  eval_concurrency, eval_max_new_tokens, ablation (another learner config, e.g.
+  configs/demo-grpo.toml, trained on a copy of the SFT result for the same budget).
+Output: runs/<name>/ with learner.log, actor-<i>.log, store/, ckpt/, ref/, metrics/, eval/,
+run.json, report.json, report.html and PNG plots. Ctrl-C stops training cleanly (with a
+checkpoint) and still evaluates and reports; a second Ctrl-C skips evaluation.")]
 pub struct RunArgs {
-    /// Arguments, defined when this command lands.
-    #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
-    rest: Vec<String>,
+    /// The run config (a learner config with a [run] table).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Run name (default: `run_name` in the config); the run folder is runs/<name>.
+    #[arg(long)]
+    name: Option<String>,
+    /// Override `[run] rl_minutes`.
+    #[arg(long)]
+    rl_minutes: Option<f64>,
+    /// Override `[run] eval_episodes`.
+    #[arg(long)]
+    eval_episodes: Option<usize>,
+    /// Skip the ablation even if the config names one.
+    #[arg(long)]
+    no_ablation: bool,
+}
+
+/// The `[run]` table: what `corvid run` adds to a learner config.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunSection {
+    /// Actor processes. Default 2.
+    pub actors: usize,
+    /// Episodes each actor runs at once. Default 16.
+    pub actor_concurrency: usize,
+    /// Wall-clock minutes of RL per run (the learner's `schedule.max_updates` may stop it
+    /// sooner). Default 8.
+    pub rl_minutes: f64,
+    /// Family evaluated on held-out seeds. Default `hops`.
+    pub eval_family: String,
+    /// Levels evaluated, `A..B`. Default `1..4`.
+    pub eval_levels: String,
+    /// Held-out instances per level and stage. Default 200.
+    pub eval_episodes: usize,
+    /// Episodes decoded at once during evaluation. Default 64.
+    pub eval_concurrency: usize,
+    /// Most tokens per turn during evaluation. Default 160.
+    pub eval_max_new_tokens: u32,
+    /// Another learner config trained on a copy of the SFT result for the same budget, for
+    /// the ablation (empty = none). Default empty.
+    pub ablation: String,
+    /// Most minutes to wait for SFT before giving up. Default 30.
+    pub sft_timeout_minutes: f64,
+}
+
+impl Default for RunSection {
+    fn default() -> Self {
+        Self {
+            actors: 2,
+            actor_concurrency: 16,
+            rl_minutes: 8.0,
+            eval_family: "hops".into(),
+            eval_levels: "1..4".into(),
+            eval_episodes: 200,
+            eval_concurrency: 64,
+            eval_max_new_tokens: 160,
+            ablation: String::new(),
+            sft_timeout_minutes: 30.0,
+        }
+    }
+}
+
+/// `run.json`: what happened, for the report.
+#[derive(Debug, Clone, Serialize)]
+struct RunRecord {
+    name: String,
+    main_family: String,
+    config: String,
+    started_unix_ms: u64,
+    finished_unix_ms: u64,
+    stages: BTreeMap<String, f64>,
+    interrupted: bool,
+    frontier_level: BTreeMap<String, u32>,
+    level_tokens: BTreeMap<String, BTreeMap<String, usize>>,
+    ablation: BTreeMap<String, Option<f64>>,
+    ablation_frontier_level: BTreeMap<String, u32>,
+}
+
+/// Ctrl-C / SIGTERM count, set by a signal thread.
+fn interrupts() -> Arc<AtomicU32> {
+    let count = Arc::new(AtomicU32::new(0));
+    let c = count.clone();
+    std::thread::spawn(move || {
+        let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        rt.block_on(async move {
+            let Ok(mut term) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            else {
+                return;
+            };
+            loop {
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+                eprintln!(
+                    "\n[run] interrupt {n}: {}",
+                    if n == 1 {
+                        "stopping training cleanly (Ctrl-C again to skip evaluation)"
+                    } else {
+                        "evaluation will be skipped"
+                    }
+                );
+            }
+        });
+    });
+    count
+}
+
+/// A child process in its own process group, stopped with SIGTERM then SIGKILL.
+struct Proc {
+    name: String,
+    child: Child,
+}
+
+impl Proc {
+    fn spawn(name: &str, args: &[String], log: &Path) -> Result<Self> {
+        let exe = std::env::current_exe().context("locating the corvid binary")?;
+        let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
+        let err = out.try_clone().context("duplicating a log handle")?;
+        let child = Command::new(&exe)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("starting {name} ({})", exe.display()))?;
+        Ok(Self {
+            name: name.to_string(),
+            child,
+        })
+    }
+
+    fn alive(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    fn signal(&self, sig: i32) {
+        // SAFETY: `kill` has no memory-safety preconditions; the pid is our own child's.
+        unsafe {
+            libc::kill(self.child.id() as i32, sig);
+        }
+    }
+
+    /// SIGTERM, wait up to `grace`, then SIGKILL. Returns whether it exited on its own.
+    fn stop(&mut self, grace: Duration) -> bool {
+        if !self.alive() {
+            return true;
+        }
+        self.signal(libc::SIGTERM);
+        let t = Instant::now();
+        while t.elapsed() < grace {
+            if !self.alive() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!(
+            "[run] {} did not stop within {grace:?}; killing it",
+            self.name
+        );
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        false
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.alive() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")
+        .context("finding a free loopback port")?
+        .local_addr()?
+        .port())
+}
+
+/// Splits a run config into its learner part and the `[run]` table.
+fn split_config(path: &Path) -> Result<(toml::Table, RunSection)> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut table: toml::Table = text
+        .parse()
+        .with_context(|| format!("{} is not valid TOML", path.display()))?;
+    let run = match table.remove("run") {
+        Some(v) => v
+            .try_into::<RunSection>()
+            .with_context(|| format!("{}: the [run] table", path.display()))?,
+        None => RunSection::default(),
+    };
+    Ok((table, run))
+}
+
+/// Writes the learner part of a config into the run folder, with the run folder, listen
+/// address and token fixed for this run; validates it the way `corvid learner` will.
+fn write_learner_config(
+    mut table: toml::Table,
+    run_dir: &Path,
+    port: u16,
+    name: &str,
+) -> Result<(PathBuf, LearnerConfig)> {
+    table.insert("run_name".into(), name.into());
+    table.insert("listen".into(), format!("127.0.0.1:{port}").into());
+    table.insert("run_dir".into(), run_dir.display().to_string().into());
+    table.remove("token_file");
+    // A second learner on the same machine must not fight over the Prometheus port.
+    if let Some(toml::Value::Table(m)) = table.get_mut("metrics") {
+        m.insert("prometheus".into(), "".into());
+    }
+    let text = toml::to_string_pretty(&table).context("writing the learner config")?;
+    let cfg = LearnerConfig::from_toml(&text).context("the learner part of the run config")?;
+    let path = run_dir.join("learner.toml");
+    std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
+    Ok((path, cfg))
+}
+
+fn copy_dir(from: &Path, to: &Path) -> Result<()> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    for entry in std::fs::read_dir(from).with_context(|| format!("reading {}", from.display()))? {
+        let entry = entry?;
+        let ty = entry.file_type()?;
+        let dst = to.join(entry.file_name());
+        if ty.is_dir() {
+            copy_dir(&entry.path(), &dst)?;
+        } else if ty.is_file() {
+            std::fs::copy(entry.path(), &dst).with_context(|| {
+                format!("copying {} to {}", entry.path().display(), dst.display())
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn has_checkpoint(run_dir: &Path) -> bool {
+    std::fs::read_dir(run_dir.join("ckpt"))
+        .map(|rd| {
+            rd.flatten()
+                .any(|e| e.file_name().to_string_lossy().parse::<u64>().is_ok())
+        })
+        .unwrap_or(false)
+}
+
+/// Newest run checkpoint folder.
+fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
+    std::fs::read_dir(run_dir.join("ckpt"))
+        .ok()?
+        .flatten()
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().parse::<u64>().ok()?;
+            Some((n, e.path()))
+        })
+        .max_by_key(|(n, _)| *n)
+        .map(|(_, p)| p)
+}
+
+/// Follows a JSONL file, returning complete new lines.
+struct Tail {
+    path: PathBuf,
+    pos: u64,
+}
+
+impl Tail {
+    fn new(path: PathBuf) -> Self {
+        Self { path, pos: 0 }
+    }
+
+    fn lines(&mut self) -> Vec<serde_json::Value> {
+        let Ok(mut f) = File::open(&self.path) else {
+            return Vec::new();
+        };
+        if f.seek(SeekFrom::Start(self.pos)).is_err() {
+            return Vec::new();
+        }
+        let mut out = Vec::new();
+        let mut reader = BufReader::new(f);
+        let mut line = String::new();
+        while let Ok(n) = reader.read_line(&mut line) {
+            if n == 0 || !line.ends_with('\n') {
+                break;
+            }
+            self.pos += n as u64;
+            if let Ok(v) = serde_json::from_str(&line) {
+                out.push(v);
+            }
+            line.clear();
+        }
+        out
+    }
+}
+
+fn progress_line(v: &serde_json::Value, rl_start: Instant) -> String {
+    let f = |p: &str| v.pointer(p).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+    let frontier = v
+        .pointer("/curriculum/frontier")
+        .and_then(|x| x.as_object())
+        .map(|m| {
+            m.iter()
+                .map(|(k, l)| format!("{k} L{l}"))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .unwrap_or_default();
+    format!(
+        "[rl {:>5.0}s] update {:>4} v{:<4} reward {:>6.3} success {:>5.1}% | frontier {} | {:>6.0} tok/s {:>5.2} ep/s | staleness {:.2} | loss {:+.4} kl {:.4} ent {:.3}",
+        rl_start.elapsed().as_secs_f64(),
+        f("/step"),
+        f("/policy_version"),
+        f("/rollout/reward_mean"),
+        100.0 * f("/rollout/success_rate"),
+        frontier,
+        f("/rollout/tokens_per_s"),
+        f("/rollout/episodes_per_s"),
+        f("/rollout/staleness_mean"),
+        f("/loss/policy"),
+        f("/loss/kl"),
+        f("/loss/entropy"),
+    )
+}
+
+/// What one RL phase left behind.
+struct RlOutcome {
+    seconds: f64,
+    frontier: BTreeMap<String, u32>,
+}
+
+/// Phase 1: SFT with no actors, stopped once the reference and its checkpoint exist.
+fn sft_phase(
+    learner_cfg: &Path,
+    run_dir: &Path,
+    run: &RunSection,
+    stop: &AtomicU32,
+) -> Result<f64> {
+    let t = Instant::now();
+    if run_dir.join("ref").join("config.json").exists() && has_checkpoint(run_dir) {
+        eprintln!("[run] SFT already done in {}; skipping", run_dir.display());
+        return Ok(0.0);
+    }
+    eprintln!(
+        "[sft] training on oracle demonstrations (log: {}/learner.log)",
+        run_dir.display()
+    );
+    let mut learner = Proc::spawn(
+        "learner (sft)",
+        &[
+            "learner".into(),
+            "--config".into(),
+            learner_cfg.display().to_string(),
+        ],
+        &run_dir.join("learner.log"),
+    )?;
+    let mut tail = Tail::new(run_dir.join("metrics").join("sft.jsonl"));
+    let deadline = Duration::from_secs_f64(run.sft_timeout_minutes * 60.0);
+    loop {
+        for v in tail.lines() {
+            let f = |p: &str| v.pointer(p).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+            eprintln!(
+                "[sft {:>5.0}s] step {:>5} loss {:.4}{} lr {:.2e} {:>6.0} tok/s",
+                t.elapsed().as_secs_f64(),
+                f("/step"),
+                f("/loss"),
+                v.get("heldout_loss")
+                    .and_then(|x| x.as_f64())
+                    .map(|h| format!(" held-out {h:.4}"))
+                    .unwrap_or_default(),
+                f("/lr"),
+                f("/tokens_per_s"),
+            );
+        }
+        if run_dir.join("ref").join("config.json").exists() && has_checkpoint(run_dir) {
+            break;
+        }
+        if !learner.alive() {
+            bail!(
+                "the learner exited during SFT; see {}/learner.log",
+                run_dir.display()
+            );
+        }
+        if stop.load(Ordering::SeqCst) > 0 {
+            learner.stop(Duration::from_secs(120));
+            bail!(
+                "interrupted during SFT (the learner saved a checkpoint; nothing to evaluate yet)"
+            );
+        }
+        if t.elapsed() > deadline {
+            learner.stop(Duration::from_secs(60));
+            bail!(
+                "SFT did not finish within {} minutes",
+                run.sft_timeout_minutes
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    // Let the post-SFT checkpoint land, then stop.
+    learner.stop(Duration::from_secs(120));
+    let s = t.elapsed().as_secs_f64();
+    eprintln!(
+        "[sft] done in {s:.0}s; reference policy in {}/ref",
+        run_dir.display()
+    );
+    Ok(s)
+}
+
+/// Phase 3: the learner resumes after SFT, K actors roll out, for the RL budget.
+fn rl_phase(
+    label: &str,
+    learner_cfg: &Path,
+    port: u16,
+    run_dir: &Path,
+    run: &RunSection,
+    stop: &AtomicU32,
+) -> Result<RlOutcome> {
+    let t = Instant::now();
+    eprintln!(
+        "[{label}] learner + {} actors x {} episodes, {} minutes (logs in {})",
+        run.actors,
+        run.actor_concurrency,
+        run.rl_minutes,
+        run_dir.display()
+    );
+    let mut learner = Proc::spawn(
+        &format!("learner ({label})"),
+        &[
+            "learner".into(),
+            "--config".into(),
+            learner_cfg.display().to_string(),
+            "--resume".into(),
+        ],
+        &run_dir.join(format!("learner-{label}.log")),
+    )?;
+    let token = run_dir.join("token");
+    let url = format!("http://127.0.0.1:{port}");
+    let mut actors = Vec::new();
+    for i in 0..run.actors {
+        actors.push(Proc::spawn(
+            &format!("actor {i}"),
+            &[
+                "actor".into(),
+                "--learner".into(),
+                url.clone(),
+                "--token-file".into(),
+                token.display().to_string(),
+                "--concurrency".into(),
+                run.actor_concurrency.to_string(),
+                "--spool".into(),
+                run_dir.join(format!("spool-{i}")).display().to_string(),
+            ],
+            &run_dir.join(format!("actor-{label}-{i}.log")),
+        )?);
+    }
+    let budget = Duration::from_secs_f64(run.rl_minutes * 60.0);
+    let mut tail = Tail::new(run_dir.join("metrics").join("metrics.jsonl"));
+    let mut frontier = BTreeMap::new();
+    let mut learner_exited = false;
+    while t.elapsed() < budget && stop.load(Ordering::SeqCst) == 0 {
+        for v in tail.lines() {
+            eprintln!("{}", progress_line(&v, t));
+            if let Some(m) = v
+                .pointer("/curriculum/frontier")
+                .and_then(|x| x.as_object())
+            {
+                frontier = m
+                    .iter()
+                    .filter_map(|(k, l)| Some((k.clone(), l.as_u64()? as u32)))
+                    .collect();
+            }
+        }
+        if !learner.alive() {
+            learner_exited = true;
+            break;
+        }
+        for a in actors.iter_mut() {
+            if !a.alive() {
+                eprintln!("[{label}] {} exited; see its log", a.name);
+            }
+        }
+        actors.retain_mut(|a| a.alive());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    eprintln!("[{label}] stopping: actors first, then the learner (it checkpoints)");
+    for a in actors.iter_mut() {
+        a.signal(libc::SIGTERM);
+    }
+    for a in actors.iter_mut() {
+        a.stop(Duration::from_secs(60));
+    }
+    if !learner_exited {
+        learner.stop(Duration::from_secs(180));
+    }
+    for v in tail.lines() {
+        eprintln!("{}", progress_line(&v, t));
+        if let Some(m) = v
+            .pointer("/curriculum/frontier")
+            .and_then(|x| x.as_object())
+        {
+            frontier = m
+                .iter()
+                .filter_map(|(k, l)| Some((k.clone(), l.as_u64()? as u32)))
+                .collect();
+        }
+    }
+    Ok(RlOutcome {
+        seconds: t.elapsed().as_secs_f64(),
+        frontier,
+    })
+}
+
+fn eval_stage(
+    stage: &str,
+    checkpoint: Option<PathBuf>,
+    model_config: Option<PathBuf>,
+    run_dir: &Path,
+    run: &RunSection,
+    max_new_tokens: u32,
+) -> Result<EvalResult> {
+    let out = run_dir.join("eval").join(format!("{stage}.json"));
+    let args = EvalArgs {
+        random_init: checkpoint.is_none(),
+        checkpoint,
+        model_preset: "tiny".into(),
+        model_config,
+        family: run.eval_family.clone(),
+        pack: None,
+        levels: super::eval::parse_levels(&run.eval_levels).map_err(anyhow::Error::msg)?,
+        episodes: run.eval_episodes,
+        k: 1,
+        temperature: 0.0,
+        top_p: 1.0,
+        max_new_tokens,
+        seed: 1 << 62,
+        concurrency: run.eval_concurrency,
+        store: run_dir.join("eval").join("store"),
+        label: Some(stage.to_string()),
+        json: true,
+        out: Some(out.clone()),
+        stage: stage.to_string(),
+    };
+    eprintln!(
+        "[eval] {stage}: {} held-out episodes per level of {} {}",
+        run.eval_episodes, run.eval_family, run.eval_levels
+    );
+    let r = evaluate(&args).with_context(|| format!("evaluating the {stage} policy"))?;
+    std::fs::write(&out, serde_json::to_string_pretty(&r)?)
+        .with_context(|| format!("writing {}", out.display()))?;
+    for f in &r.families {
+        for l in &f.levels {
+            eprintln!(
+                "[eval] {stage:<8} {}/{}: success {}",
+                f.family,
+                l.level,
+                l.success_rate
+                    .map(|s| format!("{:.1}%", 100.0 * s))
+                    .unwrap_or_else(|| "n/a".into())
+            );
+        }
+    }
+    Ok(r)
+}
+
+/// Success at `level` of the evaluated family.
+fn success_at(r: &EvalResult, level: u32) -> Option<f64> {
+    r.families
+        .first()?
+        .levels
+        .iter()
+        .find(|l| l.level == level)?
+        .success_rate
 }
 
 /// Runs the command.
-pub fn run(_args: RunArgs) -> anyhow::Result<ExitCode> {
-    super::not_yet("run", "the end-to-end issue")
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let started_unix_ms = corvid_learner::store::now_unix_ms();
+    let stop = interrupts();
+    let (table, mut run) = split_config(&args.config)?;
+    if let Some(m) = args.rl_minutes {
+        run.rl_minutes = m;
+    }
+    if let Some(n) = args.eval_episodes {
+        run.eval_episodes = n;
+    }
+    let name = match &args.name {
+        Some(n) => n.clone(),
+        None => table
+            .get("run_name")
+            .and_then(|v| v.as_str())
+            .unwrap_or("demo")
+            .to_string(),
+    };
+    let run_dir = PathBuf::from("runs").join(&name);
+    if run_dir.join("run.json").exists() {
+        bail!(
+            "{} already holds a finished run; choose another --name or remove the folder",
+            run_dir.display()
+        );
+    }
+    std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
+    let port = free_port()?;
+    let (learner_cfg, cfg) = write_learner_config(table.clone(), &run_dir, port, &name)?;
+    let model_json = run_dir.join("model.json");
+    std::fs::write(
+        &model_json,
+        serde_json::to_string_pretty(&cfg.model.resolve()?)?,
+    )
+    .with_context(|| format!("writing {}", model_json.display()))?;
+    eprintln!("[run] {name}: run folder {}", run_dir.display());
+
+    let mut stages = BTreeMap::new();
+    stages.insert(
+        "sft_s".to_string(),
+        sft_phase(&learner_cfg, &run_dir, &run, &stop)?,
+    );
+
+    // The ablation starts from an exact copy of the stopped SFT run.
+    let ablation = (!args.no_ablation && !run.ablation.is_empty()).then(|| {
+        (
+            PathBuf::from(&run.ablation),
+            PathBuf::from("runs").join(format!("{name}-ablation")),
+        )
+    });
+    let mut ablation_cfg = None;
+    if let Some((cfg_path, dir)) = &ablation {
+        if dir.exists() {
+            bail!(
+                "{} exists; remove it or run with --no-ablation",
+                dir.display()
+            );
+        }
+        copy_dir(&run_dir, dir)?;
+        let (t, _) = split_config(cfg_path)?;
+        let aport = free_port()?;
+        let (p, _) = write_learner_config(t, dir, aport, &format!("{name}-ablation"))?;
+        ablation_cfg = Some((p, aport, dir.clone()));
+    }
+
+    let main = rl_phase("rl", &learner_cfg, port, &run_dir, &run, &stop)?;
+    stages.insert("rl_s".to_string(), main.seconds);
+    let mut ablation_frontier = BTreeMap::new();
+    if let Some((p, aport, dir)) = &ablation_cfg {
+        if stop.load(Ordering::SeqCst) == 0 {
+            let a = rl_phase("ablation", p, *aport, dir, &run, &stop)?;
+            stages.insert("ablation_rl_s".to_string(), a.seconds);
+            ablation_frontier = a.frontier;
+        }
+    }
+
+    // Evaluation: random init, SFT reference, RL result (and the ablation's).
+    let t_eval = Instant::now();
+    let max_new = run.eval_max_new_tokens;
+    let mut evals: BTreeMap<String, EvalResult> = BTreeMap::new();
+    if stop.load(Ordering::SeqCst) < 2 {
+        evals.insert(
+            "random".into(),
+            eval_stage(
+                "random",
+                None,
+                Some(model_json.clone()),
+                &run_dir,
+                &run,
+                max_new,
+            )?,
+        );
+        evals.insert(
+            "sft".into(),
+            eval_stage(
+                "sft",
+                Some(run_dir.join("ref")),
+                None,
+                &run_dir,
+                &run,
+                max_new,
+            )?,
+        );
+        if let Some(ck) = latest_checkpoint(&run_dir) {
+            evals.insert(
+                "rl".into(),
+                eval_stage("rl", Some(ck), None, &run_dir, &run, max_new)?,
+            );
+        }
+        if let Some((_, _, dir)) = &ablation_cfg {
+            if let Some(ck) = latest_checkpoint(dir) {
+                evals.insert(
+                    "ablation-grpo".into(),
+                    eval_stage("ablation-grpo", Some(ck), None, &run_dir, &run, max_new)?,
+                );
+            }
+        }
+    }
+    stages.insert("eval_s".to_string(), t_eval.elapsed().as_secs_f64());
+
+    // The frontier for the headline numbers: the main run's, for the evaluated family.
+    let family = corvid_tasks::builtin_family(&run.eval_family)?;
+    let frontier = main.frontier.get(&run.eval_family).copied();
+    let mut level_tokens = BTreeMap::new();
+    let mut per_level = BTreeMap::new();
+    for level in 1..=family.levels() {
+        let t = family.instance(level, 0)?.oracle_tokens();
+        per_level.insert(level.to_string(), t);
+    }
+    level_tokens.insert(run.eval_family.clone(), per_level);
+    let mut ablation_figures = BTreeMap::new();
+    if let Some(level) = frontier {
+        ablation_figures.insert(
+            "step_level".to_string(),
+            evals.get("rl").and_then(|r| success_at(r, level)),
+        );
+        ablation_figures.insert(
+            "trajectory_grpo".to_string(),
+            evals
+                .get("ablation-grpo")
+                .and_then(|r| success_at(r, level)),
+        );
+    }
+    let record = RunRecord {
+        name: name.clone(),
+        main_family: run.eval_family.clone(),
+        config: args.config.display().to_string(),
+        started_unix_ms,
+        finished_unix_ms: corvid_learner::store::now_unix_ms(),
+        stages,
+        interrupted: stop.load(Ordering::SeqCst) > 0,
+        frontier_level: main.frontier.clone(),
+        level_tokens,
+        ablation: ablation_figures,
+        ablation_frontier_level: ablation_frontier,
+    };
+    let path = run_dir.join("run.json");
+    std::fs::write(&path, serde_json::to_string_pretty(&record)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let summary = crate::report::write(&run_dir).context("writing the report")?;
+    eprintln!("[run] report: {}", run_dir.join("report.html").display());
+    println!("{}", run_dir.join("report.html").display());
+    let _ = summary;
+    Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,292 @@
+//! End to end over loopback with real processes: `corvid learner` and two `corvid actor`s
+//! on a tiny config for a few RL updates. One actor is SIGKILLed mid-run. Asserts that
+//! trajectories are stored, the policy version advanced, metrics were written, every
+//! trajectory the killed actor saw acknowledged is in the store, and `corvid replay` lists,
+//! shows and exports them.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// The `corvid` binary of this build (built by `make test`; built here if missing).
+fn corvid() -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable path");
+    // target/<profile>/deps/e2e-<hash> -> target/<profile>/corvid
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target profile dir");
+    let bin = dir.join("corvid");
+    if !bin.exists() {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.args(["build", "--bin", "corvid"]);
+        if dir.ends_with("release") {
+            cmd.arg("--release");
+        }
+        let status = cmd
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo build");
+        assert!(status.success(), "cargo build --bin corvid failed");
+    }
+    bin
+}
+
+const CONFIG: &str = r#"
+run_name = "e2e"
+seed = 1
+threads = 1
+
+[model]
+preset = "tiny"
+[model.overrides]
+num_hidden_layers = 2
+
+[tasks]
+families = ["hops"]
+max_levels = { hops = 2 }
+
+[rollout]
+max_open_groups = 4
+policy_poll_interval_ms = 200
+[rollout.sampling]
+max_new_tokens = 40
+
+[sft]
+steps = 4
+batch_tokens = 2048
+seq_len = 512
+micro_batch_tokens = 2048
+levels = { hops = [1] }
+heldout_per_level = 2
+eval_every = 0
+
+[rl]
+groups_per_update = 2
+group_size = 4
+
+[schedule]
+checkpoint_every = 1
+max_updates = 3
+poll_ms = 100
+
+[metrics]
+prometheus = ""
+"#;
+
+struct Kid(Child);
+
+impl Drop for Kid {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(args: &[&str], log: &Path) -> Kid {
+    let out = std::fs::File::create(log).expect("log file");
+    let err = out.try_clone().expect("log handle");
+    Kid(Command::new(corvid())
+        .args(args)
+        .env("RUST_LOG", "info,corvid_actor::submit=debug")
+        .stdin(Stdio::null())
+        .stdout(out)
+        .stderr(err)
+        .spawn()
+        .expect("spawning corvid"))
+}
+
+fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(
+            t.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// Trajectory ids the actor logged as acknowledged by the learner.
+fn acked_ids(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("acked"))
+        .filter_map(|l| {
+            let rest = &l[l.find("trajectory=")? + "trajectory=".len()..];
+            let id: String = rest
+                .trim_start_matches('"')
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+                .collect();
+            (!id.is_empty()).then_some(id)
+        })
+        .collect()
+}
+
+fn run_ok(args: &[&str]) -> String {
+    let out = Command::new(corvid())
+        .args(args)
+        .output()
+        .expect("running corvid");
+    assert!(
+        out.status.success(),
+        "corvid {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).expect("utf8 output")
+}
+
+#[test]
+fn learner_and_two_actors_train_and_lose_nothing_when_an_actor_is_killed() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let run = d.join("run");
+    let cfg = d.join("e2e.toml");
+    std::fs::write(&cfg, CONFIG).expect("config");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("port")
+        .local_addr()
+        .expect("addr")
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let mut learner = spawn(
+        &[
+            "learner",
+            "--config",
+            cfg.to_str().expect("utf8"),
+            "--run-dir",
+            run.to_str().expect("utf8"),
+            "--listen",
+            &listen,
+        ],
+        &d.join("learner.log"),
+    );
+    let token = run.join("token");
+    wait_for("the learner's token file", Duration::from_secs(60), || {
+        token.exists()
+    });
+    let url = format!("http://{listen}");
+    let actor = |i: usize| {
+        spawn(
+            &[
+                "actor",
+                "--learner",
+                &url,
+                "--token-file",
+                token.to_str().expect("utf8"),
+                "--concurrency",
+                "4",
+                "--spool",
+                d.join(format!("spool-{i}")).to_str().expect("utf8"),
+            ],
+            &d.join(format!("actor-{i}.log")),
+        )
+    };
+    let mut killed = actor(0);
+    let mut survivor = actor(1);
+
+    // Kill actor 0 once it has had a few trajectories acknowledged.
+    let log0 = d.join("actor-0.log");
+    wait_for(
+        "actor 0's first acknowledged trajectories",
+        Duration::from_secs(150),
+        || acked_ids(&read(&log0)).len() >= 2,
+    );
+    killed.0.kill().expect("SIGKILL actor 0");
+    killed.0.wait().expect("reap actor 0");
+    let acked = acked_ids(&read(&log0));
+
+    // The learner stops by itself after `max_updates`.
+    wait_for(
+        "the learner to finish 3 updates",
+        Duration::from_secs(170),
+        || matches!(learner.0.try_wait(), Ok(Some(_))),
+    );
+    let status = learner.0.wait().expect("learner status");
+    assert!(
+        status.success(),
+        "learner failed:\n{}",
+        read(&d.join("learner.log"))
+    );
+    let _ = survivor.0.kill();
+    let _ = survivor.0.wait();
+
+    // Metrics: one line per update, the policy version advancing.
+    let metrics = read(&run.join("metrics").join("metrics.jsonl"));
+    let lines: Vec<serde_json::Value> = metrics
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("metrics line is JSON"))
+        .collect();
+    assert_eq!(lines.len(), 3, "{metrics}");
+    let versions: Vec<u64> = lines
+        .iter()
+        .map(|l| l["policy_version"].as_u64().expect("policy_version"))
+        .collect();
+    assert!(versions.windows(2).all(|w| w[1] > w[0]), "{versions:?}");
+    assert!(
+        versions[0] >= 2,
+        "SFT publishes v1, the first update v2: {versions:?}"
+    );
+
+    // Every trajectory the killed actor saw acknowledged is stored.
+    let store = run.join("store");
+    let store_s = store.to_str().expect("utf8");
+    let listed = run_ok(&["replay", "list", "--store", store_s, "--json"]);
+    let ids: Vec<String> = listed
+        .lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).expect("record JSON");
+            v["header"]["trajectory_id"]
+                .as_str()
+                .expect("id")
+                .to_string()
+        })
+        .collect();
+    assert!(
+        ids.len() >= 16,
+        "at least the trained groups are stored: {}",
+        ids.len()
+    );
+    for id in &acked {
+        assert!(
+            ids.contains(id),
+            "acked trajectory {id} is missing from the store"
+        );
+    }
+    let unique: std::collections::HashSet<&String> = ids.iter().collect();
+    assert_eq!(unique.len(), ids.len(), "a trajectory was stored twice");
+
+    // Replay works on what was stored.
+    let shown = run_ok(&["replay", "show", "--store", store_s, &ids[0]]);
+    assert!(shown.contains("turn"), "{shown}");
+    let out = d.join("chat.jsonl");
+    run_ok(&[
+        "replay",
+        "export",
+        "--store",
+        store_s,
+        "--format",
+        "chat",
+        "--out",
+        out.to_str().expect("utf8"),
+    ]);
+    let exported = read(&out);
+    assert_eq!(exported.lines().count(), ids.len());
+    for l in exported.lines() {
+        let v: serde_json::Value = serde_json::from_str(l).expect("chat line");
+        assert_eq!(v["messages"][1]["role"], "user");
+    }
+    // The run left checkpoints and the SFT reference.
+    assert!(run.join("ref").join("config.json").exists());
+    assert!(
+        std::fs::read_dir(run.join("ckpt"))
+            .expect("ckpt dir")
+            .count()
+            >= 1
+    );
+}
