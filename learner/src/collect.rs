@@ -201,6 +201,11 @@ impl Collector {
         all.into_iter().map(|(_, id)| id).collect()
     }
 
+    /// Groups with at least one trajectory pending.
+    pub fn pending_groups(&self) -> usize {
+        self.groups.len()
+    }
+
     /// Trajectories pending.
     pub fn pending_len(&self) -> usize {
         self.groups.values().map(|g| g.members.len()).sum()

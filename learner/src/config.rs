@@ -202,9 +202,12 @@ pub struct ScheduleSection {
     /// Run the SFT stage (on oracle demonstrations) before RL when no SFT checkpoint exists.
     /// Default true.
     pub sft: bool,
-    /// Write a run checkpoint every this many RL updates (also at the end of SFT and on
-    /// SIGTERM / ctrl-c). Default 10.
+    /// Write a run checkpoint every this many RL updates (also at the end of SFT, when RL
+    /// starts without one, and on SIGTERM / ctrl-c). Default 10.
     pub checkpoint_every: u64,
+    /// Write a run checkpoint every this many SFT steps (0 = only at the end of SFT and on
+    /// stop). Default 100.
+    pub sft_checkpoint_every: u64,
     /// Run checkpoints kept; older ones are deleted. Default 3.
     pub keep_checkpoints: usize,
     /// Stop after this many RL updates (0 = run until stopped). Default 0.
@@ -219,6 +222,7 @@ impl Default for ScheduleSection {
         Self {
             sft: true,
             checkpoint_every: 10,
+            sft_checkpoint_every: 100,
             keep_checkpoints: 3,
             max_updates: 0,
             poll_ms: 200,

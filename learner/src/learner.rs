@@ -260,6 +260,14 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
     std::fs::write(&paths.config, cfg.to_toml()).map_err(io_err("writing", &paths.config))?;
     let token = load_or_create_token(&paths.token.0, paths.token.1)?;
     let store = Arc::new(TrajectoryStore::open(&paths.store)?);
+    if restored.is_none() && store.finished_since(0).next().is_some() {
+        // Trajectories without a checkpoint: a fresh policy would train on another
+        // policy's episodes as if they were its own.
+        return Err(LearnerError::RunDir(format!(
+            "{} holds trajectories but no run checkpoint; start the run in another --run-dir",
+            paths.store.display()
+        )));
+    }
 
     let families = cfg.family_levels()?;
     let (curriculum, dispenser_state) = match &restored {

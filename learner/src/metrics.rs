@@ -220,12 +220,35 @@ pub struct UpdateRecord {
     pub service: ServiceFigures,
 }
 
+/// `f64`s as their IEEE bits: serde_json's default float parsing may miss the last bit,
+/// and a resumed run must judge the next loss against exactly the same window.
+mod f64_bits {
+    use std::collections::VecDeque;
+
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(xs: &VecDeque<f64>, s: S) -> Result<S::Ok, S::Error> {
+        xs.iter()
+            .map(|x| x.to_bits())
+            .collect::<Vec<u64>>()
+            .serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<VecDeque<f64>, D::Error> {
+        Ok(Vec::<u64>::deserialize(d)?
+            .into_iter()
+            .map(f64::from_bits)
+            .collect())
+    }
+}
+
 /// The loss-spike rule: a value above `mean + k·std` of the previous `window` values.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SpikeDetector {
     k: f64,
     window: usize,
     min_samples: usize,
+    #[serde(with = "f64_bits")]
     recent: VecDeque<f64>,
     count: u64,
 }
@@ -563,6 +586,17 @@ mod tests {
         assert_eq!(f.count, 1);
         assert!(d.observe(f64::NAN).spike);
         assert_eq!(d.count(), 2);
+    }
+
+    #[test]
+    fn the_window_survives_json_bit_for_bit() {
+        let mut d = SpikeDetector::new(3.0, 10, 4);
+        for i in 0..7 {
+            d.observe(-0.123_456_789_012_345_67 * f64::from(i) + 1e-17);
+        }
+        let back: SpikeDetector =
+            serde_json::from_str(&serde_json::to_string(&d).unwrap()).unwrap();
+        assert_eq!(back, d);
     }
 
     #[test]

@@ -492,12 +492,16 @@ impl Trainer {
         let Some(mut run) = self.sft_run()? else {
             return Ok(true);
         };
+        let every = self.cfg.schedule.sft_checkpoint_every;
         loop {
             if stop.load(Ordering::Relaxed) {
                 return Ok(false);
             }
             if !self.sft_step(&mut run)? {
                 break;
+            }
+            if every > 0 && self.state.sft_step.is_multiple_of(every) {
+                self.checkpoint()?;
             }
         }
         self.finish_sft(&mut run)?;
@@ -545,11 +549,13 @@ impl Trainer {
         Ok(())
     }
 
+    /// Synchronous mode: allows the groups the next update still needs — one batch minus
+    /// the groups already out or waiting to be trained (after a resume some may be).
     fn grant_sync_batch(&self) {
-        self.shared
-            .control
-            .dispenser
-            .set_budget(Some(self.cfg.rl.groups_per_update as u64));
+        let d = &self.shared.control.dispenser;
+        let outstanding = d.open_groups() + self.collector.pending_groups();
+        let need = self.cfg.rl.groups_per_update.saturating_sub(outstanding);
+        d.set_budget(Some(need as u64));
     }
 
     /// Keeps only trajectories the trainer can use: token ids inside the vocabulary and
@@ -718,6 +724,11 @@ impl Trainer {
             self.checkpoint()?;
         }
         self.enter_rl()?;
+        if self.ckpt.latest()?.is_none() {
+            // Once actors can roll out, a run can always be resumed: without this a run
+            // without SFT that dies before its first periodic checkpoint could not be.
+            self.checkpoint()?;
+        }
         let poll = Duration::from_millis(self.cfg.schedule.poll_ms.max(1));
         loop {
             if stop.load(Ordering::Relaxed) {

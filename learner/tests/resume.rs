@@ -305,6 +305,20 @@ fn after_a_kill_without_checkpoint_no_stored_trajectory_is_lost() {
 }
 
 #[test]
+fn a_run_folder_is_never_silently_restarted() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = prepare(config(dir.path()), true).unwrap_err().to_string();
+    assert!(err.contains("no checkpoint"), "{err}");
+    // Trajectories but no checkpoint (a run killed before its first one): refused too.
+    let p = prepare(config(dir.path()), false).unwrap();
+    let a = p.shared.control.dispenser.next(1).unwrap();
+    store_one(&p.shared.store, &a[0], "orphan", 1);
+    drop(p);
+    let err = prepare(config(dir.path()), false).unwrap_err().to_string();
+    assert!(err.contains("no run checkpoint"), "{err}");
+}
+
+#[test]
 fn sync_mode_opens_one_batch_of_groups_per_version() {
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
