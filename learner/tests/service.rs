@@ -51,6 +51,10 @@ fn small_model() -> (ModelConfig, Vec<u8>) {
 }
 
 async fn start() -> Learner {
+    start_with(true).await
+}
+
+async fn start_with(publish: bool) -> Learner {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(TrajectoryStore::open(dir.path().join("store")).unwrap());
     let (model_cfg, weights) = small_model();
@@ -75,7 +79,9 @@ async fn start() -> Learner {
     )
     .unwrap();
     let policies = Arc::new(PolicyStore::new(2));
-    policies.publish(1, weights.clone()).unwrap();
+    if publish {
+        policies.publish(1, weights.clone()).unwrap();
+    }
     let control = Arc::new(Control {
         settings: RunSettings::new(&cfg, &model_cfg),
         dispenser: Arc::new(dispenser),
@@ -329,6 +335,39 @@ async fn next_tasks_forms_groups_of_g_and_waits_for_completion() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn before_the_first_policy_there_are_no_tasks_and_no_weights() {
+    let l = start_with(false).await;
+    let mut c = connect(&l.url, TOKEN).await.unwrap();
+    let r = c
+        .register(pb::RegisterRequest {
+            actor_name: "early".into(),
+            hostname: "h".into(),
+            concurrency: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.policy_version, 0);
+    let tasks = c
+        .next_tasks(pb::NextTasksRequest {
+            actor_id: r.actor_id,
+            max_tasks: 8,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(tasks.assignments.is_empty());
+    assert_eq!(l.control.dispenser.counters().groups_opened, 0);
+    let err = c.policy_info(pb::PolicyInfoRequest {}).await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
+    let err = c
+        .fetch_policy(pb::FetchPolicyRequest { version: 0 })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -147,6 +147,13 @@ impl pb::learner_server::Learner for LearnerService {
                 "max_tasks is 0; ask for at least one",
             ));
         }
+        if c.policies.latest_version() == 0 {
+            // No policy to roll out with yet (SFT is running): hand out nothing, so no group
+            // opens and then waits for episodes that cannot start.
+            return Ok(Response::new(pb::NextTasksResponse {
+                assignments: Vec::new(),
+            }));
+        }
         // Opening a group generates a task instance: blocking work, off the reactor.
         let dispenser = Arc::clone(&c.dispenser);
         let assignments = tokio::task::spawn_blocking(move || dispenser.next(req.max_tasks))

@@ -15,6 +15,8 @@
 //!    path calls [`TaskDispenser::complete`]). A group whose last hand-out is older than
 //!    `rollout.group_timeout_s` and is still incomplete *expires*: its slot is freed and it
 //!    is counted, so a crashed actor cannot starve the run.
+//!    Before the first policy version is published (while SFT runs) the service answers
+//!    `NextTasks` with nothing at all, so no group opens that no actor could start.
 //! 5. **Budget (synchronous mode).** With a budget set, only that many new groups may
 //!    open until [`TaskDispenser::allow_groups`] grants more; the learner grants one batch
 //!    per policy version. Without a budget (asynchronous mode) only rule 3 bounds it.
