@@ -51,7 +51,7 @@ max_levels = { hops = 2 }
 max_open_groups = 4
 policy_poll_interval_ms = 200
 [rollout.sampling]
-max_new_tokens = 40
+max_new_tokens = 32
 
 [sft]
 steps = 4
@@ -64,7 +64,7 @@ eval_every = 0
 
 [rl]
 groups_per_update = 2
-group_size = 4
+group_size = 3
 
 [schedule]
 checkpoint_every = 1
@@ -194,7 +194,7 @@ fn learner_and_two_actors_train_and_lose_nothing_when_an_actor_is_killed() {
     let log0 = d.join("actor-0.log");
     wait_for(
         "actor 0's first acknowledged trajectories",
-        Duration::from_secs(150),
+        Duration::from_secs(300),
         || acked_ids(&read(&log0)).len() >= 2,
     );
     killed.0.kill().expect("SIGKILL actor 0");
@@ -204,7 +204,7 @@ fn learner_and_two_actors_train_and_lose_nothing_when_an_actor_is_killed() {
     // The learner stops by itself after `max_updates`.
     wait_for(
         "the learner to finish 3 updates",
-        Duration::from_secs(170),
+        Duration::from_secs(600),
         || matches!(learner.0.try_wait(), Ok(Some(_))),
     );
     let status = learner.0.wait().expect("learner status");
@@ -223,14 +223,25 @@ fn learner_and_two_actors_train_and_lose_nothing_when_an_actor_is_killed() {
         .map(|l| serde_json::from_str(l).expect("metrics line is JSON"))
         .collect();
     assert_eq!(lines.len(), 3, "{metrics}");
-    let versions: Vec<u64> = lines
-        .iter()
-        .map(|l| l["policy_version"].as_u64().expect("policy_version"))
-        .collect();
-    assert!(versions.windows(2).all(|w| w[1] > w[0]), "{versions:?}");
+    // SFT publishes version 1; every update that took an optimizer step publishes the next
+    // one (an update whose groups carry no signal — all equal rewards — changes nothing and
+    // keeps the version).
+    let mut expect = 1u64;
+    for l in &lines {
+        if l["loss"]["optimizer_steps"]
+            .as_u64()
+            .expect("optimizer_steps")
+            > 0
+        {
+            expect += 1;
+        }
+        assert_eq!(l["policy_version"].as_u64(), Some(expect), "{l}");
+    }
     assert!(
-        versions[0] >= 2,
-        "SFT publishes v1, the first update v2: {versions:?}"
+        lines
+            .iter()
+            .all(|l| l["rollout"]["episodes"].as_u64() > Some(0)),
+        "every update read episodes: {metrics}"
     );
 
     // Every trajectory the killed actor saw acknowledged is stored.
