@@ -269,7 +269,7 @@ pub fn oracle_steps(
             policy_versions: vec![0; n_ctx + n_gen],
             token_ids,
             tool_call: Some(call.tool_call()),
-            tool_result: Some(out.result.clone()),
+            tool_result: Some(out.result),
             process_reward: ep.last_process_reward() as f32,
             timings: Default::default(),
         });
