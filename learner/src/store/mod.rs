@@ -151,6 +151,9 @@ impl TrajectoryRecord {
 }
 
 /// What [`TrajectoryStore::begin`] found.
+// One `Begin` exists per submitted trajectory and is matched at once; boxing the writer
+// would add an allocation per trajectory to save stack space nobody holds.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Begin {
     /// A new trajectory: append its steps, then finish.
