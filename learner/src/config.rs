@@ -295,6 +295,11 @@ pub struct LearnerConfig {
     pub schedule: ScheduleSection,
     /// Metrics outputs.
     pub metrics: MetricsSection,
+    /// Settings of `corvid run` (actors, RL wall-clock budget, evaluation; see
+    /// `corvid run --help`), kept in the same file so one config describes a whole run.
+    /// The learner itself ignores them. Default empty.
+    #[serde(skip_serializing_if = "toml::Table::is_empty")]
+    pub run: toml::Table,
 }
 
 impl Default for LearnerConfig {
@@ -315,6 +320,7 @@ impl Default for LearnerConfig {
             rl: RlConfig::default(),
             schedule: ScheduleSection::default(),
             metrics: MetricsSection::default(),
+            run: toml::Table::new(),
         }
     }
 }
