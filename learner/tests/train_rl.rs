@@ -184,7 +184,9 @@ fn trajectories_older_than_the_bound_are_not_trained_on_and_are_counted() {
         one_step("s1", "old", a, lp[0], 1.0, 7, Termination::Answered),
         one_step("s2", "old", b, lp[1], 0.0, 7, Termination::Answered),
     ];
-    let st = trainer.update(&[stale_only.clone()], 10).unwrap();
+    let st = trainer
+        .update(std::slice::from_ref(&stale_only), 10)
+        .unwrap();
     assert_eq!(st.stale_skipped, 2);
     assert_eq!(st.trajectories_used, 0);
     assert_eq!(st.optimizer_steps, 0);
@@ -370,9 +372,44 @@ fn the_kl_term_needs_a_reference_and_is_zero_against_itself() {
         one_step("a", "g", a, lp[0], 1.0, 0, Termination::Answered),
         one_step("b", "g", b, lp[1], 0.0, 0, Termination::Answered),
     ];
-    let st = trainer.update(&[group.clone()], 0).unwrap();
+    let st = trainer.update(std::slice::from_ref(&group), 0).unwrap();
     assert!(st.kl.abs() < 1e-6, "{st:?}");
     // After one step the policy moved away from the reference: KL > 0.
     let st = trainer.update(&[group], 1).unwrap();
     assert!(st.kl > 1e-7, "{st:?}");
+}
+
+#[test]
+fn two_minibatches_take_two_steps_and_clip_against_the_policy_before_the_update() {
+    let tok = ByteTokenizer::new();
+    let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
+    let (vs, model) = small_model(13);
+    let before = action_logprobs(&model, &[a, b]);
+    let group = vec![
+        one_step("a1", "g", a, before[0], 1.0, 0, Termination::Answered),
+        one_step("b1", "g", b, before[1], 0.0, 0, Termination::Answered),
+        one_step("a2", "g", a, before[0], 1.0, 0, Termination::Answered),
+        one_step("b2", "g", b, before[1], 0.0, 0, Termination::Answered),
+    ];
+    let cfg = RlConfig {
+        minibatches: 2,
+        ..rl_config(AdvantageMode::Step)
+    };
+    let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+    let st = trainer.update(&[group], 0).unwrap();
+    assert_eq!(st.optimizer_steps, 2);
+    // π_prox is the policy before the update, equal to the behaviour policy here: w = 1.
+    assert!((st.is_weight_mean - 1.0).abs() < 1e-5, "{st:?}");
+    // The second minibatch (a2, b2: half the tokens) sees the policy moved by the first
+    // step: A's ratio went above 1 + clip_high, B's below 1 − clip_low, both clipped.
+    assert_eq!(
+        (st.clip_frac_low, st.clip_frac_high),
+        (0.25, 0.25),
+        "{st:?}"
+    );
+    let after = action_logprobs(trainer.model(), &[a, b]);
+    assert!(
+        after[0] > before[0] && after[1] < before[1],
+        "{before:?} -> {after:?}"
+    );
 }
