@@ -11,16 +11,19 @@
 //! - [`pack`]: [`pack::PackedRow`] (tokens, positions restarting per document, document
 //!   ids, next-token targets, loss mask), [`pack::first_fit_decreasing`],
 //!   [`pack::PackedBatch`] (rows as `[B, T]` tensors).
-//! - [`sft`]: [`sft::Example`] `{ ids, mask }`, [`sft::pack`]`(examples, seq_len, pad_id) ->
-//!   Packing { rows, too_long }`, [`sft::SftTrainer`]`::{new(vs, model, cfg), step(&rows) ->
-//!   SftStepStats, eval_loss(&rows) -> f64, done(), into_parts()}`.
+//! - [`sft`]: [`sft::Example`] `{ ids, mask }` (`Example::from_steps` for an episode),
+//!   [`sft::pack`]`(examples, seq_len, pad_id) -> Packing { rows, too_long }`,
+//!   [`sft::SftTrainer`]`::{new(vs, model, cfg), step(&rows) -> SftStepStats,
+//!   eval_loss(&rows) -> f64, done(), tokens_seen(), into_parts()}`.
 //! - [`batch`]: [`batch::TrainingTrajectory`] `{ header, footer, steps }`,
 //!   [`batch::Group`] (= `Vec<TrainingTrajectory>`), [`batch::group_by_id`],
 //!   [`batch::select`] (staleness, unscored terminations, uninformative groups; advantages),
 //!   [`batch::turn_advantages`], [`batch::tokens_from_turns`].
 //! - [`loss`]: each RL loss term as its own function, formulas in the module doc.
 //! - [`rl`]: [`rl::RlTrainer`]`::{new(vs, model, reference, cfg), update(&groups,
-//!   current_version) -> UpdateStats}`.
+//!   current_version) -> UpdateStats, backward_only(..)}`.
+//! - The model side: [`MoePolicy::forward_packed`](crate::model::MoePolicy::forward_packed)
+//!   `(tokens, positions, doc_ids, train)` runs packed rows with a block-diagonal causal mask.
 //!
 //! Trainers own their `VarStore`, policy and optimizer; `var_store()`, `model()`,
 //! `optimizer()` / `optimizer_mut()` give the run checkpoint and the weight server access,
