@@ -24,6 +24,11 @@ use corvid_tasks::{score_turns, ScoredTurn, SplitMix64, TaskEnv, TaskInstance, V
 /// `corvid_proto::limits::MAX_STEP_CHUNK_BYTES` (about 400K tokens).
 pub const MAX_TOKENS_PER_STEP: usize = 65_536;
 
+/// Least room, in tokens, a turn needs within the context budget to start (capped by
+/// `max_new_tokens`). A turn that starts generates at most what still fits; if the budget
+/// ends mid-turn the episode ends as `context_full`.
+pub const MIN_TURN_TOKENS: usize = 16;
+
 /// One episode to run: a task instance and how to run it.
 #[derive(Debug, Clone)]
 pub struct EpisodeSpec {
@@ -190,14 +195,31 @@ impl EpisodeRun {
         }
     }
 
-    /// Most tokens this turn may generate.
+    /// `max_new_tokens` of the episode's sampling (at least 1).
     pub fn max_new(&self) -> usize {
         self.spec.sampling.max_new_tokens.max(1) as usize
     }
 
-    /// The context guard: whether the queued context plus a full turn fits the budget.
+    /// Most tokens this turn may generate: `max_new_tokens`, or less when the context
+    /// budget ends first.
+    pub fn turn_limit(&self) -> usize {
+        let start = self.history.len() - self.generated.len();
+        self.max_new().min(self.budget.saturating_sub(start))
+    }
+
+    /// The context guard: whether the queued context leaves room for a turn — at least
+    /// [`MIN_TURN_TOKENS`] (or `max_new_tokens` if smaller) within the budget.
     pub fn next_turn_fits(&self) -> bool {
-        self.history.len() + self.max_new() <= self.budget
+        self.budget.saturating_sub(self.history.len()) >= self.max_new().min(MIN_TURN_TOKENS)
+    }
+
+    /// Whether this turn was stopped by the context budget: it used all the room left,
+    /// less than `max_new_tokens`, without reaching a stop token.
+    pub fn cut_by_context(&self, stop_ids: &[u32]) -> bool {
+        let limit = self.turn_limit();
+        limit < self.max_new()
+            && self.generated.len() >= limit
+            && !self.generated.last().is_some_and(|t| stop_ids.contains(t))
     }
 
     /// Records a generated token.
@@ -211,7 +233,7 @@ impl EpisodeRun {
     /// Whether the turn is over after its latest token.
     pub fn turn_over(&self, stop_ids: &[u32]) -> bool {
         self.generated.last().is_some_and(|t| stop_ids.contains(t))
-            || self.generated.len() >= self.max_new()
+            || self.generated.len() >= self.turn_limit()
     }
 
     /// Ends generation: parses the call. Returns it for the sandbox, or the parse error.
@@ -323,6 +345,13 @@ impl EpisodeRun {
         let steps = self.take_turn_steps(None, None, reward as f32, 0);
         self.queue_context(format, closed, &format.parse_error_text(err));
         (steps, self.decide(false))
+    }
+
+    /// A turn the context budget cut off: recorded as generated, no call runs, and the
+    /// episode ends (after the checker) as `context_full`.
+    pub fn finish_cut(&mut self) -> (Vec<Step>, Next) {
+        let steps = self.take_turn_steps(None, None, 0.0, 0);
+        (steps, Next::Check(Termination::ContextFull))
     }
 
     /// A call that ran: its output becomes the tool message.

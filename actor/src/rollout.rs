@@ -11,13 +11,15 @@
 //!    episodes (left-aligned, per-row lengths). Every decode step appends each row's latest
 //!    token and draws the next from the [`TokenChooser`] (exact id, behaviour log-prob,
 //!    policy version recorded).
-//! 3. A row whose turn ends (`</tool_call>`, `<|end|>` or `max_new_tokens`) leaves the batch;
+//! 3. A row whose turn ends (`</tool_call>`, `<|end|>`, `max_new_tokens`, or the end of the
+//!    context budget) leaves the batch;
 //!    its cache rows are *parked* with the episode, and its call goes to the episode's
 //!    sandbox worker ([`crate::tools`]). Decoding of the others goes on meanwhile.
 //! 4. The tool's result (or the parse error of a malformed call) is queued as the next
 //!    turn's context, masked, and the episode is ready again — or it ends: `answered`,
-//!    `max_turns`, `context_full` (the next turn would not fit the budget) after the checker
-//!    ran, or `infra_error` when the sandbox failed.
+//!    `max_turns`, `context_full` (the budget ended mid-turn, or leaves no room for the
+//!    next one; see [`crate::episode::MIN_TURN_TOKENS`]) after the checker ran, or
+//!    `infra_error` when the sandbox failed.
 //!
 //! # Weight swaps
 //!
@@ -756,6 +758,13 @@ impl<'p> RolloutEngine<'p> {
         self.decoding = keep.iter().map(|&i| self.decoding[i]).collect();
         for key in leaving_keys {
             let slot = self.episodes.get_mut(&key).expect("decoding key exists");
+            if slot.run.cut_by_context(&stop) {
+                slot.run.generate_us = slot.run.turn_started.elapsed().as_micros() as u64;
+                let (steps, next) = slot.run.finish_cut();
+                self.emit_steps(key, steps, sink);
+                self.after_turn(key, next, sink);
+                continue;
+            }
             match slot.run.end_generation(&self.format) {
                 TurnCall::Call(call) => {
                     let call = call.clone();

@@ -220,3 +220,35 @@ fn an_episode_whose_prompt_does_not_fit_ends_context_full() {
     assert!(t.steps.is_empty());
     assert!(!t.footer.success);
 }
+
+#[test]
+fn a_turn_cut_by_the_context_budget_uses_the_room_left_and_ends_context_full() {
+    let mut policy = random_policy(1);
+    let env = env();
+    let task = task("hops", 1, 2);
+    let format = EpisodeFormat::default();
+    let prompt = format.prompt_ids(&env, &task).len();
+    let mut spec = EpisodeSpec::new("cut", task, sampling(48, 1));
+    spec.context_budget = (prompt + 30) as u32;
+    // A turn that never stops on its own: 100 plain bytes.
+    let chooser = ScriptedTokens::new().with_episode("cut", vec![vec![u32::from(b'a'); 100]]);
+    let (trajs, _) = run_episodes(
+        &mut policy,
+        &env,
+        vec![spec],
+        cfg(1),
+        Some(Box::new(chooser)),
+    )
+    .unwrap();
+    let t = &trajs[0];
+    assert_valid(t);
+    assert_eq!(t.footer.termination, Termination::ContextFull);
+    assert_eq!(t.steps.len(), 1);
+    assert_eq!(
+        t.steps[0].generated_count(),
+        30,
+        "generation used exactly the room left"
+    );
+    assert_eq!(t.footer.token_count as usize, prompt + 30);
+    assert!(t.steps[0].tool_call.is_none() && t.steps[0].tool_result.is_none());
+}
