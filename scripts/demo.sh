@@ -1,24 +1,19 @@
 #!/usr/bin/env bash
-# The main job of this build: ingest a million-token trajectory over loopback gRPC
-# into a run's store, then replay it. (`corvid run`, which trains an agent end to
-# end, replaces this when it lands.)
+# The main job: train a tiny MoE policy to use tools, end to end, on this machine's CPU.
+# `corvid run` starts a learner and actor processes on loopback, runs SFT on oracle
+# demonstrations, then RL with the curriculum (and the trajectory-level GRPO ablation on a
+# copy of the SFT result), evaluates the random, SFT and RL policies on held-out seeds and
+# writes runs/demo/report.html and report.json. Budgets are in configs/demo.toml ([run]).
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
 corvid="$root/target/release/corvid"
-run="$root/runs/demo-ingest"
-rm -rf "$run"
-mkdir -p "$run"
-
-echo "== streaming a 1,000,000-token trajectory over gRPC into $run/store"
-"$corvid" bench ingest --tokens 1000000 --keep "$run/store"
+# The demo owns these folders; a previous demo's are replaced.
+rm -rf runs/demo runs/demo-ablation
+start=$(date +%s)
+"$corvid" run --config configs/demo.toml
+end=$(date +%s)
 echo
-echo "== corvid replay list --store $run/store"
-"$corvid" replay list --store "$run/store"
-echo
-echo "== corvid replay stats --store $run/store"
-"$corvid" replay stats --store "$run/store"
-echo
-echo "== corvid replay show (first 5 turns)"
-"$corvid" replay show --store "$run/store" bench | head -n 14
-echo
-echo "store: $run/store"
+echo "== the run took $(( (end - start) / 60 )) min $(( (end - start) % 60 )) s"
+echo "== report: $root/runs/demo/report.html (numbers in runs/demo/report.json)"
+"$corvid" replay stats --store runs/demo/store | head -n 20

@@ -512,6 +512,8 @@ fn rl_phase(
                 run.actor_concurrency.to_string(),
                 "--spool".into(),
                 run_dir.join(format!("spool-{i}")).display().to_string(),
+                "--name".into(),
+                format!("{label}-actor-{i}"),
             ],
             &run_dir.join(format!("actor-{label}-{i}.log")),
         )?);
