@@ -15,6 +15,10 @@
 //!    trained on (it would teach a wrong answer) and is counted too.
 //! 3. **Held out.** `heldout_per_level` instances per (family, level) with seeds from
 //!    `heldout_seed_base` up: disjoint from every training seed by construction.
+//! 4. **Imports.** Transcripts from `sft.import` (OpenAI-style `messages` with `tool_calls`,
+//!    laid out by [`EpisodeFormat::from_messages`]) are read once at start; a bad line is an
+//!    error naming its file and line. Each draw picks uniformly among the (family, level)
+//!    pairs and, when there are imports, one more slot: a uniformly drawn transcript.
 
 use corvid_sandbox::Sandbox;
 use corvid_tasks::{SplitMix64, TaskEnv, TaskFamily, TasksError};
@@ -42,6 +46,16 @@ pub enum SftDataError {
     /// Packing failed.
     #[error("SFT demonstrations: {0}")]
     Train(#[from] TrainError),
+    /// An imported transcript file could not be read or has a bad line.
+    #[error("SFT import {path}:{line}: {message}")]
+    Import {
+        /// The file.
+        path: String,
+        /// 1-based line (0: the file itself).
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
     /// The configuration yields no usable demonstration.
     #[error("SFT demonstrations: {0}")]
     Empty(String),
@@ -61,6 +75,7 @@ pub struct SftData {
     env: TaskEnv,
     format: EpisodeFormat,
     pairs: Vec<(Box<dyn TaskFamily>, u32)>,
+    imported: Vec<Example>,
     cfg: SftConfig,
     dropped: DropCounts,
 }
@@ -97,9 +112,18 @@ impl SftData {
                 pairs.push((family, level));
             }
         }
-        if pairs.is_empty() {
+        let format = EpisodeFormat::default();
+        let imported = cfg
+            .import
+            .iter()
+            .map(|p| import_transcripts(&format, p))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>();
+        if pairs.is_empty() && imported.is_empty() {
             return Err(SftDataError::Empty(
-                "sft.levels names no (family, level)".into(),
+                "sft.levels names no (family, level) and sft.import no transcript".into(),
             ));
         }
         let sandbox = Sandbox::builder()
@@ -108,8 +132,9 @@ impl SftData {
             .map_err(|e| SftDataError::Sandbox(e.to_string()))?;
         Ok(Self {
             env: TaskEnv::new(sandbox),
-            format: EpisodeFormat::default(),
+            format,
             pairs,
+            imported,
             cfg: cfg.clone(),
             dropped: DropCounts::default(),
         })
@@ -147,10 +172,16 @@ impl SftData {
             if draws > MAX_DRAWS_PER_ROW * rows {
                 break;
             }
-            let pair = rng.below(self.pairs.len() as u64) as usize;
+            let slots = self.pairs.len() + usize::from(!self.imported.is_empty());
+            let pair = rng.below(slots as u64) as usize;
             let seed = rng.below(self.cfg.heldout_seed_base.max(1));
-            let Some(e) = self.example(pair, seed)? else {
-                continue;
+            let e = if pair == self.pairs.len() {
+                self.imported[seed as usize % self.imported.len()].clone()
+            } else {
+                match self.example(pair, seed)? {
+                    Some(e) => e,
+                    None => continue,
+                }
             };
             if e.ids.len() > seq_len {
                 self.dropped.too_long += 1;
@@ -186,6 +217,38 @@ impl SftData {
     }
 }
 
+/// Reads one JSONL file of chat transcripts into examples.
+fn import_transcripts(
+    format: &EpisodeFormat,
+    path: &std::path::Path,
+) -> Result<Vec<Example>, SftDataError> {
+    #[derive(serde::Deserialize)]
+    struct Line {
+        messages: Vec<crate::episode::ChatMessage>,
+    }
+    let err = |line: usize, message: String| SftDataError::Import {
+        path: path.display().to_string(),
+        line,
+        message,
+    };
+    let text = std::fs::read_to_string(path).map_err(|e| err(0, e.to_string()))?;
+    let mut out = Vec::new();
+    for (i, l) in text.lines().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        let line: Line = serde_json::from_str(l).map_err(|e| err(i + 1, e.to_string()))?;
+        let (ids, mask) = format
+            .from_messages(&line.messages)
+            .map_err(|e| err(i + 1, e.to_string()))?;
+        out.push(Example { ids, mask });
+    }
+    if out.is_empty() {
+        return Err(err(0, "no transcript in the file".into()));
+    }
+    Ok(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -210,6 +273,37 @@ mod tests {
         assert!(r7.iter().all(|r| r.len() == 512 && r.trained_tokens() > 0));
         assert_eq!(b.step_rows(7).unwrap(), r7);
         assert_ne!(a.step_rows(8).unwrap(), r7);
+    }
+
+    #[test]
+    fn imported_transcripts_are_trained_on_and_bad_lines_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("chat.jsonl");
+        let line = r#"{"messages": [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "", "tool_calls": [{"type": "function", "function": {"name": "answer", "arguments": "{\"answer\": \"hi\"}"}}]}]}"#;
+        std::fs::write(&good, format!("{line}\n\n{line}\n")).unwrap();
+        let only_imports = SftConfig {
+            levels: BTreeMap::new(),
+            import: vec![good.clone()],
+            ..cfg()
+        };
+        let mut d = SftData::new(&only_imports).unwrap();
+        assert_eq!(d.imported.len(), 2);
+        let rows = d.step_rows(0).unwrap();
+        assert!(rows.iter().all(|r| r.trained_tokens() > 0));
+
+        let bad = dir.path().join("bad.jsonl");
+        std::fs::write(
+            &bad,
+            format!("{line}\n{{\"messages\": [{{\"role\": \"robot\"}}]}}\n"),
+        )
+        .unwrap();
+        let err = SftData::new(&SftConfig {
+            import: vec![bad],
+            ..cfg()
+        })
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("bad.jsonl:2:"), "{err}");
     }
 
     #[test]

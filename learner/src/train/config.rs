@@ -131,6 +131,11 @@ pub struct SftConfig {
     pub heldout_seed_base: u64,
     /// Steps between held-out evaluations (`0` = only at the end). Default `100`.
     pub eval_every: u64,
+    /// JSONL files of chat transcripts with tool calls to train on as well, one
+    /// `{"messages": [...]}` object per line in the OpenAI format (what `corvid replay export
+    /// --format chat` writes). Each step draws from them as from one more (family, level)
+    /// pair. Default empty.
+    pub import: Vec<std::path::PathBuf>,
     /// Optimizer settings.
     pub optim: OptimConfig,
 }
@@ -148,6 +153,7 @@ impl Default for SftConfig {
             heldout_per_level: 32,
             heldout_seed_base: 1 << 40,
             eval_every: 100,
+            import: Vec::new(),
             optim: OptimConfig::default(),
         }
     }
