@@ -129,6 +129,10 @@ pub struct TasksSection {
     pub families: Vec<String>,
     /// Highest level per family; a family not listed goes up to all its levels.
     pub max_levels: BTreeMap<String, u32>,
+    /// Task pack files; a pack is trained on when its name is in `families` (and can be
+    /// named in `sft.levels`). Actors need the same files (`corvid actor --task-pack`).
+    /// Default empty.
+    pub packs: Vec<PathBuf>,
 }
 
 impl Default for TasksSection {
@@ -136,6 +140,7 @@ impl Default for TasksSection {
         Self {
             families: vec!["hops".into()],
             max_levels: BTreeMap::new(),
+            packs: Vec::new(),
         }
     }
 }
@@ -393,11 +398,24 @@ impl LearnerConfig {
         })
     }
 
+    /// The built-in families and the packs of `tasks.packs`.
+    pub fn families(&self) -> Result<corvid_tasks::Families, ConfigError> {
+        corvid_tasks::Families::new(&self.tasks.packs).map_err(|e| {
+            invalid(
+                "tasks.packs",
+                format!("{:?}", self.tasks.packs),
+                &e.to_string(),
+            )
+        })
+    }
+
     /// Families with their highest level, in configuration order.
     pub fn family_levels(&self) -> Result<Vec<(String, u32)>, ConfigError> {
+        let families = self.families()?;
         let mut out = Vec::new();
         for name in &self.tasks.families {
-            let family = corvid_tasks::builtin_family(name)
+            let family = families
+                .get(name)
                 .map_err(|e| invalid("tasks.families", name, &e.to_string()))?;
             let top = family.levels();
             let max = self.tasks.max_levels.get(name).copied().unwrap_or(top);

@@ -285,9 +285,10 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
             )
         }
     };
+    let registry = cfg.families()?;
     let family_objs = families
         .iter()
-        .map(|(name, _)| corvid_tasks::builtin_family(name))
+        .map(|(name, _)| registry.get(name))
         .collect::<Result<Vec<_>, _>>()?;
     let max_context = u32::try_from(model_config.max_position_embeddings).unwrap_or(u32::MAX);
     let dispenser = TaskDispenser::new(

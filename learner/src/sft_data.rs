@@ -21,7 +21,7 @@
 //!    pairs and, when there are imports, one more slot: a uniformly drawn transcript.
 
 use corvid_sandbox::Sandbox;
-use corvid_tasks::{SplitMix64, TaskEnv, TaskFamily, TasksError};
+use corvid_tasks::{Families, SplitMix64, TaskEnv, TaskFamily, TasksError};
 
 use crate::episode::{oracle_steps, EpisodeFormat};
 use crate::tokenizer::Special;
@@ -97,12 +97,13 @@ impl std::fmt::Debug for SftData {
 }
 
 impl SftData {
-    /// The stream for `cfg` (families from `cfg.levels`), with its own sandbox.
-    pub fn new(cfg: &SftConfig) -> Result<Self, SftDataError> {
+    /// The stream for `cfg` (families from `cfg.levels`, looked up in `families`), with its
+    /// own sandbox.
+    pub fn new(cfg: &SftConfig, families: &Families) -> Result<Self, SftDataError> {
         let mut pairs = Vec::new();
         for (name, levels) in &cfg.levels {
             for &level in levels {
-                let family = corvid_tasks::builtin_family(name)?;
+                let family = families.get(name)?;
                 if level == 0 || level > family.levels() {
                     return Err(SftDataError::Empty(format!(
                         "sft.levels.{name} has level {level}; {name} has levels 1..={}",
@@ -266,8 +267,8 @@ mod tests {
 
     #[test]
     fn a_step_is_a_pure_function_of_the_seed_and_the_step() {
-        let mut a = SftData::new(&cfg()).unwrap();
-        let mut b = SftData::new(&cfg()).unwrap();
+        let mut a = SftData::new(&cfg(), &Families::default()).unwrap();
+        let mut b = SftData::new(&cfg(), &Families::default()).unwrap();
         let r7 = a.step_rows(7).unwrap();
         assert!(!r7.is_empty() && r7.len() <= 4);
         assert!(r7.iter().all(|r| r.len() == 512 && r.trained_tokens() > 0));
@@ -286,7 +287,7 @@ mod tests {
             import: vec![good.clone()],
             ..cfg()
         };
-        let mut d = SftData::new(&only_imports).unwrap();
+        let mut d = SftData::new(&only_imports, &Families::default()).unwrap();
         assert_eq!(d.imported.len(), 2);
         let rows = d.step_rows(0).unwrap();
         assert!(rows.iter().all(|r| r.trained_tokens() > 0));
@@ -297,10 +298,13 @@ mod tests {
             format!("{line}\n{{\"messages\": [{{\"role\": \"robot\"}}]}}\n"),
         )
         .unwrap();
-        let err = SftData::new(&SftConfig {
-            import: vec![bad],
-            ..cfg()
-        })
+        let err = SftData::new(
+            &SftConfig {
+                import: vec![bad],
+                ..cfg()
+            },
+            &Families::default(),
+        )
         .unwrap_err()
         .to_string();
         assert!(err.contains("bad.jsonl:2:"), "{err}");
@@ -308,7 +312,7 @@ mod tests {
 
     #[test]
     fn heldout_rows_come_from_their_own_seeds() {
-        let mut d = SftData::new(&cfg()).unwrap();
+        let mut d = SftData::new(&cfg(), &Families::default()).unwrap();
         let held = d.heldout_rows().unwrap();
         assert!(!held.is_empty());
         assert_eq!(d.dropped().failed_oracle, 0);

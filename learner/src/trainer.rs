@@ -401,7 +401,9 @@ impl Trainer {
         if !matches!(self.policy, Some(Policy::Sft(_))) {
             return Ok(None);
         }
-        let data = SftData::new(&self.cfg.sft).map_err(|e| LearnerError::Sft(e.to_string()))?;
+        let families = self.cfg.families()?;
+        let data =
+            SftData::new(&self.cfg.sft, &families).map_err(|e| LearnerError::Sft(e.to_string()))?;
         let path = self.paths.metrics.with_file_name(SFT_METRICS_FILE);
         // Lines of steps after the checkpoint a run resumes from are cut, as for RL.
         MetricsSink::truncate_after(&path, self.state.sft_step)

@@ -470,12 +470,14 @@ fn sft_phase(
 }
 
 /// Phase 3: the learner resumes after SFT, K actors roll out, for the RL budget.
+#[allow(clippy::too_many_arguments)]
 fn rl_phase(
     label: &str,
     learner_cfg: &Path,
     port: u16,
     run_dir: &Path,
     run: &RunSection,
+    packs: &[PathBuf],
     stop: &AtomicU32,
 ) -> Result<RlOutcome> {
     let t = Instant::now();
@@ -500,21 +502,27 @@ fn rl_phase(
     let url = format!("http://127.0.0.1:{port}");
     let mut actors = Vec::new();
     for i in 0..run.actors {
+        let mut args: Vec<String> = packs
+            .iter()
+            .flat_map(|p| ["--task-pack".to_string(), p.display().to_string()])
+            .collect();
+        args.extend([
+            "actor".into(),
+            "--learner".into(),
+            url.clone(),
+            "--token-file".into(),
+            token.display().to_string(),
+            "--concurrency".into(),
+            run.actor_concurrency.to_string(),
+            "--spool".into(),
+            run_dir.join(format!("spool-{i}")).display().to_string(),
+            "--name".into(),
+            format!("{label}-actor-{i}"),
+        ]);
+        args.rotate_left(2 * packs.len());
         actors.push(Proc::spawn(
             &format!("actor {i}"),
-            &[
-                "actor".into(),
-                "--learner".into(),
-                url.clone(),
-                "--token-file".into(),
-                token.display().to_string(),
-                "--concurrency".into(),
-                run.actor_concurrency.to_string(),
-                "--spool".into(),
-                run_dir.join(format!("spool-{i}")).display().to_string(),
-                "--name".into(),
-                format!("{label}-actor-{i}"),
-            ],
+            &args,
             &run_dir.join(format!("actor-{label}-{i}.log")),
         )?);
     }
@@ -581,8 +589,9 @@ fn eval_stage(
     model_config: Option<PathBuf>,
     run_dir: &Path,
     run: &RunSection,
-    max_new_tokens: u32,
+    pack: Option<PathBuf>,
 ) -> Result<EvalResult> {
+    let max_new_tokens = run.eval_max_new_tokens;
     let out = run_dir.join("eval").join(format!("{stage}.json"));
     let args = EvalArgs {
         random_init: checkpoint.is_none(),
@@ -590,7 +599,7 @@ fn eval_stage(
         model_preset: "tiny".into(),
         model_config,
         family: run.eval_family.clone(),
-        pack: None,
+        pack,
         levels: super::eval::parse_levels(&run.eval_levels).map_err(anyhow::Error::msg)?,
         episodes: run.eval_episodes,
         k: 1,
@@ -702,12 +711,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         ablation_cfg = Some((p, aport, dir.clone()));
     }
 
-    let main = rl_phase("rl", &learner_cfg, port, &run_dir, &run, &stop)?;
+    let packs = cfg.tasks.packs.clone();
+    let main = rl_phase("rl", &learner_cfg, port, &run_dir, &run, &packs, &stop)?;
     stages.insert("rl_s".to_string(), main.seconds);
     let mut ablation_frontier = BTreeMap::new();
     if let Some((p, aport, dir)) = &ablation_cfg {
         if stop.load(Ordering::SeqCst) == 0 {
-            let a = rl_phase("ablation", p, *aport, dir, &run, &stop)?;
+            let a = rl_phase("ablation", p, *aport, dir, &run, &packs, &stop)?;
             stages.insert("ablation_rl_s".to_string(), a.seconds);
             ablation_frontier = a.frontier;
         }
@@ -715,7 +725,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 
     // Evaluation: random init, SFT reference, RL result (and the ablation's).
     let t_eval = Instant::now();
-    let max_new = run.eval_max_new_tokens;
+    // The evaluated family may be a pack of the run's.
+    let eval_pack = packs.iter().find(|p| {
+        corvid_tasks::load_pack(p).is_ok_and(|pk| {
+            use corvid_tasks::TaskFamily;
+            pk.name() == run.eval_family
+        })
+    });
     let mut evals: BTreeMap<String, EvalResult> = BTreeMap::new();
     if stop.load(Ordering::SeqCst) < 2 {
         evals.insert(
@@ -726,7 +742,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                 Some(model_json.clone()),
                 &run_dir,
                 &run,
-                max_new,
+                eval_pack.cloned(),
             )?,
         );
         evals.insert(
@@ -737,20 +753,27 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                 None,
                 &run_dir,
                 &run,
-                max_new,
+                eval_pack.cloned(),
             )?,
         );
         if let Some(ck) = latest_checkpoint(&run_dir) {
             evals.insert(
                 "rl".into(),
-                eval_stage("rl", Some(ck), None, &run_dir, &run, max_new)?,
+                eval_stage("rl", Some(ck), None, &run_dir, &run, eval_pack.cloned())?,
             );
         }
         if let Some((_, _, dir)) = &ablation_cfg {
             if let Some(ck) = latest_checkpoint(dir) {
                 evals.insert(
                     "ablation-grpo".into(),
-                    eval_stage("ablation-grpo", Some(ck), None, &run_dir, &run, max_new)?,
+                    eval_stage(
+                        "ablation-grpo",
+                        Some(ck),
+                        None,
+                        &run_dir,
+                        &run,
+                        eval_pack.cloned(),
+                    )?,
                 );
             }
         }
@@ -758,7 +781,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     stages.insert("eval_s".to_string(), t_eval.elapsed().as_secs_f64());
 
     // The frontier for the headline numbers: the main run's, for the evaluated family.
-    let family = corvid_tasks::builtin_family(&run.eval_family)?;
+    let family = cfg.families()?.get(&run.eval_family)?;
     let frontier = main.frontier.get(&run.eval_family).copied();
     let mut level_tokens = BTreeMap::new();
     let mut per_level = BTreeMap::new();

@@ -34,6 +34,7 @@ mod error;
 mod families;
 mod pack;
 mod process;
+mod registry;
 mod rng;
 mod sim;
 mod task;
@@ -47,6 +48,7 @@ pub use families::{
 };
 pub use pack::{load_pack, PackDiagnostic, TaskPack};
 pub use process::{score_turns, ProcessRule, ScoredTurn};
+pub use registry::Families;
 pub use rng::SplitMix64;
 pub use sim::Simulator;
 pub use task::{
