@@ -79,6 +79,10 @@ pub struct EvalArgs {
     /// Episodes decoded at once.
     #[arg(long, default_value_t = 32)]
     pub concurrency: usize,
+    /// libtorch intra-op threads (0: libtorch's default). One suits small-batch decoding on
+    /// a shared CPU (see `corvid actor --threads`).
+    #[arg(long, default_value_t = 1)]
+    pub threads: i32,
     /// Where evaluation episodes are stored.
     #[arg(long, value_name = "DIR", default_value = "runs/eval/store")]
     pub store: PathBuf,
@@ -406,6 +410,9 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
             family.name(),
             family.levels()
         );
+    }
+    if args.threads > 0 {
+        tch::set_num_threads(args.threads);
     }
     let (mut policy, checkpoint) = load_policy(args)?;
     if let Some(parent) = args.store.parent() {

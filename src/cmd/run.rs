@@ -357,7 +357,7 @@ impl Tail {
     }
 }
 
-fn progress_line(v: &serde_json::Value, rl_start: Instant) -> String {
+fn progress_line(label: &str, v: &serde_json::Value, rl_start: Instant) -> String {
     let f = |p: &str| v.pointer(p).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
     let frontier = v
         .pointer("/curriculum/frontier")
@@ -370,7 +370,7 @@ fn progress_line(v: &serde_json::Value, rl_start: Instant) -> String {
         })
         .unwrap_or_default();
     format!(
-        "[rl {:>5.0}s] update {:>4} v{:<4} reward {:>6.3} success {:>5.1}% | frontier {} | {:>6.0} tok/s {:>5.2} ep/s | staleness {:.2} | loss {:+.4} kl {:.4} ent {:.3}",
+        "[{label} {:>5.0}s] update {:>4} v{:<4} reward {:>6.3} success {:>5.1}% | frontier {} | {:>6.0} tok/s {:>5.2} ep/s | staleness {:.2} | loss {:+.4} kl {:.4} ent {:.3}",
         rl_start.elapsed().as_secs_f64(),
         f("/step"),
         f("/policy_version"),
@@ -419,11 +419,21 @@ fn sft_phase(
     )?;
     let mut tail = Tail::new(run_dir.join("metrics").join("sft.jsonl"));
     let deadline = Duration::from_secs_f64(run.sft_timeout_minutes * 60.0);
+    // Trained tokens per second between consecutive lines.
+    let mut last: Option<(f64, f64)> = None;
     loop {
         for v in tail.lines() {
             let f = |p: &str| v.pointer(p).and_then(|x| x.as_f64()).unwrap_or(f64::NAN);
+            let (now_ms, seen) = (f("/unix_ms"), f("/tokens_seen"));
+            let rate = match last {
+                Some((ms, tok)) if now_ms > ms => {
+                    format!("{:>6.0}", (seen - tok) / ((now_ms - ms) / 1e3))
+                }
+                _ => "     -".into(),
+            };
+            last = Some((now_ms, seen));
             eprintln!(
-                "[sft {:>5.0}s] step {:>5} loss {:.4}{} lr {:.2e} {:>6.0} tok/s",
+                "[sft {:>5.0}s] step {:>5} loss {:.4}{} lr {:.2e} {rate} trained tok/s",
                 t.elapsed().as_secs_f64(),
                 f("/step"),
                 f("/loss"),
@@ -432,7 +442,6 @@ fn sft_phase(
                     .map(|h| format!(" held-out {h:.4}"))
                     .unwrap_or_default(),
                 f("/lr"),
-                f("/tokens_per_s"),
             );
         }
         if run_dir.join("ref").join("config.json").exists() && has_checkpoint(run_dir) {
@@ -532,7 +541,7 @@ fn rl_phase(
     let mut learner_exited = false;
     while t.elapsed() < budget && stop.load(Ordering::SeqCst) == 0 {
         for v in tail.lines() {
-            eprintln!("{}", progress_line(&v, t));
+            eprintln!("{}", progress_line(label, &v, t));
             if let Some(m) = v
                 .pointer("/curriculum/frontier")
                 .and_then(|x| x.as_object())
@@ -566,7 +575,7 @@ fn rl_phase(
         learner.stop(Duration::from_secs(180));
     }
     for v in tail.lines() {
-        eprintln!("{}", progress_line(&v, t));
+        eprintln!("{}", progress_line(label, &v, t));
         if let Some(m) = v
             .pointer("/curriculum/frontier")
             .and_then(|x| x.as_object())
@@ -608,6 +617,7 @@ fn eval_stage(
         max_new_tokens,
         seed: 1 << 62,
         concurrency: run.eval_concurrency,
+        threads: 1,
         store: run_dir.join("eval").join("store"),
         label: Some(stage.to_string()),
         json: true,
