@@ -8,8 +8,9 @@
 //! - `search {query, k = 3}`: title equal to the query scores 10, plus one per query
 //!   word in the text; ties by id. (The sandbox uses BM25; the oracles query exact
 //!   titles, which BM25 also ranks first.)
-//! - `shell {command}` with `cat FILE`, `wc -l FILE`, `ls [DIR]` and
-//!   `grep [-c] WORD FILE...` (fixed-string match; exit 1 on no match, 2 on a missing file);
+//! - `shell {command}`: the toolbox subset in [`shell`] (`cat`, `ls`, `wc -l`, `head`,
+//!   `grep`, `sort`, `uniq -c`, `cut`, `sed -i`, pipes and `>`), rendered as the sandbox
+//!   renders a run;
 //! - `answer {answer}`.
 
 use std::collections::BTreeMap;
@@ -18,6 +19,8 @@ use corvid_proto::ToolStatus;
 use serde_json::Value;
 
 use crate::task::Document;
+
+mod shell;
 
 /// An in-memory workspace plus the read-only corpus.
 #[derive(Debug, Clone)]
@@ -64,7 +67,13 @@ impl<'a> Simulator<'a> {
                 (Some(p), Some(c)) => {
                     let n = c.len();
                     self.files.insert(p.clone(), c.into_bytes());
-                    (ToolStatus::Ok, format!("wrote {n} bytes to {p}"))
+                    (
+                        ToolStatus::Ok,
+                        format!(
+                            "wrote {n} bytes to /workspace/{}",
+                            p.trim_start_matches('/')
+                        ),
+                    )
                 }
                 (None, _) => invalid("path"),
                 (_, None) => invalid("content"),
@@ -144,85 +153,10 @@ impl<'a> Simulator<'a> {
             .collect()
     }
 
-    fn shell(&self, command: &str) -> (ToolStatus, String) {
-        let words: Vec<String> = command
-            .split_whitespace()
-            .map(|w| w.trim_matches('\'').to_string())
-            .collect();
-        let missing = |tool: &str, f: &str| {
-            (
-                ToolStatus::ExitNonzero,
-                format!("{tool}: {f}: No such file or directory\n[exit 2]"),
-            )
-        };
-        match words.first().map(String::as_str) {
-            Some("cat") => {
-                let mut out = String::new();
-                for f in &words[1..] {
-                    match self.files.get(f) {
-                        Some(b) => out.push_str(&text(b)),
-                        None => return missing("cat", f),
-                    }
-                }
-                (ToolStatus::Ok, out)
-            }
-            Some("wc") if words.get(1).map(String::as_str) == Some("-l") && words.len() == 3 => {
-                match self.files.get(&words[2]) {
-                    Some(b) => (
-                        ToolStatus::Ok,
-                        format!("{} {}\n", text(b).lines().count(), words[2]),
-                    ),
-                    None => missing("wc", &words[2]),
-                }
-            }
-            Some("ls") => match self.list(words.get(1).map(String::as_str).unwrap_or("")) {
-                Some(o) => (ToolStatus::Ok, format!("{o}\n")),
-                None => missing("ls", words.get(1).map(String::as_str).unwrap_or("")),
-            },
-            Some("grep") => {
-                let count = words.get(1).map(String::as_str) == Some("-c");
-                let rest = &words[1 + usize::from(count)..];
-                let (Some(pat), files) = (rest.first(), rest.get(1..).unwrap_or(&[])) else {
-                    return (
-                        ToolStatus::ExitNonzero,
-                        "usage: grep [-c] WORD FILE...\n[exit 2]".into(),
-                    );
-                };
-                let mut out = String::new();
-                let mut any = false;
-                for f in files {
-                    let Some(b) = self.files.get(f) else {
-                        return missing("grep", f);
-                    };
-                    let t = text(b);
-                    let hits: Vec<&str> = t.lines().filter(|l| l.contains(pat.as_str())).collect();
-                    any |= !hits.is_empty();
-                    let prefix = if files.len() > 1 {
-                        format!("{f}:")
-                    } else {
-                        String::new()
-                    };
-                    if count {
-                        out.push_str(&format!("{prefix}{}\n", hits.len()));
-                    } else {
-                        for h in hits {
-                            out.push_str(&format!("{prefix}{h}\n"));
-                        }
-                    }
-                }
-                if any {
-                    (ToolStatus::Ok, out)
-                } else {
-                    (ToolStatus::ExitNonzero, format!("{out}[exit 1]"))
-                }
-            }
-            _ => (
-                ToolStatus::ExitNonzero,
-                format!(
-                    "sh: {}: command not found\n[exit 127]",
-                    words.first().map(String::as_str).unwrap_or("")
-                ),
-            ),
+    fn shell(&mut self, command: &str) -> (ToolStatus, String) {
+        shell::Toolbox {
+            files: &mut self.files,
         }
+        .run_line(command)
     }
 }

@@ -112,21 +112,203 @@ fn search_oracle_chains_liaisons_in_the_corpus() {
     }
 }
 
+/// Seeds `0..5` give the five shell kinds in `KINDS` order.
+fn shell_seed(kind: &str) -> u64 {
+    shell::KINDS.iter().position(|k| *k == kind).unwrap() as u64
+}
+
+fn text(t: &TaskInstance, path: &str) -> String {
+    String::from_utf8(t.files[path].clone()).unwrap()
+}
+
 #[test]
-fn shell_answer_is_the_number_of_error_lines() {
+fn shell_kinds_follow_the_seed() {
+    for seed in 0..20 {
+        let kind = shell::kind_of(seed);
+        assert_eq!(kind, shell::KINDS[(seed % 5) as usize]);
+        let t = Shell.instance(3, seed).unwrap();
+        let dir = match kind {
+            "count" | "stats" => "logs/",
+            "find" => "records/",
+            "csv" => "data/",
+            _ => "conf/",
+        };
+        assert!(
+            t.files.keys().all(|p| p.starts_with(dir)),
+            "{} {kind}",
+            t.id
+        );
+    }
+}
+
+#[test]
+fn shell_count_answer_is_the_number_of_error_lines() {
     for level in 1..=8 {
-        let t = Shell.instance(level, 3).unwrap();
+        let t = Shell.instance(level, shell_seed("count") + 5).unwrap();
         let n: usize = t
             .files
-            .values()
-            .map(|b| {
-                String::from_utf8_lossy(b)
-                    .lines()
-                    .filter(|l| l.contains("ERROR"))
-                    .count()
-            })
+            .keys()
+            .map(|p| text(&t, p).lines().filter(|l| l.contains("ERROR")).count())
             .sum();
         assert_eq!(n.to_string(), t.oracle.answer);
+    }
+}
+
+#[test]
+fn shell_find_answer_is_the_end_of_the_next_chain() {
+    for level in 1..=8 {
+        for seed in [1, 6, 11] {
+            let t = Shell.instance(level, seed).unwrap();
+            let field = |body: &str, key: &str| {
+                body.lines()
+                    .find_map(|l| l.strip_prefix(key))
+                    .unwrap()
+                    .to_string()
+            };
+            let start = t
+                .prompt
+                .split("`id: ")
+                .nth(1)
+                .unwrap()
+                .split('`')
+                .next()
+                .unwrap();
+            let by_id = |id: &str| {
+                t.files
+                    .keys()
+                    .find(|p| field(&text(&t, p), "id: ") == id)
+                    .unwrap()
+                    .clone()
+            };
+            let mut path = by_id(start);
+            if level > 1 {
+                loop {
+                    let next = field(&text(&t, &path), "next: ");
+                    if next == "none" {
+                        break;
+                    }
+                    path = by_id(&next);
+                }
+            }
+            let number = path.trim_start_matches("records/").trim_end_matches(".rec");
+            assert_eq!(number, t.oracle.answer, "{}", t.id);
+        }
+    }
+}
+
+#[test]
+fn shell_stats_report_names_each_logs_unique_top_path() {
+    for level in 2..=8 {
+        let t = Shell.instance(level, shell_seed("stats") + 10).unwrap();
+        let mut want = String::new();
+        for p in t.files.keys() {
+            let mut counts = std::collections::BTreeMap::<String, usize>::new();
+            for l in text(&t, p).lines() {
+                *counts
+                    .entry(l.split(' ').nth(3).unwrap().to_string())
+                    .or_default() += 1;
+            }
+            let max = *counts.values().max().unwrap();
+            let tops: Vec<_> = counts.iter().filter(|(_, n)| **n == max).collect();
+            assert_eq!(tops.len(), 1, "{}: a tie for the top path of {p}", t.id);
+            want.push_str(&format!("{p} {} {max}\n", tops[0].0));
+        }
+        // The files are listed in day order, not name order: compare as sets of lines.
+        let Checker::FileState { files } = &t.checker else {
+            panic!("{}: stats checks report.txt", t.id)
+        };
+        let Some(FileExpectation::Equals { text: got }) = files.get("report.txt") else {
+            panic!("{}", t.id)
+        };
+        let mut a: Vec<_> = want.lines().collect();
+        let mut b: Vec<_> = got.lines().collect();
+        a.sort();
+        b.sort();
+        assert_eq!(a, b, "{}", t.id);
+    }
+}
+
+#[test]
+fn shell_csv_outputs_are_the_filtered_columns() {
+    for level in 1..=8 {
+        let t = Shell.instance(level, shell_seed("csv") + 5).unwrap();
+        let Checker::FileState { files } = &t.checker else {
+            panic!("{}", t.id)
+        };
+        assert_eq!(files.len().to_string(), t.oracle.answer);
+        for (out, want) in files {
+            // `north-lyon.csv` ← data/north.csv, city Lyon.
+            let (region, city) = out.trim_end_matches(".csv").split_once('-').unwrap();
+            let input = text(&t, &format!("data/{region}.csv"));
+            let mut rows = String::new();
+            for l in input.lines().skip(1) {
+                let f: Vec<&str> = l.split(',').collect();
+                if f[2].to_lowercase() == city {
+                    rows.push_str(&format!("{},{}\n", f[1], f[3]));
+                }
+            }
+            assert!(!rows.is_empty());
+            assert_eq!(
+                want,
+                &FileExpectation::Equals { text: rows },
+                "{} {out}",
+                t.id
+            );
+        }
+    }
+}
+
+#[test]
+fn shell_config_repair_is_what_the_check_command_asks_for() {
+    let valid = regex::Regex::new(shell::config::VALID).unwrap();
+    for level in 1..=8 {
+        let t = Shell.instance(level, shell_seed("config") + 5).unwrap();
+        let Checker::FileState { files } = &t.checker else {
+            panic!("{}", t.id)
+        };
+        let mut broken = 0;
+        for (path, want) in files {
+            let FileExpectation::Equals { text: fixed } = want else {
+                panic!()
+            };
+            let before = text(&t, path);
+            assert_eq!(before.lines().count(), fixed.lines().count());
+            for (b, f) in before.lines().zip(fixed.lines()) {
+                assert!(valid.is_match(f), "{}: {f:?} is still malformed", t.id);
+                if valid.is_match(b) {
+                    assert_eq!(b, f, "{}: a valid line changed", t.id);
+                } else {
+                    broken += 1;
+                    // Same key and value, only the separator differs.
+                    let (k, v) = f.split_once('=').unwrap();
+                    assert!(b.starts_with(k) && b.ends_with(v), "{b:?} -> {f:?}");
+                }
+            }
+        }
+        assert!(broken >= 1);
+        assert_eq!(broken.to_string(), t.oracle.answer, "{}", t.id);
+    }
+}
+
+#[test]
+fn shell_kinds_each_lengthen_to_16_calls_and_8k_tokens() {
+    for kind in shell::KINDS {
+        let mut prev = 0;
+        for level in 1..=8 {
+            let t = Shell.instance(level, shell_seed(kind) + 5).unwrap();
+            let tokens = t.oracle_tokens();
+            if level == 1 {
+                assert_eq!(t.oracle_calls(), 1, "{}", t.id);
+                assert!((150..=450).contains(&tokens), "{} {kind}: {tokens}", t.id);
+            } else {
+                assert!(tokens > prev, "{} {kind}: {tokens} <= {prev}", t.id);
+            }
+            prev = tokens;
+            if level == 8 {
+                assert!(t.oracle_calls() >= 16, "{} {kind}", t.id);
+                assert!(tokens >= 8192, "{} {kind}: {tokens}", t.id);
+            }
+        }
     }
 }
 
@@ -263,6 +445,16 @@ fn print_level_table() {
             println!(
                 "{} L{level}: {} calls, {} tokens",
                 fam.name(),
+                t.oracle_calls(),
+                t.oracle_tokens()
+            );
+        }
+    }
+    for kind in shell::KINDS {
+        for level in 1..=8 {
+            let t = Shell.instance(level, shell_seed(kind)).unwrap();
+            println!(
+                "shell/{kind} L{level}: {} calls, {} tokens",
                 t.oracle_calls(),
                 t.oracle_tokens()
             );

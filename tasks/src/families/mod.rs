@@ -7,7 +7,7 @@
 
 mod hops;
 mod search;
-mod shell;
+pub mod shell;
 
 pub use hops::Hops;
 pub use search::Search;

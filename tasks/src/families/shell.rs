@@ -1,44 +1,77 @@
-//! `shell`: count matching log lines across files with `grep`, write the total to
-//! `report.txt`. Levels add files and lines; level 1 answers directly, from level 2 the
-//! total must be written to `report.txt` (checked on the final workspace), from level 3
-//! the files must be discovered with `list_dir`.
+//! `shell`: tasks solved with toolbox commands over generated files.
 //!
-//! TODO(tasks issue): the other shell task kinds the issue lists (find the file with a
-//! property, sort/uniq statistics, transform a CSV, repair a config until a check passes)
-//! are not generated yet; the last one needs the sandbox-only `CommandExit` checker.
+//! Each instance has one *kind*, drawn from the seed as `KINDS[seed % 5]`, so every level
+//! mixes kinds and seeds `0..5` cover all of them:
+//! - [`count`]: count ERROR lines across log files (`grep`), write the total to `report.txt`;
+//! - [`find`]: find the record file with an id (`grep -rl`), follow `next:` ids to the end
+//!   of the chain, answer the last file's number;
+//! - [`stats`]: the most requested path of each access log
+//!   (`cut | sort | uniq -c | sort -rn`), written to `report.txt`;
+//! - [`csv`]: keep the `name,score` columns of the rows of one city
+//!   (`grep | cut > FILE`), one output file per input;
+//! - [`config`]: list a config file's malformed lines with the check command
+//!   (`grep -nvE`), repair them with `sed -i` until it lists none.
+//!
+//! Levels scale the work of the kind (files, hops, rows) so that the oracle's main chain
+//! has about [`CHAIN_CALLS`]`[L−1]` calls: one call and ~200–400 tokens at level 1,
+//! ≥ 16 calls and ≥ 8K tokens at level 8. From [`RECOVERY_FROM`] up the oracle first
+//! guesses a file name that does not exist (the command fails), then lists the
+//! directory and goes on ([`recover`]).
+
+pub mod config;
+mod count;
+mod csv;
+mod find;
+mod stats;
 
 use std::collections::BTreeMap;
 
 use serde_json::json;
 
 use super::{budget_for, PlanBuilder, CHAIN_CALLS, RECOVERY_FROM};
-use crate::checker::{Checker, FileExpectation};
+use crate::checker::Checker;
 use crate::error::TasksError;
 use crate::process::ProcessRule;
 use crate::rng::SplitMix64;
-use crate::task::{check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolSpec};
+use crate::task::{
+    check_level, OraclePlan, OracleStep, ReadOnlyData, TaskFamily, TaskInstance, ToolSpec,
+};
 
-/// Lines per log file, by level.
-const LINES: [usize; 8] = [6, 8, 10, 12, 16, 20, 24, 28];
-const COMPONENTS: [&str; 5] = ["db", "api", "auth", "cache", "queue"];
-const MESSAGES: [&str; 6] = [
-    "request took longer than expected",
-    "connection reset by peer",
-    "retrying operation",
-    "user session refreshed",
-    "config value reloaded",
-    "slow disk detected",
-];
+/// The kinds, indexed by `seed % 5`.
+pub const KINDS: [&str; 5] = ["count", "find", "stats", "csv", "config"];
+
+/// What a kind generates for one instance.
+struct Parts {
+    files: BTreeMap<String, Vec<u8>>,
+    prompt: String,
+    steps: Vec<OracleStep>,
+    checker: Checker,
+    answer: String,
+    /// Files the solution must read (for [`ProcessRule::ReadsNeeded`]).
+    needed: Vec<String>,
+}
+
+/// The recoverable failure: `cat` a guessed file that does not exist (exit 1), then
+/// `ls` the directory to see the real names.
+fn recover(plan: &mut PlanBuilder<'_>, guessed: &str, dir: &str) {
+    plan.call("shell", json!({ "command": format!("cat {guessed}") }));
+    debug_assert!(!plan.last_status().is_success());
+    plan.call("shell", json!({ "command": format!("ls {dir}") }));
+}
+
+/// A shell call in a plan.
+fn sh(plan: &mut PlanBuilder<'_>, command: String) -> String {
+    plan.call("shell", json!({ "command": command }))
+}
+
+/// The kind of the instance for `seed`.
+pub fn kind_of(seed: u64) -> &'static str {
+    KINDS[(seed % KINDS.len() as u64) as usize]
+}
 
 /// The `shell` family.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Shell;
-
-/// Log files of level `li + 1`: the main chain minus the `write_file` and `list_dir` calls.
-fn file_count(level: u32) -> usize {
-    let calls = CHAIN_CALLS[level as usize - 1];
-    (calls - usize::from(level >= 2) - usize::from(level >= 3)).max(1)
-}
 
 impl TaskFamily for Shell {
     fn name(&self) -> &str {
@@ -46,7 +79,8 @@ impl TaskFamily for Shell {
     }
 
     fn description(&self) -> &str {
-        "count ERROR lines across log files with grep and write the total to report.txt"
+        "toolbox commands over generated files: count matches, find a file by id, sort/uniq \
+         statistics, CSV transforms, config repair (kind = seed mod 5)"
     }
 
     fn levels(&self) -> u32 {
@@ -55,104 +89,35 @@ impl TaskFamily for Shell {
 
     fn instance(&self, level: u32, seed: u64) -> Result<TaskInstance, TasksError> {
         check_level(self.name(), level, self.levels())?;
-        let li = level as usize - 1;
-        let mut rng = SplitMix64::derive(seed, &format!("shell/{level}"));
-        let n_files = file_count(level);
-        let mut files = BTreeMap::new();
-        let mut total = 0usize;
-        let mut paths = Vec::new();
-        for f in 0..n_files {
-            let path = format!("logs/part-{f:02}.log");
-            let mut text = String::new();
-            for l in 0..LINES[li] {
-                // At least one ERROR per file so every grep succeeds.
-                let sev = if l == 0 || rng.below(3) == 0 {
-                    total += 1;
-                    "ERROR"
-                } else {
-                    *rng.pick(&["INFO", "WARN", "DEBUG"])
-                };
-                text.push_str(&format!(
-                    "2026-11-30T{:02}:{:02}:{:02} {sev} {}: {}\n",
-                    rng.below(24),
-                    rng.below(60),
-                    rng.below(60),
-                    rng.pick(&COMPONENTS),
-                    rng.pick(&MESSAGES)
-                ));
-            }
-            // Shuffle lines so the first ERROR is not always first.
-            let mut lines: Vec<&str> = text.lines().collect();
-            rng.shuffle(&mut lines);
-            files.insert(path.clone(), (lines.join("\n") + "\n").into_bytes());
-            paths.push(path);
-        }
-        let answer = total.to_string();
-        let prompt = match level {
-            1 => format!(
-                "How many lines of {} contain the word ERROR? Use the shell tool (grep), then call \
-                 answer with the number.",
-                paths[0]
-            ),
-            2 => format!(
-                "Count the lines of {} that contain ERROR. Write the count to report.txt \
-                 (just the number), then call answer with it.",
-                paths[0]
-            ),
-            _ => "Count the lines containing ERROR across all log files under logs/. Write the \
-                  total to report.txt (just the number), then call answer with it."
-                .to_string(),
-        };
-        let mut plan = PlanBuilder::new(&files, &[]);
-        if level >= RECOVERY_FROM {
-            // Recoverable failure: a guessed file name that does not exist, then list_dir.
-            plan.call("shell", json!({"command": "grep ERROR logs/app.log"}));
-        }
-        if level >= 3 {
-            plan.call("list_dir", json!({"path": "logs"}));
-        }
-        for p in &paths {
-            plan.call("shell", json!({"command": format!("grep ERROR {p}")}));
-        }
-        if level >= 2 {
-            plan.call(
-                "write_file",
-                json!({"path": "report.txt", "content": format!("{answer}\n")}),
-            );
-        }
-        debug_assert!(plan.last_status().is_success());
-        let steps = plan.finish();
-        let checker = if level == 1 {
-            Checker::Numeric {
-                expected: total as f64,
-                tolerance: 0.0,
-            }
-        } else {
-            Checker::FileState {
-                files: BTreeMap::from([(
-                    "report.txt".to_string(),
-                    FileExpectation::Equals {
-                        text: answer.clone(),
-                    },
-                )]),
-            }
+        let kind = kind_of(seed);
+        let mut rng = SplitMix64::derive(seed, &format!("shell/{kind}/{level}"));
+        let recovery = level >= RECOVERY_FROM;
+        let parts = match kind {
+            "count" => count::build(level, recovery, &mut rng),
+            "find" => find::build(level, recovery, &mut rng),
+            "stats" => stats::build(level, recovery, &mut rng),
+            "csv" => csv::build(level, recovery, &mut rng),
+            _ => config::build(level, recovery, &mut rng),
         };
         let mut inst = TaskInstance {
             id: format!("shell/L{level}/s{seed}"),
             family: "shell".into(),
             level,
             seed,
-            prompt,
-            files,
+            prompt: parts.prompt,
+            files: parts.files,
             read_only: ReadOnlyData::default(),
             tools: ["shell", "read_file", "write_file", "list_dir", "answer"]
                 .map(ToolSpec::unlimited)
                 .to_vec(),
-            max_turns: CHAIN_CALLS[li] as u32 + 5,
+            max_turns: parts.steps.len() as u32 + 5,
             context_budget: 0,
-            checker,
-            process_rules: ProcessRule::defaults(paths),
-            oracle: OraclePlan { steps, answer },
+            checker: parts.checker,
+            process_rules: ProcessRule::defaults(parts.needed),
+            oracle: OraclePlan {
+                steps: parts.steps,
+                answer: parts.answer,
+            },
             spec_hash: String::new(),
         };
         inst.context_budget = budget_for(inst.oracle_tokens());
