@@ -43,29 +43,20 @@ impl Run {
 
 /// Splits `line` into pipeline stages of words (single quotes group, `|` and `>` split).
 fn lex(line: &str) -> Result<Vec<Vec<String>>, String> {
-    let mut stages = vec![Vec::new()];
+    let mut stages = Vec::new();
+    let mut stage: Vec<String> = Vec::new();
     let mut word = String::new();
     let mut in_word = false;
     let mut chars = line.chars();
     while let Some(c) = chars.next() {
+        if matches!(c, ' ' | '\t' | '|' | '>') && in_word {
+            stage.push(std::mem::take(&mut word));
+            in_word = false;
+        }
         match c {
-            ' ' | '\t' => {
-                if in_word {
-                    stages.last_mut().map(|s| s.push(std::mem::take(&mut word)));
-                    in_word = false;
-                }
-            }
-            '|' | '>' => {
-                if in_word {
-                    stages.last_mut().map(|s| s.push(std::mem::take(&mut word)));
-                    in_word = false;
-                }
-                if c == '|' {
-                    stages.push(Vec::new());
-                } else {
-                    stages.last_mut().map(|s| s.push(">".to_string()));
-                }
-            }
+            ' ' | '\t' => {}
+            '|' => stages.push(std::mem::take(&mut stage)),
+            '>' => stage.push(">".to_string()),
             '\'' => {
                 in_word = true;
                 loop {
@@ -83,8 +74,9 @@ fn lex(line: &str) -> Result<Vec<Vec<String>>, String> {
         }
     }
     if in_word {
-        stages.last_mut().map(|s| s.push(word));
+        stage.push(word);
     }
+    stages.push(stage);
     Ok(stages)
 }
 
