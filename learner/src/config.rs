@@ -564,6 +564,8 @@ mod tests {
         assert_eq!(grpo.rl.advantage, crate::train::AdvantageMode::Grpo);
         let same = LearnerConfig {
             run_name: demo.run_name.clone(),
+            // The [run] tables differ: only the main run names an ablation.
+            run: demo.run.clone(),
             rl: RlConfig {
                 advantage: demo.rl.advantage,
                 ..grpo.rl.clone()
