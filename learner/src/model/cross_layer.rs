@@ -14,10 +14,22 @@
 
 use tch::{nn, Kind, Tensor};
 
-/// Attention outputs `[B, T, d]` of the layers run so far, in order.
+/// The working precision of the depth mix: fp32, or f64 in an f64 model.
+fn work_kind(kind: Kind) -> Kind {
+    if kind == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    }
+}
+
+/// Attention outputs `[B, T, d]` of the layers run so far, in order, and their normalised
+/// keys (computed once, when a later layer first needs them, not once per later layer).
 #[derive(Debug, Default)]
 pub struct CrossLayerState {
     outs: Vec<Tensor>,
+    /// `rmsnorm(out_j)` in the working precision, for `j < keys.len()`.
+    keys: Vec<Tensor>,
 }
 
 impl CrossLayerState {
@@ -61,23 +73,33 @@ impl CrossLayerResidual {
     }
 
     /// `attn_out + scale ⊙ mix(state)`; returns `attn_out` unchanged when `state` is empty.
-    pub fn forward(&self, state: &CrossLayerState, attn_out_btd: &Tensor) -> Tensor {
+    /// Normalises the outputs in `state` that have no key yet (all layers share one eps).
+    pub fn forward(&self, state: &mut CrossLayerState, attn_out_btd: &Tensor) -> Tensor {
         if state.is_empty() {
             return attn_out_btd.shallow_clone();
         }
         let kind = attn_out_btd.kind();
-        let work = if kind == Kind::Double {
-            Kind::Double
-        } else {
-            Kind::Float
-        };
-        let hist_nbtd = Tensor::stack(&state.outs, 0).to_kind(work);
-        let keys = &hist_nbtd * (hist_nbtd.square().mean_dim(-1, true, None) + self.eps).rsqrt();
-        let logits_nbt = (keys * self.query_d.to_kind(work)).sum_dim_intlist(-1, false, None);
-        let w_nbt1 = logits_nbt.softmax(0, work).unsqueeze(-1);
-        let mix_btd = (w_nbt1 * hist_nbtd)
-            .sum_dim_intlist(0, false, None)
-            .to_kind(kind);
+        let work = work_kind(kind);
+        let d = self.query_d.size()[0];
+        for j in state.keys.len()..state.outs.len() {
+            let key = state.outs[j]
+                .to_kind(work)
+                .rms_norm([d], None::<Tensor>, self.eps);
+            state.keys.push(key);
+        }
+        // logits_j = key_j · query  → [n, B, T]; softmax over the layers j in fp32.
+        let query_d = self.query_d.to_kind(work);
+        let logits: Vec<Tensor> = state.keys.iter().map(|k| k.matmul(&query_d)).collect();
+        let w_nbt = Tensor::stack(&logits, 0).softmax(0, work);
+        let mut mix_btd: Option<Tensor> = None;
+        for (j, out) in state.outs.iter().enumerate() {
+            let term = w_nbt.get(j as i64).unsqueeze(-1) * out.to_kind(work);
+            mix_btd = Some(match mix_btd {
+                None => term,
+                Some(m) => m + term,
+            });
+        }
+        let mix_btd = mix_btd.expect("state is not empty").to_kind(kind);
         attn_out_btd + &self.scale_d * mix_btd
     }
 }

@@ -310,7 +310,7 @@ impl MoePolicy {
                 .attn
                 .forward_full(&h, lat, pos_bt, &self.rope, mask_b1tt);
             let mixed = match &blk.cross {
-                Some(c) => c.forward(&state, &a),
+                Some(c) => c.forward(&mut state, &a),
                 None => a.shallow_clone(),
             };
             state.push(&a);
@@ -407,7 +407,7 @@ impl MoePolicy {
                     &bias_bts,
                 );
                 let mixed = match &blk.cross {
-                    Some(c) => c.forward(&state, &a),
+                    Some(c) => c.forward(&mut state, &a),
                     None => a.shallow_clone(),
                 };
                 state.push(&a);
