@@ -101,13 +101,18 @@ impl Experts {
         x_td.zeros_like().index_add(0, &token_r, &(y_rd * wt_r1))
     }
 
-    /// Reference path, for tests, f64 and small batches: a loop of plain matmuls.
+    /// Reference path, for tests, f64 and CPU: a loop of plain matmuls, one per expert for the
+    /// fused gate|up projection (`[d, 2f]`, split afterwards) and one for down, then a single
+    /// weighted `index_add` of all experts' rows (not one out-of-place add per expert, which
+    /// copied the whole `[T, d]` output E times).
     pub fn forward_loop(&self, x_td: &Tensor, idx_tk: &Tensor, w_tk: &Tensor) -> Tensor {
         let k = idx_tk.size()[1];
         let n_experts = self.w_gate_edf.size()[0];
+        let f = self.w_gate_edf.size()[2];
         let expert_r = idx_tk.reshape([-1]);
         let w_r = w_tk.reshape([-1]);
-        let mut y_td = x_td.zeros_like();
+        let w_gu_ed2f = Tensor::cat(&[&self.w_gate_edf, &self.w_up_edf], 2);
+        let (mut ys, mut tokens, mut rows_all) = (Vec::new(), Vec::new(), Vec::new());
         for e in 0..n_experts {
             let rows = expert_r.eq(e).nonzero().squeeze_dim(1);
             if rows.size()[0] == 0 {
@@ -115,12 +120,21 @@ impl Experts {
             }
             let token = rows.divide_scalar_mode(k, "floor");
             let x_ed = x_td.index_select(0, &token);
-            let g = x_ed.matmul(&self.w_gate_edf.get(e));
-            let u = x_ed.matmul(&self.w_up_edf.get(e));
-            let y = self.activate(&g, &u).matmul(&self.w_down_efd.get(e));
-            y_td = y_td.index_add(0, &token, &(y * w_r.index_select(0, &rows).unsqueeze(1)));
+            let gu = x_ed.matmul(&w_gu_ed2f.get(e)).split(f, 1);
+            ys.push(
+                self.activate(&gu[0], &gu[1])
+                    .matmul(&self.w_down_efd.get(e)),
+            );
+            tokens.push(token);
+            rows_all.push(rows);
         }
-        y_td
+        if ys.is_empty() {
+            return x_td.zeros_like();
+        }
+        let rows_r = Tensor::cat(&rows_all, 0);
+        let y_rd = Tensor::cat(&ys, 0) * w_r.index_select(0, &rows_r).unsqueeze(1);
+        x_td.zeros_like()
+            .index_add(0, &Tensor::cat(&tokens, 0), &y_rd)
     }
 
     /// Zeroes every expert weight (for the "initialisation reaches the experts" test).
