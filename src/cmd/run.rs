@@ -180,7 +180,13 @@ impl Proc {
         let exe = std::env::current_exe().context("locating the corvid binary")?;
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone().context("duplicating a log handle")?;
-        let child = Command::new(&exe)
+        let mut cmd = Command::new(&exe);
+        // libtorch's OpenMP threads busy-wait after every op; with a learner and actors
+        // sharing a few cores that spinning costs 2x or more (BENCHMARKS.md, Model).
+        if std::env::var_os("OMP_WAIT_POLICY").is_none() {
+            cmd.env("OMP_WAIT_POLICY", "PASSIVE");
+        }
+        let child = cmd
             .args(args)
             .stdin(Stdio::null())
             .stdout(out)
