@@ -73,8 +73,8 @@ pub use episode::EpisodeSpec;
 pub use error::ActorError;
 pub use policy::{LoadedPolicy, PolicyUpdate};
 pub use rollout::{
-    run_episodes, CollectSink, EngineConfig, EngineHandle, RolloutEngine, RolloutStats, Trajectory,
-    TrajectorySink,
+    run_episodes, run_episodes_into, CollectSink, EngineConfig, EngineHandle, RolloutEngine,
+    RolloutStats, Trajectory, TrajectorySink,
 };
 pub use runner::{run_actor, ActorConfig, ActorReport};
 pub use sampler::{Choice, ChoiceContext, NucleusSampler, ScriptedTokens, TokenChooser};

@@ -848,6 +848,21 @@ pub fn run_episodes(
     cfg: EngineConfig,
     chooser: Option<Box<dyn TokenChooser>>,
 ) -> Result<(Vec<Trajectory>, RolloutStats), ActorError> {
+    let mut sink = CollectSink::default();
+    let stats = run_episodes_into(policy, env, specs, cfg, chooser, &mut sink)?;
+    Ok((sink.finished, stats))
+}
+
+/// [`run_episodes`], handing each trajectory to `sink` as it grows instead of collecting
+/// them (for example to store evaluation episodes as they run).
+pub fn run_episodes_into(
+    policy: &mut LoadedPolicy,
+    env: &TaskEnv,
+    specs: Vec<EpisodeSpec>,
+    cfg: EngineConfig,
+    chooser: Option<Box<dyn TokenChooser>>,
+    sink: &mut dyn TrajectorySink,
+) -> Result<RolloutStats, ActorError> {
     let mut engine = RolloutEngine::new(policy, env.clone(), cfg);
     if let Some(c) = chooser {
         engine = engine.with_chooser(c);
@@ -857,7 +872,5 @@ pub fn run_episodes(
         h.start_episode(s)?;
     }
     h.close()?;
-    let mut sink = CollectSink::default();
-    let stats = engine.run(&mut sink)?;
-    Ok((sink.finished, stats))
+    engine.run(sink)
 }

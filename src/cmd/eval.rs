@@ -15,9 +15,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use corvid_actor::{
-    EngineConfig, EpisodeSpec, LoadedPolicy, RolloutEngine, Trajectory, TrajectorySink,
-};
+use corvid_actor::{EngineConfig, EpisodeSpec, LoadedPolicy, Trajectory, TrajectorySink};
 use corvid_learner::model::{checkpoint, ModelConfig};
 use corvid_learner::store::{Begin, TrajectoryStore, TrajectoryWriter};
 use corvid_learner::tokenizer::Special;
@@ -363,23 +361,6 @@ fn load_policy(args: &EvalArgs) -> Result<(LoadedPolicy, String)> {
     Ok((policy, dir.display().to_string()))
 }
 
-/// Runs `specs` to completion, handing every trajectory to `sink` as it grows.
-fn run_into(
-    policy: &mut LoadedPolicy,
-    env: &TaskEnv,
-    specs: Vec<EpisodeSpec>,
-    cfg: EngineConfig,
-    sink: &mut dyn TrajectorySink,
-) -> Result<corvid_actor::RolloutStats> {
-    let mut engine = RolloutEngine::new(policy, env.clone(), cfg);
-    let handle = engine.handle();
-    for s in specs {
-        handle.start_episode(s)?;
-    }
-    handle.close()?;
-    Ok(engine.run(sink)?)
-}
-
 /// Runs the evaluation described by `args` and returns its result (also used by `corvid run`).
 pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
     if args.episodes == 0 || args.k == 0 {
@@ -479,7 +460,7 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
             },
             collect: Default::default(),
         };
-        let stats = run_into(&mut policy, &env, specs, cfg, &mut sink)
+        let stats = corvid_actor::run_episodes_into(&mut policy, &env, specs, cfg, None, &mut sink)
             .with_context(|| format!("evaluating level {level}"))?;
         generated += stats.generated_tokens;
         if let Some(e) = sink.store.error.take() {

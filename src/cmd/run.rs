@@ -392,6 +392,16 @@ fn progress_line(label: &str, v: &serde_json::Value, rl_start: Instant) -> Strin
     )
 }
 
+/// The curriculum frontier (family → level) of a metrics line, if it has one.
+fn frontier_of(v: &serde_json::Value) -> Option<BTreeMap<String, u32>> {
+    let m = v.pointer("/curriculum/frontier")?.as_object()?;
+    Some(
+        m.iter()
+            .filter_map(|(k, l)| Some((k.clone(), l.as_u64()? as u32)))
+            .collect(),
+    )
+}
+
 /// What one RL phase left behind.
 struct RlOutcome {
     seconds: f64,
@@ -548,14 +558,8 @@ fn rl_phase(
     while t.elapsed() < budget && stop.load(Ordering::SeqCst) == 0 {
         for v in tail.lines() {
             eprintln!("{}", progress_line(label, &v, t));
-            if let Some(m) = v
-                .pointer("/curriculum/frontier")
-                .and_then(|x| x.as_object())
-            {
-                frontier = m
-                    .iter()
-                    .filter_map(|(k, l)| Some((k.clone(), l.as_u64()? as u32)))
-                    .collect();
+            if let Some(f) = frontier_of(&v) {
+                frontier = f;
             }
         }
         if !learner.alive() {
@@ -582,14 +586,8 @@ fn rl_phase(
     }
     for v in tail.lines() {
         eprintln!("{}", progress_line(label, &v, t));
-        if let Some(m) = v
-            .pointer("/curriculum/frontier")
-            .and_then(|x| x.as_object())
-        {
-            frontier = m
-                .iter()
-                .filter_map(|(k, l)| Some((k.clone(), l.as_u64()? as u32)))
-                .collect();
+        if let Some(f) = frontier_of(&v) {
+            frontier = f;
         }
     }
     Ok(RlOutcome {
@@ -836,8 +834,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     std::fs::write(&path, serde_json::to_string_pretty(&record)?)
         .with_context(|| format!("writing {}", path.display()))?;
     let summary = crate::report::write(&run_dir).context("writing the report")?;
-    eprintln!("[run] report: {}", run_dir.join("report.html").display());
-    println!("{}", run_dir.join("report.html").display());
-    let _ = summary;
+    eprintln!("[run] report: {}", summary.html.display());
+    println!("{}", summary.html.display());
     Ok(ExitCode::SUCCESS)
 }
