@@ -289,3 +289,21 @@ fn export_is_one_json_line_per_trajectory_with_every_step() {
     let first: corvid_proto::Step = serde_json::from_value(steps[0].clone()).unwrap();
     assert_eq!(first, synthetic::step("t1", 0, SHAPE));
 }
+
+#[test]
+fn a_store_reopens_right_after_it_is_closed_and_a_held_one_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    // Close and reopen back to back: sled finishes log writes on background
+    // threads after the last handle drops, which used to make this flaky.
+    for round in 0..5 {
+        let store = Arc::new(TrajectoryStore::open(&path).unwrap());
+        write(&store, &format!("r{round}"), "hops", 1, 0);
+        store.flush_sync().unwrap();
+    }
+    let held = TrajectoryStore::open(&path).unwrap();
+    assert_eq!(held.stats().unwrap().finished, 5);
+    // While it is held, a second open fails (after a bounded wait) and names the path.
+    let err = TrajectoryStore::open(&path).unwrap_err().to_string();
+    assert!(err.contains("store") && err.contains("lock"), "{err}");
+}

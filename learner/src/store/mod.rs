@@ -63,6 +63,32 @@ pub use read::{ExportSummary, Filter, StoreStats};
 /// much is ingested (sled's default is 1 GiB).
 pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
 
+/// How long [`TrajectoryStore::open`] waits for sled's file lock. sled 0.34
+/// finishes in-flight log writes on background threads after the last `Db`
+/// handle drops, so a store closed a moment ago in this process can still hold
+/// its lock briefly; another process that really holds the store is still
+/// reported, after this wait.
+const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn open_db(path: &Path, cache_bytes: u64) -> sled::Result<sled::Db> {
+    let started = std::time::Instant::now();
+    loop {
+        match sled::Config::new()
+            .path(path)
+            .cache_capacity(cache_bytes)
+            .open()
+        {
+            Err(sled::Error::Io(e))
+                if e.to_string().contains("could not acquire lock")
+                    && started.elapsed() < LOCK_WAIT =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(25));
+            }
+            other => return other,
+        }
+    }
+}
+
 /// Everything that can go wrong in the store.
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -199,11 +225,7 @@ impl TrajectoryStore {
             path: path.clone(),
             source,
         };
-        let db = sled::Config::new()
-            .path(&path)
-            .cache_capacity(cache_bytes)
-            .open()
-            .map_err(sled_err)?;
+        let db = open_db(&path, cache_bytes).map_err(sled_err)?;
         let tree = |name: &str| db.open_tree(name).map_err(sled_err);
         let store = Self {
             meta: tree("meta")?,
