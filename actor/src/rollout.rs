@@ -2,19 +2,22 @@
 //!
 //! # How a turn flows
 //!
+//! Every episode owns one row of a single `KvCache` (left-aligned, per-row lengths) from
+//! admission to its end; rows never move, so nothing is copied when turns start and end.
+//!
 //! 1. An episode whose context is queued (the prompt, or a tool message) is *ready*. Ready
-//!    episodes are prefilled — only the tokens not yet in their cache, so a new turn costs
-//!    its new tokens (prefix reuse). Episodes whose pending lengths are equal are prefilled
-//!    together (a GRPO group's prompts are); the last position's logits give each its first
+//!    episodes are prefilled — only the tokens not yet in their row, so a new turn costs
+//!    its new tokens (prefix reuse). Ready rows of similar pending lengths are prefilled in
+//!    one ragged `[k, T]` forward ([`MoePolicy::forward_ragged`]: each row appends its own
+//!    count, the rest is padding); the last real position's logits give each its first
 //!    generated token.
-//! 2. Prefilled episodes join the *decode batch*: one `KvCache` whose rows are the decoding
-//!    episodes (left-aligned, per-row lengths). Every decode step appends each row's latest
-//!    token and draws the next from the [`TokenChooser`] (exact id, behaviour log-prob,
-//!    policy version recorded).
+//! 2. Prefilled episodes *decode*: every decode step is one forward over the cache's low
+//!    rows, appending each decoding row's latest token (rows waiting on a tool append
+//!    nothing) and drawing the next from the [`TokenChooser`] (exact id, behaviour
+//!    log-prob, policy version recorded).
 //! 3. A row whose turn ends (`</tool_call>`, `<|end|>`, `max_new_tokens`, or the end of the
-//!    context budget) leaves the batch;
-//!    its cache rows are *parked* with the episode, and its call goes to the episode's
-//!    sandbox worker ([`crate::tools`]). Decoding of the others goes on meanwhile.
+//!    context budget) stops decoding; its call goes to the episode's sandbox worker
+//!    ([`crate::tools`]) while the others decode on.
 //! 4. The tool's result (or the parse error of a malformed call) is queued as the next
 //!    turn's context, masked, and the episode is ready again — or it ends: `answered`,
 //!    `max_turns`, `context_full` (the budget ended mid-turn, or leaves no room for the
@@ -25,7 +28,7 @@
 //!
 //! A new policy is swapped in only between turns: once an update is pending, no episode
 //! starts a new turn; when the last row of the batch has finished its turn, the weights are
-//! replaced and every parked cache is dropped, because latents computed under the old
+//! replaced and every cached row is emptied, because latents computed under the old
 //! weights are stale. Each episode then re-prefills its whole sequence under the new
 //! weights at its next turn, so every recorded log-prob is exactly that of the weights
 //! whose version is recorded with it.
@@ -33,12 +36,12 @@
 //! The engine runs on one thread (tch tensors stay there); other threads talk to it through
 //! an [`EngineHandle`].
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
 use corvid_learner::episode::EpisodeFormat;
-use corvid_learner::model::KvCache;
+use corvid_learner::model::{KvCache, MoePolicy};
 use corvid_proto::{Step, Termination, TrajectoryFooter, TrajectoryHeader};
 use corvid_tasks::{TaskEnv, Verdict};
 use serde::Serialize;
@@ -230,9 +233,13 @@ pub struct RolloutEngine<'p> {
     queue: VecDeque<EpisodeSpec>,
     episodes: HashMap<u64, Slot>,
     next_key: u64,
-    /// Row `i` of `batch` belongs to episode `decoding[i]`.
+    /// Episodes generating their turn, whatever their rows.
     decoding: Vec<u64>,
-    batch: Option<KvCache>,
+    /// One row per running episode (`Slot::row`); created at the first prefill.
+    cache: Option<KvCache>,
+    /// Rows no episode owns; the lowest is handed out first, so decode steps over the
+    /// low rows stay short when few episodes run.
+    free_rows: BTreeSet<usize>,
     pending_policy: Option<PolicyUpdate>,
     shutdown_at: Option<Instant>,
     closed: bool,
@@ -242,8 +249,8 @@ pub struct RolloutEngine<'p> {
 struct Slot {
     run: EpisodeRun,
     worker: Option<Worker>,
-    /// This episode's cache rows while it is not in the decode batch.
-    parked: Option<KvCache>,
+    /// This episode's row of the engine's cache.
+    row: usize,
 }
 
 impl std::fmt::Debug for RolloutEngine<'_> {
@@ -260,6 +267,7 @@ impl<'p> RolloutEngine<'p> {
     /// An engine decoding with `policy` in `env`, sampling with [`NucleusSampler`].
     pub fn new(policy: &'p mut LoadedPolicy, env: TaskEnv, cfg: EngineConfig) -> Self {
         let (tx, rx) = mpsc::channel();
+        let rows = cfg.max_concurrency.max(1);
         Self {
             policy,
             env,
@@ -272,7 +280,8 @@ impl<'p> RolloutEngine<'p> {
             episodes: HashMap::new(),
             next_key: 0,
             decoding: Vec::new(),
-            batch: None,
+            cache: None,
+            free_rows: (0..rows).collect(),
             pending_policy: None,
             shutdown_at: None,
             closed: false,
@@ -414,12 +423,16 @@ impl<'p> RolloutEngine<'p> {
             run.deadline = Some(Instant::now() + self.cfg.tool_timeout);
             match worker {
                 Ok(w) => {
+                    let row = self
+                        .free_rows
+                        .pop_first()
+                        .expect("a free row for every admitted episode");
                     self.episodes.insert(
                         key,
                         Slot {
                             run,
                             worker: Some(w),
-                            parked: None,
+                            row,
                         },
                     );
                 }
@@ -460,6 +473,8 @@ impl<'p> RolloutEngine<'p> {
         sink: &mut dyn TrajectorySink,
     ) {
         if let Some(slot) = self.episodes.remove(&key) {
+            self.decoding.retain(|k| *k != key);
+            self.free_rows.insert(slot.row);
             self.end(slot.run, termination, verdict, sink);
         }
     }
@@ -500,7 +515,6 @@ impl<'p> RolloutEngine<'p> {
             Next::Check(t) => {
                 if let Some(slot) = self.episodes.get_mut(&key) {
                     slot.run.next_after_check = Some(t);
-                    slot.parked = None;
                 }
                 self.dispatch(key, Job::Check, Phase::Checking, sink);
             }
@@ -574,7 +588,6 @@ impl<'p> RolloutEngine<'p> {
                 "grace period over: abandoning in-flight episodes"
             );
             self.decoding.clear();
-            self.batch = None;
             let mut keys = keys;
             keys.sort_unstable();
             for key in keys {
@@ -609,154 +622,116 @@ impl<'p> RolloutEngine<'p> {
         self.policy.load(&update.bytes, update.version)?;
         for slot in self.episodes.values_mut() {
             self.stats.reprefill_tokens += slot.run.cached as u64;
-            slot.parked = None;
             slot.run.cached = 0;
+        }
+        if let Some(c) = self.cache.as_mut() {
+            c.reset_all();
         }
         self.stats.weight_swaps += 1;
         tracing::info!(version = update.version, "policy swapped in");
         Ok(())
     }
 
-    /// Prefills every ready episode and moves it into the decode batch.
+    /// Prefills every ready episode; each then decodes.
     fn prefill_ready(&mut self, _sink: &mut dyn TrajectorySink) -> Result<(), ActorError> {
         if self.pending_policy.is_some() || self.shutdown_at.is_some_and(|t| Instant::now() >= t) {
             return Ok(());
         }
-        let mut ready: Vec<u64> = self
+        let mut ready: Vec<(usize, u64)> = self
             .episodes
             .iter()
             .filter(|(_, s)| s.run.phase == Phase::Ready)
-            .map(|(k, _)| *k)
+            .map(|(k, s)| (s.run.history.len() - s.run.cached, *k))
             .collect();
         if ready.is_empty() {
             return Ok(());
         }
         ready.sort_unstable();
-        // Group by the number of tokens to append, so each group is one [k, T] forward.
-        let mut groups: Vec<(usize, Vec<u64>)> = Vec::new();
-        for key in ready {
-            let r = &self.episodes[&key].run;
-            let n = r.history.len() - r.cached;
-            match groups.iter_mut().find(|(m, _)| *m == n) {
-                Some((_, g)) => g.push(key),
-                None => groups.push((n, vec![key])),
-            }
-        }
-        let model = self.policy.model();
-        let dev = self.policy.var_store().device();
-        let max_pos = usize::try_from(model.config().max_position_embeddings).unwrap_or(usize::MAX);
-        let version = self.policy.version();
-        let mut joined: Vec<KvCache> = Vec::new();
-        for (t, keys) in groups {
-            if t == 0 {
-                // Nothing to append cannot happen (a turn always has context); be safe.
-                for key in keys {
-                    if let Some(s) = self.episodes.get_mut(&key) {
-                        s.run.phase = Phase::Decoding;
-                    }
-                }
-                continue;
-            }
-            let mut caches = Vec::with_capacity(keys.len());
-            let mut tokens: Vec<i64> = Vec::with_capacity(keys.len() * t);
-            for key in &keys {
-                let slot = self.episodes.get_mut(key).expect("ready key exists");
-                let r = &slot.run;
-                let cap = (r.history.len() + r.max_new()).min(max_pos) as i64;
-                let cache = match slot.parked.take() {
-                    Some(c) if r.cached > 0 => c,
-                    _ => model.new_cache(1, cap),
-                };
-                caches.push(cache);
-                tokens.extend(r.history[r.cached..].iter().map(|&x| i64::from(x)));
-            }
-            let mut cache = if caches.len() == 1 {
-                caches.pop().expect("one cache")
-            } else {
-                KvCache::concat(&caches)?
-            };
-            let k = keys.len() as i64;
-            let t0 = Instant::now();
-            let tokens_bt = Tensor::from_slice(&tokens)
-                .view([k, t as i64])
-                .to_device(dev);
-            let logits = model.forward_cached(&mut cache, &tokens_bt)?;
-            let last = logits
-                .select(1, t as i64 - 1)
-                .to_kind(Kind::Float)
-                .to_device(tch::Device::Cpu)
-                .contiguous();
-            let flat = Vec::<f32>::try_from(last.view([-1]))?;
-            self.stats.forward_s += t0.elapsed().as_secs_f64();
-            self.stats.prefill_tokens += (k as u64) * t as u64;
-            let v = flat.len() / keys.len();
-            for (i, key) in keys.iter().enumerate() {
-                let slot = self.episodes.get_mut(key).expect("ready key exists");
-                let r = &mut slot.run;
-                r.cached = r.history.len();
-                let choice = self.chooser.choose(
-                    ChoiceContext {
-                        trajectory_id: &r.spec.trajectory_id,
-                        turn: r.turn,
-                        generated: &r.generated,
-                        sampling: &r.spec.sampling,
-                        rng: &mut r.rng,
-                    },
-                    &flat[i * v..(i + 1) * v],
-                )?;
-                r.push_generated(choice.token, choice.logprob, version);
-                self.stats.generated_tokens += 1;
-                r.phase = Phase::Decoding;
-                self.decoding.push(*key);
-            }
-            joined.push(cache);
-        }
-        if !joined.is_empty() {
-            let mut all = Vec::with_capacity(joined.len() + 1);
-            if let Some(b) = self.batch.take() {
-                all.push(b);
-            }
-            all.extend(joined);
-            self.batch = Some(if all.len() == 1 {
-                all.pop().expect("one cache")
-            } else {
-                KvCache::concat(&all)?
-            });
+        for bucket in prefill_buckets(&ready) {
+            self.prefill(bucket)?;
         }
         Ok(())
     }
 
-    /// Moves rows whose turn ended out of the batch and sends their calls to the sandbox.
+    /// One ragged forward appending each episode's pending context to its row.
+    fn prefill(&mut self, keys: Vec<u64>) -> Result<(), ActorError> {
+        let model = self.policy.model();
+        let dev = self.policy.var_store().device();
+        let version = self.policy.version();
+        let rows_total = self.cfg.max_concurrency.max(1);
+        let cache = self
+            .cache
+            .get_or_insert_with(|| model.new_cache(rows_total, INITIAL_CACHE_TOKENS));
+        let mut rows = Vec::with_capacity(keys.len());
+        let mut new = Vec::with_capacity(keys.len());
+        for key in &keys {
+            let slot = self.episodes.get_mut(key).expect("ready key exists");
+            // The row holds exactly the cached prefix; anything else (a fresh episode, new
+            // weights) starts the row over.
+            if slot.run.cached == 0 || cache.lens()[slot.row] != slot.run.cached as i64 {
+                cache.reset_row(slot.row);
+                slot.run.cached = 0;
+            }
+            rows.push(slot.row);
+            new.push((slot.run.history.len() - slot.run.cached) as i64);
+        }
+        let t = new.iter().copied().max().unwrap_or(0);
+        let k = keys.len();
+        let mut tokens = vec![0i64; k * t as usize];
+        for (i, key) in keys.iter().enumerate() {
+            let r = &self.episodes[key].run;
+            for (j, &x) in r.history[r.cached..].iter().enumerate() {
+                tokens[i * t as usize + j] = i64::from(x);
+            }
+        }
+        let t0 = Instant::now();
+        let mut sub = cache.select(&rows)?;
+        let tokens_bt = Tensor::from_slice(&tokens)
+            .view([k as i64, t])
+            .to_device(dev);
+        let logits = model.forward_ragged(&mut sub, &tokens_bt, &new)?;
+        cache.put(&rows, &sub)?;
+        let last_idx = Tensor::from_slice(&new.iter().map(|n| n - 1).collect::<Vec<_>>())
+            .to_device(dev)
+            .view([k as i64, 1, 1])
+            .expand([k as i64, 1, logits.size()[2]], false);
+        let flat = logits_to_vec(&logits.gather(1, &last_idx, false))?;
+        self.stats.forward_s += t0.elapsed().as_secs_f64();
+        self.stats.prefill_tokens += new.iter().sum::<i64>() as u64;
+        let v = flat.len() / k;
+        for (i, key) in keys.iter().enumerate() {
+            let r = &mut self.episodes.get_mut(key).expect("ready key exists").run;
+            r.cached = r.history.len();
+            let choice = self.chooser.choose(
+                ChoiceContext {
+                    trajectory_id: &r.spec.trajectory_id,
+                    turn: r.turn,
+                    generated: &r.generated,
+                    sampling: &r.spec.sampling,
+                    rng: &mut r.rng,
+                },
+                &flat[i * v..(i + 1) * v],
+            )?;
+            r.push_generated(choice.token, choice.logprob, version);
+            self.stats.generated_tokens += 1;
+            r.phase = Phase::Decoding;
+            self.decoding.push(*key);
+        }
+        Ok(())
+    }
+
+    /// Stops decoding rows whose turn ended and sends their calls to the sandbox.
     fn park_finished_turns(&mut self, sink: &mut dyn TrajectorySink) -> Result<(), ActorError> {
         let stop = self.format.stop_ids();
-        let leaving: Vec<usize> = self
+        let (leaving, staying): (Vec<u64>, Vec<u64>) = self
             .decoding
             .iter()
-            .enumerate()
-            .filter(|(_, k)| self.episodes[*k].run.turn_over(&stop))
-            .map(|(i, _)| i)
-            .collect();
+            .partition(|k| self.episodes[*k].run.turn_over(&stop));
         if leaving.is_empty() {
             return Ok(());
         }
-        let batch = self.batch.take().ok_or_else(|| {
-            ActorError::invalid("decode batch", "rows are decoding but the batch is empty")
-        })?;
-        let keep: Vec<usize> = (0..self.decoding.len())
-            .filter(|i| !leaving.contains(i))
-            .collect();
-        for &i in &leaving {
-            let key = self.decoding[i];
-            let parked = batch.select(&[i])?;
-            let slot = self.episodes.get_mut(&key).expect("decoding key exists");
-            slot.parked = Some(parked);
-        }
-        if !keep.is_empty() {
-            self.batch = Some(batch.select(&keep)?);
-        }
-        let leaving_keys: Vec<u64> = leaving.iter().map(|&i| self.decoding[i]).collect();
-        self.decoding = keep.iter().map(|&i| self.decoding[i]).collect();
-        for key in leaving_keys {
+        self.decoding = staying;
+        for key in leaving {
             let slot = self.episodes.get_mut(&key).expect("decoding key exists");
             if slot.run.cut_by_context(&stop) {
                 slot.run.generate_us = slot.run.turn_started.elapsed().as_micros() as u64;
@@ -782,42 +757,41 @@ impl<'p> RolloutEngine<'p> {
         Ok(())
     }
 
-    /// One batched decode step: appends each row's latest token and draws the next.
+    /// One batched decode step: appends each decoding row's latest token and draws the next.
+    /// The forward covers rows `0..=highest decoding row`; the others in that range append
+    /// nothing.
     fn decode_step(&mut self) -> Result<(), ActorError> {
         if self.decoding.is_empty() {
             return Ok(());
         }
-        let model = self.policy.model();
+        let model: &MoePolicy = self.policy.model();
         let dev = self.policy.var_store().device();
         let version = self.policy.version();
-        let batch = self
-            .batch
+        let cache = self
+            .cache
             .as_mut()
-            .ok_or_else(|| ActorError::invalid("decode batch", "missing"))?;
-        let tokens: Vec<i64> = self
-            .decoding
-            .iter()
-            .map(|k| {
-                let r = &self.episodes[k].run;
-                i64::from(r.history[r.cached])
-            })
-            .collect();
-        let b = tokens.len() as i64;
+            .ok_or_else(|| ActorError::invalid("decode cache", "missing"))?;
+        let rows: Vec<usize> = self.decoding.iter().map(|k| self.episodes[k].row).collect();
+        let n = rows.iter().copied().max().unwrap_or(0) + 1;
+        let mut tokens = vec![0i64; n];
+        let mut new = vec![0i64; n];
+        for (key, &row) in self.decoding.iter().zip(&rows) {
+            let r = &self.episodes[key].run;
+            tokens[row] = i64::from(r.history[r.cached]);
+            new[row] = 1;
+        }
         let t0 = Instant::now();
-        let tokens_bt = Tensor::from_slice(&tokens).view([b, 1]).to_device(dev);
-        let logits = model.forward_cached(batch, &tokens_bt)?;
-        let flat = Vec::<f32>::try_from(
-            logits
-                .view([b, -1])
-                .to_kind(Kind::Float)
-                .to_device(tch::Device::Cpu)
-                .contiguous()
-                .view([-1]),
-        )?;
+        let tokens_bt = Tensor::from_slice(&tokens)
+            .view([n as i64, 1])
+            .to_device(dev);
+        let logits = cache.with_prefix(n, 1, |c| model.forward_ragged(c, &tokens_bt, &new))?;
+        let idx =
+            Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to_device(dev);
+        let flat = logits_to_vec(&logits.index_select(0, &idx))?;
         self.stats.forward_s += t0.elapsed().as_secs_f64();
         self.stats.decode_steps += 1;
-        self.stats.decode_rows += b as u64;
-        let v = flat.len() / self.decoding.len();
+        self.stats.decode_rows += rows.len() as u64;
+        let v = flat.len() / rows.len();
         for (i, key) in self.decoding.iter().enumerate() {
             let r = &mut self.episodes.get_mut(key).expect("decoding key exists").run;
             r.cached += 1;
@@ -836,6 +810,41 @@ impl<'p> RolloutEngine<'p> {
         }
         Ok(())
     }
+}
+
+/// Slots per row the cache starts with; it doubles as sequences grow.
+const INITIAL_CACHE_TOKENS: i64 = 512;
+
+/// Splits ready episodes, sorted by pending length, into prefill batches that waste at
+/// most a third of their `[k, T]` forward on padding.
+fn prefill_buckets(sorted: &[(usize, u64)]) -> Vec<Vec<u64>> {
+    let mut out: Vec<Vec<u64>> = Vec::new();
+    let mut real = 0usize;
+    for &(n, key) in sorted {
+        match out.last_mut() {
+            // Sorted ascending, so `n` is the bucket's new longest row.
+            Some(b) if 2 * n * (b.len() + 1) <= 3 * (real + n) => {
+                b.push(key);
+                real += n;
+            }
+            _ => {
+                out.push(vec![key]);
+                real = n;
+            }
+        }
+    }
+    out
+}
+
+/// Logits `[k, 1, V]` (any float kind, any device) as one flat `Vec<f32>`.
+fn logits_to_vec(logits: &Tensor) -> Result<Vec<f32>, ActorError> {
+    Ok(Vec::<f32>::try_from(
+        logits
+            .to_kind(Kind::Float)
+            .to_device(tch::Device::Cpu)
+            .contiguous()
+            .view([-1]),
+    )?)
 }
 
 /// Runs `specs` to completion with `policy` in `env` and returns every trajectory (in the

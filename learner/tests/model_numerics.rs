@@ -183,6 +183,116 @@ fn batched_decode_over_sequences_of_different_lengths() {
 }
 
 #[test]
+fn ragged_prefill_and_partial_decode_match_each_sequence_alone() {
+    tch::set_num_threads(1);
+    for (name, cfg) in variants() {
+        let (_vs, model) = build(&cfg, 5);
+        let seqs: Vec<Tensor> = [13, 6, 9]
+            .iter()
+            .map(|&n| Tensor::randint(cfg.vocab_size, [1, n], (Kind::Int64, Device::Cpu)))
+            .collect();
+        let full: Vec<Tensor> = seqs
+            .iter()
+            .map(|s| model.forward(s, false).unwrap().logits_btv)
+            .collect();
+        // Three rows start 5, 2 and 0 tokens in (row 2 is empty), then append 4, 3 and 9
+        // tokens in one ragged forward padded to 9 with garbage.
+        let mut cache = model.new_cache(3, 4);
+        let warm = Tensor::cat(
+            &[
+                seqs[0].narrow(1, 0, 5),
+                Tensor::cat(&[seqs[1].narrow(1, 0, 2), seqs[1].narrow(1, 0, 3)], 1),
+                seqs[2].narrow(1, 0, 5),
+            ],
+            0,
+        );
+        let _ = model.forward_ragged(&mut cache, &warm, &[5, 2, 0]).unwrap();
+        assert_eq!(cache.lens(), &[5, 2, 0], "{name}");
+        let pad = |s: &Tensor, from: i64, n: i64| {
+            let junk = Tensor::randint(cfg.vocab_size, [1, 9 - n], (Kind::Int64, Device::Cpu));
+            Tensor::cat(&[s.narrow(1, from, n), junk], 1)
+        };
+        let step = Tensor::cat(
+            &[
+                pad(&seqs[0], 5, 4),
+                pad(&seqs[1], 2, 3),
+                pad(&seqs[2], 0, 9),
+            ],
+            0,
+        );
+        let got = model.forward_ragged(&mut cache, &step, &[4, 3, 9]).unwrap();
+        assert_eq!(cache.lens(), &[9, 5, 9], "{name}");
+        for (row, (from, n)) in [(5, 4), (2, 3), (0, 9)].into_iter().enumerate() {
+            let want = full[row].narrow(1, from, n);
+            let err = max_abs(&got.get(row as i64).narrow(0, 0, n), &want.get(0));
+            assert!(err <= 1e-4, "{name}: row {row} prefill max abs error {err}");
+        }
+        // A decode step where only row 1 appends: rows 0 and 2 keep their lengths and
+        // their next real tokens still match the full forward.
+        let step = Tensor::cat(
+            &[
+                seqs[0].narrow(1, 12, 1),
+                seqs[1].narrow(1, 5, 1),
+                seqs[2].narrow(1, 0, 1),
+            ],
+            0,
+        );
+        let got = model.forward_ragged(&mut cache, &step, &[0, 1, 0]).unwrap();
+        assert_eq!(cache.lens(), &[9, 6, 9], "{name}");
+        let err = max_abs(&got.get(1).get(0), &full[1].get(0).get(5));
+        assert!(err <= 1e-4, "{name}: partial decode max abs error {err}");
+        let tail = Tensor::cat(&[seqs[0].narrow(1, 9, 4), seqs[2].narrow(1, 0, 4)], 0);
+        let mut rest = cache.select(&[0, 2]).unwrap();
+        let got = model.forward_ragged(&mut rest, &tail, &[4, 0]).unwrap();
+        let err = max_abs(&got.get(0), &full[0].get(0).narrow(0, 9, 4));
+        assert!(
+            err <= 1e-4,
+            "{name}: after an idle step max abs error {err}"
+        );
+        // Bad row lengths are refused and name the row.
+        let err = model
+            .forward_ragged(&mut rest, &tail, &[5, 0])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("row 0"), "{err}");
+    }
+}
+
+#[test]
+fn cache_rows_round_trip_through_select_and_put_and_prefix_views() {
+    tch::set_num_threads(1);
+    let cfg = small_cfg();
+    let (_vs, model) = build(&cfg, 9);
+    let a = Tensor::randint(cfg.vocab_size, [1, 10], (Kind::Int64, Device::Cpu));
+    let full = model.forward(&a, false).unwrap().logits_btv;
+    let mut cache = model.new_cache(4, 4);
+    // Row 2 is prefilled through a selected copy that grows, then put back.
+    let mut sub = cache.select(&[2]).unwrap();
+    let _ = model.forward_cached(&mut sub, &a.narrow(1, 0, 7)).unwrap();
+    cache.put(&[2], &sub).unwrap();
+    assert_eq!(cache.lens(), &[0, 0, 7, 0]);
+    assert!(cache.capacity() >= 7);
+    // Decode row 2 through a prefix view of rows 0..3 (no copy).
+    let step = Tensor::cat(
+        &[a.narrow(1, 0, 1), a.narrow(1, 0, 1), a.narrow(1, 7, 1)],
+        0,
+    );
+    let got = cache.with_prefix(3, 1, |c| {
+        model.forward_ragged(c, &step, &[0, 0, 1]).unwrap()
+    });
+    assert_eq!(cache.lens(), &[0, 0, 8, 0]);
+    let err = max_abs(&got.get(2).get(0), &full.get(0).get(7));
+    assert!(err <= 1e-4, "prefix view decode max abs error {err}");
+    cache.reset_row(2);
+    assert_eq!(cache.lens(), &[0, 0, 0, 0]);
+    assert!(cache
+        .put(&[9], &sub)
+        .unwrap_err()
+        .to_string()
+        .contains("row 9"));
+}
+
+#[test]
 fn grouped_gemm_experts_equal_per_expert_loop_forward_and_gradients() {
     tch::set_num_threads(1);
     let cfg = small_cfg();

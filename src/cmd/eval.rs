@@ -361,8 +361,25 @@ fn load_policy(args: &EvalArgs) -> Result<(LoadedPolicy, String)> {
     Ok((policy, dir.display().to_string()))
 }
 
-/// Runs the evaluation described by `args` and returns its result (also used by `corvid run`).
+/// Runs the evaluation described by `args` and returns its result, storing every episode in
+/// `args.store`.
 pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
+    if let Some(parent) = args.store.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let store = Arc::new(TrajectoryStore::open(&args.store).with_context(|| {
+        format!(
+            "opening the eval store {} (is another process using it?)",
+            args.store.display()
+        )
+    })?);
+    evaluate_into(args, store)
+}
+
+/// [`evaluate`] into a store that is already open, so several evaluations can run at once
+/// in one process (`corvid run` evaluates its stages two at a time) and share it.
+pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<EvalResult> {
     if args.episodes == 0 || args.k == 0 {
         bail!("--episodes and --k must be at least 1");
     }
@@ -396,16 +413,6 @@ pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
         tch::set_num_threads(args.threads);
     }
     let (mut policy, checkpoint) = load_policy(args)?;
-    if let Some(parent) = args.store.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let store = Arc::new(TrajectoryStore::open(&args.store).with_context(|| {
-        format!(
-            "opening the eval store {} (is another process using it?)",
-            args.store.display()
-        )
-    })?);
     let env = TaskEnv::new(
         corvid_sandbox::Sandbox::builder()
             .search_tool(true)

@@ -28,15 +28,16 @@ use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use corvid_learner::config::LearnerConfig;
+use corvid_learner::store::TrajectoryStore;
 use serde::{Deserialize, Serialize};
 
-use super::eval::{evaluate, EvalArgs, EvalResult};
+use super::eval::{evaluate_into, EvalArgs, EvalResult};
 
 /// Train an agent end to end: a learner and K actor processes, SFT then RL, evaluation and
 /// a report.
@@ -92,6 +93,8 @@ pub struct RunSection {
     pub eval_concurrency: usize,
     /// Most tokens per turn during evaluation. Default 160.
     pub eval_max_new_tokens: u32,
+    /// Stages evaluated at once (each on one libtorch thread). Default 2.
+    pub eval_workers: usize,
     /// Another learner config trained on a copy of the SFT result for the same budget, for
     /// the ablation (empty = none). Default empty.
     pub ablation: String,
@@ -110,6 +113,7 @@ impl Default for RunSection {
             eval_episodes: 200,
             eval_concurrency: 64,
             eval_max_new_tokens: 160,
+            eval_workers: 2,
             ablation: String::new(),
             sft_timeout_minutes: 30.0,
         }
@@ -603,6 +607,7 @@ fn eval_stage(
     run_dir: &Path,
     run: &RunSection,
     pack: Option<PathBuf>,
+    store: Arc<TrajectoryStore>,
 ) -> Result<EvalResult> {
     let max_new_tokens = run.eval_max_new_tokens;
     let out = run_dir.join("eval").join(format!("{stage}.json"));
@@ -632,7 +637,8 @@ fn eval_stage(
         "[eval] {stage}: {} held-out episodes per level of {} {}",
         run.eval_episodes, run.eval_family, run.eval_levels
     );
-    let r = evaluate(&args).with_context(|| format!("evaluating the {stage} policy"))?;
+    let r =
+        evaluate_into(&args, store).with_context(|| format!("evaluating the {stage} policy"))?;
     std::fs::write(&out, serde_json::to_string_pretty(&r)?)
         .with_context(|| format!("writing {}", out.display()))?;
     for f in &r.families {
@@ -748,49 +754,51 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     });
     let mut evals: BTreeMap<String, EvalResult> = BTreeMap::new();
     if stop.load(Ordering::SeqCst) < 2 {
-        evals.insert(
-            "random".into(),
-            eval_stage(
-                "random",
-                None,
-                Some(model_json.clone()),
-                &run_dir,
-                &run,
-                eval_pack.cloned(),
-            )?,
-        );
-        evals.insert(
-            "sft".into(),
-            eval_stage(
-                "sft",
-                Some(run_dir.join("ref")),
-                None,
-                &run_dir,
-                &run,
-                eval_pack.cloned(),
-            )?,
-        );
+        // (stage, checkpoint, model config for a random init)
+        let mut jobs: Vec<(String, Option<PathBuf>, Option<PathBuf>)> = vec![
+            ("random".into(), None, Some(model_json.clone())),
+            ("sft".into(), Some(run_dir.join("ref")), None),
+        ];
         if let Some(ck) = latest_checkpoint(&run_dir) {
-            evals.insert(
-                "rl".into(),
-                eval_stage("rl", Some(ck), None, &run_dir, &run, eval_pack.cloned())?,
-            );
+            jobs.push(("rl".into(), Some(ck), None));
         }
         if let Some((_, _, dir)) = &ablation_cfg {
             if let Some(ck) = latest_checkpoint(dir) {
-                evals.insert(
-                    "ablation-grpo".into(),
-                    eval_stage(
-                        "ablation-grpo",
-                        Some(ck),
-                        None,
+                jobs.push(("ablation-grpo".into(), Some(ck), None));
+            }
+        }
+        let store_dir = run_dir.join("eval").join("store");
+        std::fs::create_dir_all(&store_dir)
+            .with_context(|| format!("creating {}", store_dir.display()))?;
+        let store = Arc::new(
+            TrajectoryStore::open(&store_dir)
+                .with_context(|| format!("opening the eval store {}", store_dir.display()))?,
+        );
+        let queue = Mutex::new(jobs.into_iter());
+        let results = Mutex::new(Vec::new());
+        std::thread::scope(|scope| {
+            for _ in 0..run.eval_workers.max(1) {
+                scope.spawn(|| loop {
+                    let Some((stage, ck, model)) = queue.lock().expect("eval queue").next() else {
+                        break;
+                    };
+                    let r = eval_stage(
+                        &stage,
+                        ck,
+                        model,
                         &run_dir,
                         &run,
                         eval_pack.cloned(),
-                    )?,
-                );
+                        store.clone(),
+                    );
+                    results.lock().expect("eval results").push((stage, r));
+                });
             }
+        });
+        for (stage, r) in results.into_inner().expect("eval results") {
+            evals.insert(stage, r?);
         }
+        store.flush_sync().context("flushing the eval store")?;
     }
     stages.insert("eval_s".to_string(), t_eval.elapsed().as_secs_f64());
 

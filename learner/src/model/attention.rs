@@ -250,14 +250,12 @@ impl Mla {
         let w_uv_hvc = w_hkc.narrow(1, n, v);
         // Fold W_uk into the query: q_lat [B, T, H, c].
         let q_lat_bthc = Tensor::einsum("bthn,hnc->bthc", &[&q_nope, &w_uk_hnc], None::<&[i64]>);
-        let scores = q_lat_bthc
-            .reshape([b, t * h, c])
-            .bmm(&c_kv_bsc.transpose(1, 2))
-            + q_pe
-                .reshape([b, t * h, self.rope])
-                .bmm(&k_pe_bsr.transpose(1, 2));
-        let scores_bths =
-            scores.view([b, t, h, s]) * self.softmax_scale(rope) + bias_bts.view([b, t, 1, s]);
+        // Scores as cache × query ([B, S, c] · [B, c, T·H]): the long cache operand stays in
+        // its row-major layout, so BLAS does not repack it for every row.
+        let scores_bsq = c_kv_bsc.bmm(&q_lat_bthc.reshape([b, t * h, c]).transpose(1, 2))
+            + k_pe_bsr.bmm(&q_pe.reshape([b, t * h, self.rope]).transpose(1, 2));
+        let scores_bths = scores_bsq.transpose(1, 2).view([b, t, h, s]) * self.softmax_scale(rope)
+            + bias_bts.view([b, t, 1, s]);
         // Softmax in fp32 (f64 stays f64 for the gradient check).
         let soft_kind = if x_btd.kind() == Kind::Double {
             Kind::Double

@@ -102,9 +102,85 @@ impl KvCache {
         let _ = self.k_pe[slot].scatter_(1, &idx_r, k_pe_btr);
     }
 
-    /// Advances every sequence by `t` tokens (after all layers have written).
-    pub(crate) fn advance(&mut self, t: i64) {
-        self.lens.iter_mut().for_each(|l| *l += t);
+    /// Advances sequence `b` by `new_b[b]` tokens (after all layers have written).
+    pub(crate) fn advance_rows(&mut self, new_b: &[i64]) {
+        self.lens.iter_mut().zip(new_b).for_each(|(l, n)| *l += n);
+    }
+
+    /// Empties sequence `row` (its slots are reused by whatever is appended next).
+    pub fn reset_row(&mut self, row: usize) {
+        if let Some(l) = self.lens.get_mut(row) {
+            *l = 0;
+        }
+    }
+
+    /// Empties every sequence, e.g. when new weights make every cached latent stale.
+    pub fn reset_all(&mut self) {
+        self.lens.iter_mut().for_each(|l| *l = 0);
+    }
+
+    /// Writes `sub` (e.g. rows taken out with [`select`](Self::select) and then extended)
+    /// back into rows `rows` of this cache.
+    pub fn put(&mut self, rows: &[usize], sub: &KvCache) -> Result<(), ModelError> {
+        if rows.len() != sub.batch()
+            || sub.c_kv.len() != self.c_kv.len()
+            || sub.kv_lora != self.kv_lora
+            || sub.rope != self.rope
+        {
+            return Err(ModelError::Input(format!(
+                "put of {} cache rows into {} slots (or from another config)",
+                sub.batch(),
+                rows.len()
+            )));
+        }
+        if let Some(bad) = rows.iter().find(|r| **r >= self.batch()) {
+            return Err(ModelError::Input(format!(
+                "cache row {bad} out of range (batch {})",
+                self.batch()
+            )));
+        }
+        self.ensure_capacity(sub.capacity);
+        let dev = self.c_kv.first().map_or(Device::Cpu, |t| t.device());
+        let idx =
+            Tensor::from_slice(&rows.iter().map(|r| *r as i64).collect::<Vec<_>>()).to_device(dev);
+        let s = sub.capacity;
+        for (dst, src) in self.c_kv.iter_mut().zip(&sub.c_kv) {
+            let _ = dst.narrow(1, 0, s).index_copy_(0, &idx, src);
+        }
+        for (dst, src) in self.k_pe.iter_mut().zip(&sub.k_pe) {
+            let _ = dst.narrow(1, 0, s).index_copy_(0, &idx, src);
+        }
+        for (&r, &len) in rows.iter().zip(&sub.lens) {
+            self.lens[r] = len;
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the first `n` rows as a cache of their own that shares this one's
+    /// storage (no copy), with room for `extra` more tokens per row; their lengths come
+    /// back afterwards. A decode step over the low rows of a mostly idle cache uses it.
+    pub fn with_prefix<R>(&mut self, n: usize, extra: i64, f: impl FnOnce(&mut KvCache) -> R) -> R {
+        let n = n.min(self.batch());
+        let needed = self.lens[..n].iter().copied().max().unwrap_or(0) + extra;
+        self.ensure_capacity(needed);
+        let mut view = KvCache {
+            c_kv: self.c_kv.iter().map(|t| t.narrow(0, 0, n as i64)).collect(),
+            k_pe: self.k_pe.iter().map(|t| t.narrow(0, 0, n as i64)).collect(),
+            lens: self.lens[..n].to_vec(),
+            capacity: self.capacity,
+            kv_lora: self.kv_lora,
+            rope: self.rope,
+        };
+        let r = f(&mut view);
+        if view.capacity == self.capacity {
+            self.lens[..n].copy_from_slice(&view.lens);
+        } else {
+            // `f` appended more than `extra`: the view grew into tensors of its own.
+            let rows: Vec<usize> = (0..n).collect();
+            self.put(&rows, &view)
+                .expect("a view of this cache fits back into it");
+        }
+        r
     }
 
     /// Keeps the sequences `rows` (in that order), e.g. to drop finished episodes.

@@ -370,21 +370,61 @@ impl MoePolicy {
         cache: &mut KvCache,
         tokens_bt: &Tensor,
     ) -> Result<Tensor, ModelError> {
+        let (b, t) = self.check_ids(tokens_bt)?;
+        self.forward_ragged(cache, tokens_bt, &vec![t; b as usize])
+    }
+
+    /// Like [`forward_cached`](Self::forward_cached) for rows that append different numbers
+    /// of tokens: row `b` appends the first `new_b[b]` tokens of `tokens_bt[b]` (the rest is
+    /// padding) and its cache advances by exactly that many. A row with `new_b[b] == 0` is
+    /// left as it was. So a batch can prefill turns of different lengths in one forward, and
+    /// a decode step can run over rows of which only some are generating.
+    ///
+    /// Padding never reaches real tokens: a query at position `p` sees only keys at
+    /// positions `<= p`, and a padded token sits after every real token of its row; what
+    /// padding writes into the cache lies beyond the row's length and is overwritten by the
+    /// row's next real tokens before any query can see it. Logits at padded positions are
+    /// meaningless.
+    pub fn forward_ragged(
+        &self,
+        cache: &mut KvCache,
+        tokens_bt: &Tensor,
+        new_b: &[i64],
+    ) -> Result<Tensor, ModelError> {
         tch::no_grad(|| {
-            let max_len = cache.lens().iter().copied().max().unwrap_or(0);
-            let (b, t) = self.check_tokens(tokens_bt, max_len)?;
-            if b as usize != cache.batch() {
+            let (b, t) = self.check_ids(tokens_bt)?;
+            if b as usize != cache.batch() || new_b.len() != cache.batch() {
                 return Err(ModelError::Input(format!(
-                    "tokens have batch {b} but the cache holds {} sequences",
+                    "tokens have batch {b} and {} row lengths but the cache holds {} sequences",
+                    new_b.len(),
                     cache.batch()
                 )));
             }
+            let max_pos = self.cfg.max_position_embeddings;
+            for (row, (&len, &n)) in cache.lens().iter().zip(new_b).enumerate() {
+                if !(0..=t).contains(&n) {
+                    return Err(ModelError::Input(format!(
+                        "row {row} appends {n} tokens but the batch has {t} per row"
+                    )));
+                }
+                if len + n > max_pos {
+                    return Err(ModelError::Input(format!(
+                        "row {row}: position {} exceeds max_position_embeddings {max_pos}",
+                        len + n
+                    )));
+                }
+            }
+            let max_len = cache.lens().iter().copied().max().unwrap_or(0);
             cache.ensure_capacity(max_len + t);
             let lens_b1 = Tensor::from_slice(cache.lens())
                 .to_device(self.device)
                 .unsqueeze(1);
+            // Cache slots the tokens are written to; padding may run past the position
+            // table, so RoPE sees positions clamped to it (padding only).
             let pos_bt = lens_b1 + Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0);
-            let s = cache.capacity();
+            let rope_pos_bt = pos_bt.clamp_max(max_pos - 1);
+            // Attend over the slots in use only, not the cache's spare capacity.
+            let s = max_len + t;
             let key_s = Tensor::arange(s, (Kind::Int64, self.device)).view([1, 1, s]);
             let visible_bts = key_s.le_tensor(&pos_bt.unsqueeze(-1));
             let kind = self.embed_vd.kind();
@@ -395,15 +435,15 @@ impl MoePolicy {
             for (i, blk) in self.blocks.iter().enumerate() {
                 let slot = i / self.cfg.cla_factor as usize;
                 let h = blk.attn_norm.forward(&x);
-                if let Some(lat) = blk.attn.latent(&h, &pos_bt, &self.rope) {
+                if let Some(lat) = blk.attn.latent(&h, &rope_pos_bt, &self.rope) {
                     cache.write(slot, &pos_bt, &lat.c_kv_btc, &lat.k_pe_btr);
                 }
                 let a = blk.attn.forward_absorbed(
                     &h,
-                    &pos_bt,
+                    &rope_pos_bt,
                     &self.rope,
-                    &cache.c_kv[slot],
-                    &cache.k_pe[slot],
+                    &cache.c_kv[slot].narrow(1, 0, s),
+                    &cache.k_pe[slot].narrow(1, 0, s),
                     &bias_bts,
                 );
                 let mixed = match &blk.cross {
@@ -419,7 +459,7 @@ impl MoePolicy {
                 };
                 x = x + y;
             }
-            cache.advance(t);
+            cache.advance_rows(new_b);
             Ok(self.head(&x))
         })
     }

@@ -1,0 +1,58 @@
+//! Times one batched decode step (`forward_ragged`, one new token per row) of a model preset
+//! over a cache already holding `context` tokens per row, reporting the fastest wall time and
+//! the process CPU time per step. Use it (with `perf record`) to see where decoding goes.
+//!
+//! ```text
+//! cargo run --release -p corvid-learner --example decode_step -- \
+//!     [preset] [threads] [batch] [context] [steps]
+//! ```
+
+use std::time::Instant;
+
+use corvid_learner::model::{ModelConfig, MoePolicy};
+use tch::{nn, Device, Kind, Tensor};
+
+/// Process CPU seconds (utime + stime) from /proc/self/stat.
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, s)| s).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let tick = |i: usize| f.get(i).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
+    (tick(11) + tick(12)) / 100.0
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let a: Vec<String> = std::env::args().collect();
+    let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
+    let cfg = ModelConfig::preset(&arg(1, "tiny"))?;
+    let threads: i32 = arg(2, "1").parse()?;
+    let batch: i64 = arg(3, "32").parse()?;
+    let context: i64 = arg(4, "512").parse()?;
+    let steps: usize = arg(5, "200").parse()?;
+    tch::set_num_threads(threads);
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = MoePolicy::new(&vs.root(), &cfg)?;
+    let mut cache = model.new_cache(batch as usize, context + steps as i64 + 1);
+    let prompt = Tensor::randint(cfg.vocab_size, [batch, context], (Kind::Int64, Device::Cpu));
+    let _ = model.forward_cached(&mut cache, &prompt)?;
+    let new = vec![1i64; batch as usize];
+    let (mut best, cpu0, t0) = (f64::INFINITY, cpu_seconds(), Instant::now());
+    for _ in 0..steps {
+        let tok = Tensor::randint(cfg.vocab_size, [batch, 1], (Kind::Int64, Device::Cpu));
+        let s = Instant::now();
+        let logits = model.forward_ragged(&mut cache, &tok, &new)?;
+        let _ = Vec::<f32>::try_from(logits.view([-1]))?;
+        best = best.min(s.elapsed().as_secs_f64());
+    }
+    let (wall, cpu) = (t0.elapsed().as_secs_f64(), cpu_seconds() - cpu0);
+    println!(
+        "{} threads={threads} batch={batch} context={context}: best {:.2} ms/step, mean {:.2} ms/step wall, {:.2} ms/step cpu, {:.0} tokens/s (best)",
+        arg(1, "tiny"),
+        best * 1e3,
+        wall / steps as f64 * 1e3,
+        cpu / steps as f64 * 1e3,
+        batch as f64 / best
+    );
+    Ok(())
+}
