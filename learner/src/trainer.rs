@@ -149,6 +149,7 @@ pub struct Trainer {
     collector: Collector,
     metrics: MetricsSink,
     published: bool,
+    /// When the last RL update started.
     last_update: Instant,
 }
 
@@ -671,7 +672,9 @@ impl Trainer {
             seconds = format_args!("{update_s:.2}"),
             "update"
         );
-        self.last_update = Instant::now();
+        // Episodes/s spans a whole cycle (this update's start to the next one's), so a backlog
+        // trained back to back does not read as an absurd rate.
+        self.last_update = started;
         if self.cfg.rl.sync {
             self.grant_sync_batch();
         }
