@@ -474,6 +474,10 @@ impl<'p> RolloutEngine<'p> {
     ) {
         if let Some(slot) = self.episodes.remove(&key) {
             self.decoding.retain(|k| *k != key);
+            // An empty row costs decode steps over the low rows nothing in attention width.
+            if let Some(c) = self.cache.as_mut() {
+                c.reset_row(slot.row);
+            }
             self.free_rows.insert(slot.row);
             self.end(slot.run, termination, verdict, sink);
         }
