@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p corvid-learner --example copy_probe -- \
-//!     [steps] [gate none|headwise] [cross 0|1] [kv_lora] [rope] [lr] [prefix]
+//!     [steps] [gate none|headwise] [cross 0|1] [kv_lora] [rope] [lr] [prefix] [shift 0|1]
 //! ```
 //! `prefix` tokens of random filler (digits) surround the source string at a random
 //! offset, so the copy needs content-based lookup (an induction head), not a fixed offset.
@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     cfg.qk_rope_head_dim = arg(5, "16").parse()?;
     let lr: f64 = arg(6, "2e-3").parse()?;
     let prefix: i64 = arg(7, "0").parse()?;
+    cfg.latent_token_shift = arg(8, "0") == "1";
     tch::set_num_threads(1);
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);

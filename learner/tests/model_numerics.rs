@@ -33,7 +33,10 @@ fn perturb(vs: &nn::VarStore) {
         let mut vars: Vec<(String, Tensor)> = vs.variables().into_iter().collect();
         vars.sort_by(|a, b| a.0.cmp(&b.0)); // HashMap order differs between stores
         for (name, mut t) in vars {
-            if name.contains("cross_layer") || name.contains("e_score_correction_bias") {
+            if name.contains("cross_layer")
+                || name.contains("e_score_correction_bias")
+                || name.contains("kv_shift_proj")
+            {
                 let r = t.randn_like() * 0.5;
                 t.copy_(&r);
             }
@@ -102,6 +105,21 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
                     beta_lin: 25.0,
                 },
                 scoring_func: corvid_learner::model::ScoreFunc::Softmax,
+                ..base.clone()
+            },
+        ),
+        (
+            "latent token shift",
+            ModelConfig {
+                latent_token_shift: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "latent token shift, CLA2",
+            ModelConfig {
+                latent_token_shift: true,
+                cla_factor: 2,
                 ..base.clone()
             },
         ),
@@ -404,6 +422,11 @@ fn param_counts_match_created_variables() {
         ModelConfig {
             q_lora_rank: Some(16),
             tie_word_embeddings: false,
+            ..small_cfg()
+        },
+        ModelConfig {
+            latent_token_shift: true,
+            cla_factor: 2,
             ..small_cfg()
         },
     ] {

@@ -51,6 +51,8 @@ enum LatentSource {
     Own {
         kv_a_proj: Linear,
         kv_a_norm: RmsNorm,
+        /// `latent_token_shift`: the previous token's input into the latent, zero-initialised.
+        shift_proj: Option<Linear>,
     },
     /// CLA: the layer reuses the latent of the layer above it in its group.
     Shared,
@@ -95,6 +97,13 @@ impl Mla {
                     std,
                 ),
                 kv_a_norm: RmsNorm::new(&p / "kv_a_norm", cfg.kv_lora_rank, cfg.rms_norm_eps),
+                shift_proj: cfg.latent_token_shift.then(|| {
+                    Linear::zeros(
+                        &p / "kv_shift_proj",
+                        d,
+                        cfg.kv_lora_rank + cfg.qk_rope_head_dim,
+                    )
+                }),
             }
         } else {
             LatentSource::Shared
@@ -132,17 +141,40 @@ impl Mla {
         matches!(self.latent, LatentSource::Own { .. })
     }
 
-    /// Computes the latent of `x [B, T, d]` at positions `pos_bt`; `None` for a CLA-shared layer.
-    pub fn latent(&self, x_btd: &Tensor, pos_bt: &Tensor, rope: &Rope) -> Option<Latent> {
+    /// Whether this layer's latent also sees the previous token's input (`latent_token_shift`).
+    pub fn shifts_latent(&self) -> bool {
+        matches!(
+            self.latent,
+            LatentSource::Own {
+                shift_proj: Some(_),
+                ..
+            }
+        )
+    }
+
+    /// Computes the latent of `x [B, T, d]` at positions `pos_bt`; `None` for a CLA-shared
+    /// layer. `x_prev_btd` is each token's previous input within its sequence (zeros at a
+    /// sequence start), used when the layer shifts tokens into its latent.
+    pub fn latent(
+        &self,
+        x_btd: &Tensor,
+        x_prev_btd: Option<&Tensor>,
+        pos_bt: &Tensor,
+        rope: &Rope,
+    ) -> Option<Latent> {
         let LatentSource::Own {
             kv_a_proj,
             kv_a_norm,
+            shift_proj,
         } = &self.latent
         else {
             return None;
         };
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
-        let kv = kv_a_proj.forward(x_btd); // [B, T, c + r]
+        let mut kv = kv_a_proj.forward(x_btd); // [B, T, c + r]
+        if let (Some(shift), Some(prev)) = (shift_proj, x_prev_btd) {
+            kv = kv + shift.forward(prev);
+        }
         let c_kv_btc = kv_a_norm.forward(&kv.narrow(2, 0, self.c));
         let k_pe_bt1r = kv.narrow(2, self.c, self.rope).view([b, t, 1, self.rope]);
         let k_pe_btr = rope.apply(&k_pe_bt1r, pos_bt).view([b, t, self.rope]);

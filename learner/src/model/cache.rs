@@ -16,6 +16,9 @@ use super::ModelError;
 pub struct KvCache {
     pub(crate) c_kv: Vec<Tensor>,
     pub(crate) k_pe: Vec<Tensor>,
+    /// `latent_token_shift` only: each row's last layer input `[B, d]` per latent layer, the
+    /// "previous token" of the row's next token. Empty otherwise.
+    pub(crate) last_h: Vec<Tensor>,
     lens: Vec<i64>,
     capacity: i64,
     kv_lora: i64,
@@ -35,6 +38,13 @@ impl KvCache {
             k_pe: (0..n)
                 .map(|_| Tensor::zeros([b, cap, cfg.qk_rope_head_dim], (kind, device)))
                 .collect(),
+            last_h: if cfg.latent_token_shift {
+                (0..n)
+                    .map(|_| Tensor::zeros([b, cfg.hidden_size], (kind, device)))
+                    .collect()
+            } else {
+                Vec::new()
+            },
             lens: vec![0; batch],
             capacity: cap,
             kv_lora: cfg.kv_lora_rank,
@@ -124,6 +134,7 @@ impl KvCache {
     pub fn put(&mut self, rows: &[usize], sub: &KvCache) -> Result<(), ModelError> {
         if rows.len() != sub.batch()
             || sub.c_kv.len() != self.c_kv.len()
+            || sub.last_h.len() != self.last_h.len()
             || sub.kv_lora != self.kv_lora
             || sub.rope != self.rope
         {
@@ -150,6 +161,9 @@ impl KvCache {
         for (dst, src) in self.k_pe.iter_mut().zip(&sub.k_pe) {
             let _ = dst.narrow(1, 0, s).index_copy_(0, &idx, src);
         }
+        for (dst, src) in self.last_h.iter_mut().zip(&sub.last_h) {
+            let _ = dst.index_copy_(0, &idx, src);
+        }
         for (&r, &len) in rows.iter().zip(&sub.lens) {
             self.lens[r] = len;
         }
@@ -166,6 +180,11 @@ impl KvCache {
         let mut view = KvCache {
             c_kv: self.c_kv.iter().map(|t| t.narrow(0, 0, n as i64)).collect(),
             k_pe: self.k_pe.iter().map(|t| t.narrow(0, 0, n as i64)).collect(),
+            last_h: self
+                .last_h
+                .iter()
+                .map(|t| t.narrow(0, 0, n as i64))
+                .collect(),
             lens: self.lens[..n].to_vec(),
             capacity: self.capacity,
             kv_lora: self.kv_lora,
@@ -174,6 +193,10 @@ impl KvCache {
         let r = f(&mut view);
         if view.capacity == self.capacity {
             self.lens[..n].copy_from_slice(&view.lens);
+            // The forward replaces `last_h` rather than writing into the view.
+            for (dst, src) in self.last_h.iter_mut().zip(&view.last_h) {
+                dst.narrow(0, 0, n as i64).copy_(src);
+            }
         } else {
             // `f` appended more than `extra`: the view grew into tensors of its own.
             let rows: Vec<usize> = (0..n).collect();
@@ -197,6 +220,11 @@ impl KvCache {
         Ok(KvCache {
             c_kv: self.c_kv.iter().map(|t| t.index_select(0, &idx)).collect(),
             k_pe: self.k_pe.iter().map(|t| t.index_select(0, &idx)).collect(),
+            last_h: self
+                .last_h
+                .iter()
+                .map(|t| t.index_select(0, &idx))
+                .collect(),
             lens: rows.iter().map(|r| self.lens[*r]).collect(),
             capacity: self.capacity,
             kv_lora: self.kv_lora,
@@ -214,6 +242,7 @@ impl KvCache {
         let mut grown = Vec::with_capacity(caches.len());
         for c in caches {
             if c.c_kv.len() != first.c_kv.len()
+                || c.last_h.len() != first.last_h.len()
                 || c.kv_lora != first.kv_lora
                 || c.rope != first.rope
             {
@@ -224,6 +253,7 @@ impl KvCache {
             let mut c2 = KvCache {
                 c_kv: c.c_kv.iter().map(|t| t.shallow_clone()).collect(),
                 k_pe: c.k_pe.iter().map(|t| t.shallow_clone()).collect(),
+                last_h: c.last_h.iter().map(|t| t.shallow_clone()).collect(),
                 lens: c.lens.clone(),
                 capacity: c.capacity,
                 kv_lora: c.kv_lora,
@@ -242,6 +272,9 @@ impl KvCache {
                 .collect(),
             k_pe: (0..n)
                 .map(|l| Tensor::cat(&grown.iter().map(|c| &c.k_pe[l]).collect::<Vec<_>>(), 0))
+                .collect(),
+            last_h: (0..first.last_h.len())
+                .map(|l| Tensor::cat(&grown.iter().map(|c| &c.last_h[l]).collect::<Vec<_>>(), 0))
                 .collect(),
             lens: grown.iter().flat_map(|c| c.lens.clone()).collect(),
             capacity: cap,

@@ -127,6 +127,12 @@ pub struct ModelConfig {
     /// Cross-layer attention residual: each layer after the first mixes earlier layers'
     /// attention outputs back in through a zero-initialised residual.
     pub cross_layer_residual: bool,
+    /// Token shift into the latent ("smeared keys"): a layer's latent and RoPE key also see
+    /// the previous token's layer input through a zero-initialised projection, so a key can
+    /// carry "what came before me" — the feature an induction head (content-addressed
+    /// copying) needs, which plain attention must first build in an earlier layer. Decoding
+    /// caches each row's last layer input (one `[d]` vector per row and latent layer).
+    pub latent_token_shift: bool,
     /// CLA factor: this many adjacent layers share one latent cache (1 = no sharing).
     pub cla_factor: i64,
     /// RoPE base.
@@ -202,6 +208,7 @@ impl ModelConfig {
             v_head_dim: 32,
             attn_gate: AttnGate::Headwise,
             cross_layer_residual: true,
+            latent_token_shift: false,
             cla_factor: 1,
             rope_theta: 10_000.0,
             rope_scaling: RopeScaling::None,
@@ -276,6 +283,7 @@ impl ModelConfig {
             v_head_dim: 128,
             attn_gate: AttnGate::Elementwise,
             cross_layer_residual: true,
+            latent_token_shift: false,
             cla_factor: 1,
             max_position_embeddings: 262_144,
             first_k_dense_replace: 1,
@@ -486,7 +494,12 @@ impl ModelConfig {
             AttnGate::Headwise => h * d,
             AttnGate::Elementwise => h * v * d,
         };
-        let latent_a = (c + rope) * d + c;
+        let shift = if self.latent_token_shift {
+            (c + rope) * d
+        } else {
+            0
+        };
+        let latent_a = (c + rope) * d + c + shift;
         let attn_common = q + c * h * (nope + v) + d * h * v + gate + 2 * d; // + 2 norms
         let (mut total, mut active) = (0i64, 0i64);
         let f = self.moe_intermediate_size;

@@ -302,7 +302,8 @@ impl MoePolicy {
         let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
         for (i, blk) in self.blocks.iter().enumerate() {
             let h = blk.attn_norm.forward(&x);
-            if let Some(own) = blk.attn.latent(&h, pos_bt, &self.rope) {
+            let h_prev = blk.attn.shifts_latent().then(|| token_shift(&h, pos_bt));
+            if let Some(own) = blk.attn.latent(&h, h_prev.as_ref(), pos_bt, &self.rope) {
                 latent = Some(own);
             }
             let lat = latent.as_ref().expect("layer 0 always owns a latent");
@@ -419,9 +420,12 @@ impl MoePolicy {
             let lens_b1 = Tensor::from_slice(cache.lens())
                 .to_device(self.device)
                 .unsqueeze(1);
+            let new_b1 = Tensor::from_slice(new_b)
+                .to_device(self.device)
+                .unsqueeze(1);
             // Cache slots the tokens are written to; padding may run past the position
             // table, so RoPE sees positions clamped to it (padding only).
-            let pos_bt = lens_b1 + Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0);
+            let pos_bt = &lens_b1 + Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0);
             let rope_pos_bt = pos_bt.clamp_max(max_pos - 1);
             // Attend over the slots in use only, not the cache's spare capacity.
             let s = max_len + t;
@@ -435,7 +439,26 @@ impl MoePolicy {
             for (i, blk) in self.blocks.iter().enumerate() {
                 let slot = i / self.cfg.cla_factor as usize;
                 let h = blk.attn_norm.forward(&x);
-                if let Some(lat) = blk.attn.latent(&h, &rope_pos_bt, &self.rope) {
+                let h_prev = if blk.attn.shifts_latent() {
+                    // The first new token's predecessor is the row's last cached input.
+                    let last_b1d = (&cache.last_h[slot] * lens_b1.gt(0).to_kind(kind)).unsqueeze(1);
+                    let before = Tensor::cat(&[last_b1d, h.narrow(1, 0, t - 1)], 1);
+                    // Rows that append nothing keep their last input.
+                    let last_idx = new_b1
+                        .clamp_min(1)
+                        .g_sub_scalar(1)
+                        .unsqueeze(-1)
+                        .expand([b, 1, h.size()[2]], false);
+                    let newest_bd = h.gather(1, &last_idx, false).squeeze_dim(1);
+                    cache.last_h[slot] = newest_bd.where_self(&new_b1.gt(0), &cache.last_h[slot]);
+                    Some(before)
+                } else {
+                    None
+                };
+                if let Some(lat) = blk
+                    .attn
+                    .latent(&h, h_prev.as_ref(), &rope_pos_bt, &self.rope)
+                {
                     cache.write(slot, &pos_bt, &lat.c_kv_btc, &lat.k_pe_btr);
                 }
                 let a = blk.attn.forward_absorbed(
@@ -506,4 +529,13 @@ impl MoePolicy {
             })
             .collect()
     }
+}
+
+/// Each token's previous input within its sequence: `x [B, T, d]` shifted right by one, with
+/// zeros where a sequence starts (position 0, also inside packed rows).
+fn token_shift(x_btd: &Tensor, pos_bt: &Tensor) -> Tensor {
+    let (b, t, d) = x_btd.size3().expect("x is [B, T, d]");
+    let zeros = Tensor::zeros([b, 1, d], (x_btd.kind(), x_btd.device()));
+    let shifted = Tensor::cat(&[zeros, x_btd.narrow(1, 0, t - 1)], 1);
+    shifted * pos_bt.gt(0).unsqueeze(-1).to_kind(x_btd.kind())
 }
