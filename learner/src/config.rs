@@ -573,7 +573,14 @@ mod tests {
             ..grpo
         };
         assert_eq!(same, demo);
-        assert_eq!(demo.model.resolve().unwrap(), ModelConfig::tiny());
+        // The demo's model: `tiny` with the latent token shift on.
+        assert_eq!(
+            demo.model.resolve().unwrap(),
+            ModelConfig {
+                latent_token_shift: true,
+                ..ModelConfig::tiny()
+            }
+        );
     }
 
     #[test]

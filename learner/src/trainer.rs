@@ -42,6 +42,9 @@ use crate::train::pack::PackedRow;
 use crate::train::sft::SftTrainer;
 use crate::train::{Group, RlTrainer, TrainingTrajectory, UpdateStats};
 
+/// Updates in the episodes/s window of the metrics.
+const RATE_WINDOW: usize = 8;
+
 /// SFT progress lines go here, beside the RL metrics file.
 pub const SFT_METRICS_FILE: &str = "sft.jsonl";
 
@@ -149,8 +152,9 @@ pub struct Trainer {
     collector: Collector,
     metrics: MetricsSink,
     published: bool,
-    /// When the last RL update started.
-    last_update: Instant,
+    /// Start time and episode count of the last few RL updates, for a windowed episodes/s
+    /// (updates trained back to back from a backlog would otherwise read as bursts).
+    recent_updates: std::collections::VecDeque<(Instant, usize)>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -276,7 +280,7 @@ impl Trainer {
             collector,
             metrics,
             published: false,
-            last_update: Instant::now(),
+            recent_updates: std::collections::VecDeque::from([(Instant::now(), 0)]),
         })
     }
 
@@ -612,7 +616,6 @@ impl Trainer {
             .filter(|g| !g.is_empty())
             .collect();
 
-        let since_last = self.last_update.elapsed().as_secs_f64();
         let started = Instant::now();
         // Every random choice inside the update derives from the learner's saved RNG.
         tch::manual_seed((self.state.rng.next_u64() >> 1) as i64);
@@ -638,7 +641,7 @@ impl Trainer {
         record.unix_ms = now_unix_ms();
         record.update_s = update_s;
         record.rollout.invalid_skipped = invalid;
-        record.rollout.episodes_per_s = ids.len() as f64 / since_last.max(1e-9);
+        record.rollout.episodes_per_s = self.windowed_episodes_per_s(started, ids.len());
         record.rollout.tokens_per_s = stats.total_tokens as f64 / update_s.max(1e-9);
         record.spikes = self.state.spikes.observe(record.loss.policy);
         record.curriculum = self.curriculum_figures();
@@ -672,13 +675,22 @@ impl Trainer {
             seconds = format_args!("{update_s:.2}"),
             "update"
         );
-        // Episodes/s spans a whole cycle (this update's start to the next one's), so a backlog
-        // trained back to back does not read as an absurd rate.
-        self.last_update = started;
         if self.cfg.rl.sync {
             self.grant_sync_batch();
         }
         Ok(Some(record))
+    }
+
+    /// Episodes per second over the window of the last [`RATE_WINDOW`] updates: the
+    /// episodes of the updates after the window's first, over the time since it started.
+    fn windowed_episodes_per_s(&mut self, started: Instant, episodes: usize) -> f64 {
+        self.recent_updates.push_back((started, episodes));
+        while self.recent_updates.len() > RATE_WINDOW + 1 {
+            self.recent_updates.pop_front();
+        }
+        let (first, _) = self.recent_updates[0];
+        let n: usize = self.recent_updates.iter().skip(1).map(|(_, n)| n).sum();
+        n as f64 / started.duration_since(first).as_secs_f64().max(1e-3)
     }
 
     fn curriculum_figures(&self) -> CurriculumFigures {

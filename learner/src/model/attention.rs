@@ -173,7 +173,7 @@ impl Mla {
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
         let mut kv = kv_a_proj.forward(x_btd); // [B, T, c + r]
         if let (Some(shift), Some(prev)) = (shift_proj, x_prev_btd) {
-            kv = kv + shift.forward(prev);
+            kv += shift.forward(prev);
         }
         let c_kv_btc = kv_a_norm.forward(&kv.narrow(2, 0, self.c));
         let k_pe_bt1r = kv.narrow(2, self.c, self.rope).view([b, t, 1, self.rope]);

@@ -11,8 +11,12 @@
 //!   [`MoePolicy::token_logprobs`] gives per-token log-probs of target tokens (for RL).
 //! - [`KvCache`] holds only the latent and the RoPE key per token;
 //!   [`MoePolicy::forward_cached`] appends tokens to every sequence of a batch (prefill, a new
-//!   turn, or one decode step) using the absorbed attention. [`sample`] draws the next token
-//!   with temperature and top-p and returns its log-prob.
+//!   turn, or one decode step) using the absorbed attention; [`MoePolicy::forward_ragged`] lets
+//!   each row append its own number of tokens (the actor's batched prefill and decode).
+//!   [`sample`] draws the next token with temperature and top-p and returns its log-prob.
+//! - `latent_token_shift` (off in the presets, on in the demo) feeds each token's previous
+//!   layer input into its latent and RoPE key ("smeared keys"), which lets a single layer copy
+//!   by content; the cache then also keeps each row's last input per latent layer.
 //! - [`checkpoint`] saves and loads safetensors plus `config.json`, and turns the weights into
 //!   bytes and back for streaming to actors.
 //!
