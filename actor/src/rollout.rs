@@ -706,17 +706,7 @@ impl<'p> RolloutEngine<'p> {
         for (i, key) in keys.iter().enumerate() {
             let r = &mut self.episodes.get_mut(key).expect("ready key exists").run;
             r.cached = r.history.len();
-            let choice = self.chooser.choose(
-                ChoiceContext {
-                    trajectory_id: &r.spec.trajectory_id,
-                    turn: r.turn,
-                    generated: &r.generated,
-                    sampling: &r.spec.sampling,
-                    rng: &mut r.rng,
-                },
-                &flat[i * v..(i + 1) * v],
-            )?;
-            r.push_generated(choice.token, choice.logprob, version);
+            draw_next(self.chooser.as_mut(), r, &flat[i * v..(i + 1) * v], version)?;
             self.stats.generated_tokens += 1;
             r.phase = Phase::Decoding;
             self.decoding.push(*key);
@@ -799,21 +789,33 @@ impl<'p> RolloutEngine<'p> {
         for (i, key) in self.decoding.iter().enumerate() {
             let r = &mut self.episodes.get_mut(key).expect("decoding key exists").run;
             r.cached += 1;
-            let choice = self.chooser.choose(
-                ChoiceContext {
-                    trajectory_id: &r.spec.trajectory_id,
-                    turn: r.turn,
-                    generated: &r.generated,
-                    sampling: &r.spec.sampling,
-                    rng: &mut r.rng,
-                },
-                &flat[i * v..(i + 1) * v],
-            )?;
-            r.push_generated(choice.token, choice.logprob, version);
+            draw_next(self.chooser.as_mut(), r, &flat[i * v..(i + 1) * v], version)?;
             self.stats.generated_tokens += 1;
         }
         Ok(())
     }
+}
+
+/// Draws an episode's next token from the logits of its last position and records it
+/// (id, behaviour log-prob, policy version).
+fn draw_next(
+    chooser: &mut dyn TokenChooser,
+    r: &mut EpisodeRun,
+    logits: &[f32],
+    version: u64,
+) -> Result<(), ActorError> {
+    let choice = chooser.choose(
+        ChoiceContext {
+            trajectory_id: &r.spec.trajectory_id,
+            turn: r.turn,
+            generated: &r.generated,
+            sampling: &r.spec.sampling,
+            rng: &mut r.rng,
+        },
+        logits,
+    )?;
+    r.push_generated(choice.token, choice.logprob, version);
+    Ok(())
 }
 
 /// Slots per row the cache starts with; it doubles as sequences grow.
