@@ -9,13 +9,14 @@
 //! `prefix` tokens of random filler (digits) surround the source string at a random
 //! offset, so the copy needs content-based lookup (an induction head), not a fixed offset.
 
+mod common;
+
+use common::arg;
 use corvid_learner::model::{AttnGate, ModelConfig, MoePolicy};
 use tch::nn::OptimizerConfig;
 use tch::{nn, Device, Kind, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let a: Vec<String> = std::env::args().collect();
-    let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
     let steps: usize = arg(1, "400").parse()?;
     let mut cfg = ModelConfig::tiny();
     cfg.attn_gate = if arg(2, "headwise") == "none" {

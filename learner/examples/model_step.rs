@@ -10,24 +10,15 @@
 //! documents per row. `train` 1 turns on router noise, health and balance statistics, as the
 //! trainer runs it.
 
+mod common;
+
 use std::time::Instant;
 
+use common::{arg, cpu_seconds};
 use corvid_learner::model::{ModelConfig, MoePolicy};
 use tch::{nn, Device, Kind, Tensor};
 
-/// Process CPU seconds (utime + stime) from /proc/self/stat.
-fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after = stat.rsplit_once(')').map(|(_, s)| s).unwrap_or("");
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let tick = |i: usize| f.get(i).and_then(|s| s.parse::<f64>().ok()).unwrap_or(0.0);
-    // Fields after ')' start at index 0 = state (field 3); utime is field 14, stime 15.
-    (tick(11) + tick(12)) / 100.0
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let a: Vec<String> = std::env::args().collect();
-    let arg = |i: usize, d: &str| a.get(i).cloned().unwrap_or_else(|| d.to_string());
     let cfg = ModelConfig::preset(&arg(1, "tiny"))?;
     let threads: i32 = arg(2, "1").parse()?;
     let batch: i64 = arg(3, "16").parse()?;

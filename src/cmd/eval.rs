@@ -364,17 +364,22 @@ fn load_policy(args: &EvalArgs) -> Result<(LoadedPolicy, String)> {
 /// Runs the evaluation described by `args` and returns its result, storing every episode in
 /// `args.store`.
 pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
-    if let Some(parent) = args.store.parent() {
+    evaluate_into(args, open_store(&args.store)?)
+}
+
+/// Opens (creating its parent folder) the store evaluation episodes go to.
+pub fn open_store(path: &Path) -> Result<Arc<TrajectoryStore>> {
+    if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
             .with_context(|| format!("creating {}", parent.display()))?;
     }
-    let store = Arc::new(TrajectoryStore::open(&args.store).with_context(|| {
+    let store = TrajectoryStore::open(path).with_context(|| {
         format!(
             "opening the eval store {} (is another process using it?)",
-            args.store.display()
+            path.display()
         )
-    })?);
-    evaluate_into(args, store)
+    })?;
+    Ok(Arc::new(store))
 }
 
 /// [`evaluate`] into a store that is already open, so several evaluations can run at once

@@ -37,7 +37,7 @@ use corvid_learner::config::LearnerConfig;
 use corvid_learner::store::TrajectoryStore;
 use serde::{Deserialize, Serialize};
 
-use super::eval::{evaluate_into, EvalArgs, EvalResult};
+use super::eval::{evaluate_into, open_store, EvalArgs, EvalResult};
 
 /// Train an agent end to end: a learner and K actor processes, SFT then RL, evaluation and
 /// a report.
@@ -767,13 +767,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                 jobs.push(("ablation-grpo".into(), Some(ck), None));
             }
         }
-        let store_dir = run_dir.join("eval").join("store");
-        std::fs::create_dir_all(&store_dir)
-            .with_context(|| format!("creating {}", store_dir.display()))?;
-        let store = Arc::new(
-            TrajectoryStore::open(&store_dir)
-                .with_context(|| format!("opening the eval store {}", store_dir.display()))?,
-        );
+        let store = open_store(&run_dir.join("eval").join("store"))?;
         let queue = Mutex::new(jobs.into_iter());
         let results = Mutex::new(Vec::new());
         std::thread::scope(|scope| {

@@ -372,7 +372,7 @@ impl MoePolicy {
         tokens_bt: &Tensor,
     ) -> Result<Tensor, ModelError> {
         let (b, t) = self.check_ids(tokens_bt)?;
-        self.forward_ragged(cache, tokens_bt, &vec![t; b as usize])
+        self.append_rows(cache, tokens_bt, (b, t), &vec![t; b as usize])
     }
 
     /// Like [`forward_cached`](Self::forward_cached) for rows that append different numbers
@@ -392,8 +392,21 @@ impl MoePolicy {
         tokens_bt: &Tensor,
         new_b: &[i64],
     ) -> Result<Tensor, ModelError> {
+        let bt = self.check_ids(tokens_bt)?;
+        self.append_rows(cache, tokens_bt, bt, new_b)
+    }
+
+    /// The body of [`forward_cached`](Self::forward_cached) and
+    /// [`forward_ragged`](Self::forward_ragged), for tokens of shape `(b, t)` whose ids
+    /// `check_ids` has accepted.
+    fn append_rows(
+        &self,
+        cache: &mut KvCache,
+        tokens_bt: &Tensor,
+        (b, t): (i64, i64),
+        new_b: &[i64],
+    ) -> Result<Tensor, ModelError> {
         tch::no_grad(|| {
-            let (b, t) = self.check_ids(tokens_bt)?;
             if b as usize != cache.batch() || new_b.len() != cache.batch() {
                 return Err(ModelError::Input(format!(
                     "tokens have batch {b} and {} row lengths but the cache holds {} sequences",
@@ -423,6 +436,14 @@ impl MoePolicy {
             let new_b1 = Tensor::from_slice(new_b)
                 .to_device(self.device)
                 .unsqueeze(1);
+            // latent_token_shift: where each row's newest input sits (rows appending nothing
+            // keep their last input, see below), and which rows have a predecessor at all.
+            let shift_idx = self.cfg.latent_token_shift.then(|| {
+                let newest_b11 = (new_b1.clamp_min(1) - 1).unsqueeze(-1);
+                let newest_b1d = newest_b11.expand([b, 1, self.cfg.hidden_size], false);
+                let has_prev_b1 = lens_b1.gt(0).to_kind(self.embed_vd.kind());
+                (newest_b1d, new_b1.gt(0), has_prev_b1)
+            });
             // Cache slots the tokens are written to; padding may run past the position
             // table, so RoPE sees positions clamped to it (padding only).
             let pos_bt = &lens_b1 + Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0);
@@ -439,21 +460,16 @@ impl MoePolicy {
             for (i, blk) in self.blocks.iter().enumerate() {
                 let slot = i / self.cfg.cla_factor as usize;
                 let h = blk.attn_norm.forward(&x);
-                let h_prev = if blk.attn.shifts_latent() {
-                    // The first new token's predecessor is the row's last cached input.
-                    let last_b1d = (&cache.last_h[slot] * lens_b1.gt(0).to_kind(kind)).unsqueeze(1);
-                    let before = Tensor::cat(&[last_b1d, h.narrow(1, 0, t - 1)], 1);
-                    // Rows that append nothing keep their last input.
-                    let last_idx = new_b1
-                        .clamp_min(1)
-                        .g_sub_scalar(1)
-                        .unsqueeze(-1)
-                        .expand([b, 1, h.size()[2]], false);
-                    let newest_bd = h.gather(1, &last_idx, false).squeeze_dim(1);
-                    cache.last_h[slot] = newest_bd.where_self(&new_b1.gt(0), &cache.last_h[slot]);
-                    Some(before)
-                } else {
-                    None
+                let h_prev = match &shift_idx {
+                    Some((newest_b1d, appends_b1, has_prev_b1)) if blk.attn.shifts_latent() => {
+                        // The first new token's predecessor is the row's last cached input.
+                        let last_b1d = (&cache.last_h[slot] * has_prev_b1).unsqueeze(1);
+                        let before = Tensor::cat(&[last_b1d, h.narrow(1, 0, t - 1)], 1);
+                        let newest_bd = h.gather(1, newest_b1d, false).squeeze_dim(1);
+                        cache.last_h[slot] = newest_bd.where_self(appends_b1, &cache.last_h[slot]);
+                        Some(before)
+                    }
+                    _ => None,
                 };
                 if let Some(lat) = blk
                     .attn
