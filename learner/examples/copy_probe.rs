@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! cargo run --release -p corvid-learner --example copy_probe -- \
-//!     [steps] [gate none|headwise] [cross 0|1] [kv_lora] [rope] [lr] [prefix] [shift 0|1]
+//!     [steps] [gate none|headwise] [cross 0|1] [kv_lora] [rope] [lr] [prefix] [shift 0|1] [digits|letters]
 //! ```
 //! `prefix` tokens of random filler (digits) surround the source string at a random
 //! offset, so the copy needs content-based lookup (an induction head), not a fixed offset.
@@ -30,6 +30,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let lr: f64 = arg(6, "2e-3").parse()?;
     let prefix: i64 = arg(7, "0").parse()?;
     cfg.latent_token_shift = arg(8, "0") == "1";
+    // `letters`: the filler uses the string's own alphabet and a `: ` marker precedes the
+    // source string (as `next: <path>` among filler words in hops).
+    let letters = arg(9, "digits") == "letters";
     tch::set_num_threads(1);
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -44,10 +47,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         } else {
             0
         };
-        let f1 = Tensor::randint_low(48, 58, [b, k], (Kind::Int64, Device::Cpu));
-        let f2 = Tensor::randint_low(48, 58, [b, prefix - k], (Kind::Int64, Device::Cpu));
+        let (lo, hi) = if letters { (97, 123) } else { (48, 58) };
+        let f1 = Tensor::randint_low(lo, hi, [b, k], (Kind::Int64, Device::Cpu));
+        let f2 = Tensor::randint_low(lo, hi, [b, prefix - k], (Kind::Int64, Device::Cpu));
         let bar = Tensor::full([b, 1], 124, (Kind::Int64, Device::Cpu));
-        let seq = Tensor::cat(&[&f1, &s, &f2, &bar, &s], 1);
+        let marker = Tensor::from_slice(&[58i64, 32])
+            .view([1, 2])
+            .expand([b, 2], false);
+        let seq = if letters {
+            Tensor::cat(&[&f1, &marker, &s, &f2, &bar, &s], 1)
+        } else {
+            Tensor::cat(&[&f1, &s, &f2, &bar, &s], 1)
+        };
         let t = seq.size()[1];
         let inp = seq.narrow(1, 0, t - 1);
         let tgt = seq.narrow(1, 1, t - 1);
