@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release -p corvid-learner --example sft_probe -- \
-//!     [steps] [shift 0|1] [lr] [batch_tokens] [levels e.g. 1,2] [threads] [every]
+//!     [steps] [shift 0|1] [lr] [batch_tokens] [levels e.g. 1,2] [threads] [every] [pack|bucket]
 //! ```
 //! Other model fields: `CORVID_MODEL='kv_lora_rank = 64'` (TOML, as `[model.overrides]`).
 
@@ -21,7 +21,7 @@ use corvid_learner::model::MoePolicy;
 use corvid_learner::sft_data::SftData;
 use corvid_learner::tokenizer::ByteTokenizer;
 use corvid_learner::train::pack::{PackedBatch, PackedRow};
-use corvid_learner::train::{SftConfig, SftTrainer};
+use corvid_learner::train::{SftConfig, SftLayout, SftTrainer};
 use corvid_tasks::Families;
 use tch::{nn, Device, Kind};
 
@@ -117,6 +117,10 @@ fn main() -> Result<(), Error> {
         .collect::<Result<_, _>>()?;
     let threads: i32 = arg(6, "2").parse()?;
     let every: u64 = arg(7, "50").parse()?;
+    let layout = match arg(8, "pack").as_str() {
+        "bucket" => SftLayout::Bucket,
+        _ => SftLayout::Pack,
+    };
     tch::set_num_threads(threads);
     tch::manual_seed(0);
 
@@ -124,6 +128,7 @@ fn main() -> Result<(), Error> {
         steps,
         batch_tokens,
         seq_len: 768,
+        layout,
         micro_batch_tokens: batch_tokens,
         levels: BTreeMap::from([("hops".to_string(), levels)]),
         heldout_per_level: 16,
@@ -161,10 +166,17 @@ fn main() -> Result<(), Error> {
     let model = MoePolicy::new(&vs.root(), &model_cfg)?;
     let mut trainer = SftTrainer::new(vs, model, cfg)?;
     let start = Instant::now();
-    println!("step  secs  train  | held-out nats (greedy acc) per part: {PARTS:?}");
+    let (mut trained, mut train_secs) = (0usize, 0.0);
+    println!("step  secs  train-tok/s  loss  | held-out nats (greedy acc) per part: {PARTS:?}");
     for step in 0..steps {
         let rows = data.step_rows(step)?;
+        let t0 = Instant::now();
         let s = trainer.step(&rows)?;
+        train_secs += t0.elapsed().as_secs_f64();
+        trained += rows
+            .iter()
+            .map(|r| r.doc_ids.iter().filter(|d| **d >= 0).count())
+            .sum::<usize>();
         if (step + 1) % every == 0 || step + 1 == steps {
             let split = split_loss(trainer.model(), &heldout)?;
             let cols: Vec<String> = split
@@ -172,9 +184,10 @@ fn main() -> Result<(), Error> {
                 .map(|(l, a, n)| format!("{l:.3} ({:.0}%, n={n})", a * 100.0))
                 .collect();
             println!(
-                "{:4} {:5.0} {:.3} | {}",
+                "{:4} {:5.0} {:5.0} {:.3} | {}",
                 step + 1,
                 start.elapsed().as_secs_f64(),
+                trained as f64 / train_secs,
                 s.loss,
                 cols.join("  ")
             );

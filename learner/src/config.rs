@@ -573,6 +573,8 @@ mod tests {
             ..grpo
         };
         assert_eq!(same, demo);
+        // One demonstration per row: the causal forward without a document mask.
+        assert_eq!(demo.sft.layout, crate::train::SftLayout::Bucket);
         // The demo's model: `tiny` with the latent token shift on.
         assert_eq!(
             demo.model.resolve().unwrap(),

@@ -8,9 +8,10 @@
 //!    is a (family, level) drawn uniformly from `sft.levels` and an instance seed below
 //!    `sft.heldout_seed_base`. A resumed SFT stage therefore sees exactly the data it would
 //!    have seen, with nothing to save but the step.
-//! 2. **Size.** A step draws demonstrations until they hold `batch_tokens` tokens, packs
-//!    them first-fit decreasing into rows of `seq_len`, and keeps at most
-//!    `batch_tokens / seq_len` rows. Demonstrations longer than `seq_len` are dropped and
+//! 2. **Size.** A step draws demonstrations until they hold `batch_tokens` tokens. With
+//!    `layout = "pack"` it packs them first-fit decreasing into rows of `seq_len` and keeps
+//!    at most `batch_tokens / seq_len` rows; with `layout = "bucket"` each is its own row,
+//!    longest first. Demonstrations longer than `seq_len` are dropped and
 //!    counted; a demonstration whose oracle does not pass its checker in the sandbox is never
 //!    trained on (it would teach a wrong answer) and is counted too.
 //! 3. **Held out.** `heldout_per_level` instances per (family, level) with seeds from
@@ -25,7 +26,7 @@ use corvid_tasks::{Families, SplitMix64, TaskEnv, TaskFamily, TasksError};
 
 use crate::episode::{oracle_steps, EpisodeFormat};
 use crate::tokenizer::Special;
-use crate::train::config::SftConfig;
+use crate::train::config::{SftConfig, SftLayout};
 use crate::train::pack::PackedRow;
 use crate::train::sft::{pack, Example};
 use crate::train::TrainError;
@@ -164,7 +165,12 @@ impl SftData {
     pub fn step_rows(&mut self, step: u64) -> Result<Vec<PackedRow>, SftDataError> {
         let seq_len = self.cfg.seq_len;
         let rows = self.cfg.rows_per_step();
-        let budget = rows * seq_len;
+        // Pack: rows × seq_len (the rows are then filled first-fit and the surplus dropped);
+        // bucket: demonstration tokens, one row each.
+        let budget = match self.cfg.layout {
+            SftLayout::Pack => rows * seq_len,
+            SftLayout::Bucket => self.cfg.batch_tokens,
+        };
         let mut rng =
             SplitMix64::derive(self.cfg.seed ^ step.wrapping_mul(0x9e37_79b9), "sft-step");
         let (mut examples, mut tokens, mut draws) = (Vec::new(), 0usize, 0usize);
@@ -197,9 +203,14 @@ impl SftData {
                 self.cfg.levels
             )));
         }
-        let mut packed = pack(&examples, seq_len, Special::Pad.id())?.rows;
-        packed.truncate(rows);
-        Ok(packed)
+        Ok(match self.cfg.layout {
+            SftLayout::Pack => {
+                let mut packed = pack(&examples, seq_len, Special::Pad.id())?.rows;
+                packed.truncate(rows);
+                packed
+            }
+            SftLayout::Bucket => bucket(&examples),
+        })
     }
 
     /// The held-out rows (rule 3).
@@ -214,8 +225,21 @@ impl SftData {
                 }
             }
         }
-        Ok(pack(&examples, self.cfg.seq_len, Special::Pad.id())?.rows)
+        Ok(match self.cfg.layout {
+            SftLayout::Pack => pack(&examples, self.cfg.seq_len, Special::Pad.id())?.rows,
+            SftLayout::Bucket => bucket(&examples),
+        })
     }
+}
+
+/// One row per example, longest first, so that a micro-batch holds rows of similar length.
+fn bucket(examples: &[Example]) -> Vec<PackedRow> {
+    let mut rows: Vec<PackedRow> = examples
+        .iter()
+        .map(|e| PackedRow::single(&e.ids, &e.mask))
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.len()));
+    rows
 }
 
 /// Reads one JSONL file of chat transcripts into examples.
@@ -308,6 +332,36 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("bad.jsonl:2:"), "{err}");
+    }
+
+    #[test]
+    fn a_bucketed_step_holds_one_demonstration_per_row_longest_first() {
+        let bucket = SftConfig {
+            layout: SftLayout::Bucket,
+            ..cfg()
+        };
+        let mut a = SftData::new(&bucket, &Families::default()).unwrap();
+        let rows = a.step_rows(3).unwrap();
+        let tokens: usize = rows.iter().map(PackedRow::len).sum();
+        assert!(tokens >= bucket.batch_tokens, "{tokens} tokens");
+        assert!(
+            tokens < bucket.batch_tokens + bucket.seq_len,
+            "{tokens} tokens"
+        );
+        assert!(rows.windows(2).all(|w| w[0].len() >= w[1].len()));
+        for r in &rows {
+            assert!(
+                r.doc_ids.iter().all(|d| *d == 0),
+                "one document, no padding"
+            );
+            assert!(r.len() <= bucket.seq_len && r.trained_tokens() > 0);
+        }
+        let mut b = SftData::new(&bucket, &Families::default()).unwrap();
+        assert_eq!(b.step_rows(3).unwrap(), rows);
+        // Held out: one row per demonstration that fits (hops 2 may run past 512 tokens).
+        let held = a.heldout_rows().unwrap();
+        assert!(!held.is_empty() && held.len() <= 2 * bucket.heldout_per_level);
+        assert!(held.iter().all(|r| r.doc_ids.iter().all(|d| *d == 0)));
     }
 
     #[test]

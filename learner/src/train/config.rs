@@ -102,6 +102,19 @@ impl OptimConfig {
     }
 }
 
+/// How SFT lays demonstrations out in rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SftLayout {
+    /// Several demonstrations per row of `seq_len` (first-fit decreasing), attention kept
+    /// inside each by a document mask: no padding, every row the same length.
+    Pack,
+    /// One demonstration per row; rows sorted by length share a micro-batch padded to its
+    /// longest, and run the plain causal forward (no `[T, T]` mask, a short row costs only its
+    /// own length): faster where attention is computed densely (CPU).
+    Bucket,
+}
+
 /// Supervised fine-tuning on oracle demonstrations (and imported transcripts).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -111,11 +124,14 @@ pub struct SftConfig {
     /// Stop once this many trained-on (masked-in) tokens have been seen; `0` = no budget, stop
     /// at `steps`. When both are set the first reached wins. Default `0`.
     pub token_budget: u64,
-    /// Tokens per optimizer step (rows × `seq_len`, padding included). Default `8192`.
+    /// Tokens per optimizer step: rows × `seq_len`, padding included, with `layout = "pack"`;
+    /// demonstration tokens with `layout = "bucket"`. Default `8192`.
     pub batch_tokens: usize,
     /// Length of a packed row; examples longer than this are dropped and counted.
     /// Default `512`.
     pub seq_len: usize,
+    /// How demonstrations become rows. Default `pack`.
+    pub layout: SftLayout,
     /// Tokens per forward/backward; a step's rows are run in micro-batches of at most this
     /// many tokens and the gradients accumulated, bounding memory. Default `8192`.
     pub micro_batch_tokens: usize,
@@ -147,6 +163,7 @@ impl Default for SftConfig {
             token_budget: 0,
             batch_tokens: 8192,
             seq_len: 512,
+            layout: SftLayout::Pack,
             micro_batch_tokens: 8192,
             levels: BTreeMap::from([("hops".to_string(), vec![1, 2])]),
             seed: 0,

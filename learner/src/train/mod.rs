@@ -38,7 +38,7 @@ pub mod rl;
 pub mod sft;
 
 pub use batch::{Group, TrainingTrajectory};
-pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig};
+pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig, SftLayout};
 pub use optim::{lr_at, AdamW, OptimStepStats};
 pub use rl::{RlTrainer, UpdateStats};
 pub use sft::{Example, SftStepStats, SftTrainer};

@@ -4,9 +4,10 @@
 //! 1. [`batch::select`](super::batch::select) drops stale and unscored trajectories and
 //!    computes per-token advantages (step-level by default).
 //! 2. The kept trajectories are split into `minibatches` (one optimizer step each); each
-//!    minibatch is packed into rows as long as its longest trajectory (documents never
-//!    attend to each other) and run in micro-batches of at most `micro_batch_tokens` tokens,
-//!    gradients accumulated, so memory stays bounded on long trajectories.
+//!    minibatch is laid out one trajectory per row, longest first, and run in micro-batches
+//!    of at most `micro_batch_tokens` tokens (rows × the longest, padding included; causal
+//!    forward, no document mask), gradients accumulated, so memory stays bounded on long
+//!    trajectories.
 //! 3. With several minibatches, `log π_prox` (the policy before the update) is computed for
 //!    every token first, without gradients; with one it is the forward's own log-prob,
 //!    detached.
@@ -28,10 +29,9 @@ use super::loss::{
     truncated_importance_weight,
 };
 use super::optim::AdamW;
-use super::pack::{first_fit_decreasing, gather_trained, PackedBatch, PackedRow};
+use super::pack::{gather_trained, PackedBatch, PackedRow};
 use super::TrainError;
 use crate::model::{BalanceStats, MoeHealth, MoePolicy};
-use crate::tokenizer::Special;
 
 /// What one update did; every field is a mean over the generated tokens trained on unless
 /// said otherwise.
@@ -115,40 +115,36 @@ struct RlRow {
 }
 
 /// Lays out trajectories (their tokens, generated mask, behaviour log-probs and token
-/// advantages) into rows of `len` tokens, first-fit decreasing.
-fn pack_trajectories(items: &[&Scored<'_>], len: usize) -> Vec<RlRow> {
-    let lengths: Vec<usize> = items.iter().map(|s| s.trajectory.len()).collect();
-    let (bins, _) = first_fit_decreasing(&lengths, len);
-    let pad = Special::Pad.id();
-    bins.into_iter()
-        .map(|bin| {
-            let mut r = RlRow {
-                row: PackedRow::empty(len, pad),
-                behaviour: vec![0.0; len],
-                adv: vec![0.0; len],
-                inv_temp: vec![1.0; len],
-            };
-            let mut offset = 0;
-            for (doc, &i) in bin.iter().enumerate() {
-                let s = items[i];
-                let t = s.trajectory;
-                let ids = t.token_ids();
-                let mask: Vec<bool> = t.steps.iter().flat_map(|st| st.loss_mask.clone()).collect();
-                let logp: Vec<f32> = t.steps.iter().flat_map(|st| st.logprobs.clone()).collect();
-                r.row.put(offset, doc as i64, &ids, &mask);
-                let temp = t.header.sampling.temperature;
-                let inv = if temp > 0.0 { 1.0 / temp } else { 1.0 };
-                // Position `offset + j` predicts token `j + 1`.
-                for j in 0..ids.len().saturating_sub(1) {
-                    r.behaviour[offset + j] = logp[j + 1];
-                    r.adv[offset + j] = s.token_advantages[j + 1] as f32;
-                    r.inv_temp[offset + j] = inv;
-                }
-                offset += ids.len();
-            }
-            r
-        })
-        .collect()
+/// advantages) one per row, longest first, so that a micro-batch holds rows of similar
+/// length and runs the causal forward without a document mask.
+fn pack_trajectories(items: &[&Scored<'_>]) -> Vec<RlRow> {
+    let mut order: Vec<&Scored<'_>> = items.to_vec();
+    order.sort_by_key(|s| std::cmp::Reverse(s.trajectory.len()));
+    order.into_iter().map(trajectory_row).collect()
+}
+
+/// One trajectory as a row of its own length.
+fn trajectory_row(s: &Scored<'_>) -> RlRow {
+    let t = s.trajectory;
+    let ids = t.token_ids();
+    let len = ids.len();
+    let mask: Vec<bool> = t.steps.iter().flat_map(|st| st.loss_mask.clone()).collect();
+    let logp: Vec<f32> = t.steps.iter().flat_map(|st| st.logprobs.clone()).collect();
+    let temp = t.header.sampling.temperature;
+    let inv = if temp > 0.0 { 1.0 / temp } else { 1.0 };
+    let mut r = RlRow {
+        row: PackedRow::single(&ids, &mask),
+        behaviour: vec![0.0; len],
+        adv: vec![0.0; len],
+        inv_temp: vec![1.0; len],
+    };
+    // Position `j` predicts token `j + 1`.
+    for j in 0..len.saturating_sub(1) {
+        r.behaviour[j] = logp[j + 1];
+        r.adv[j] = s.token_advantages[j + 1] as f32;
+        r.inv_temp[j] = inv;
+    }
+    r
 }
 
 /// The trainer: owns the policy, its parameters, the optimizer and the frozen reference.
@@ -210,12 +206,16 @@ impl RlTrainer {
 
     /// Builds the micro-batches of one minibatch.
     fn micro_batches(&self, items: &[&Scored<'_>]) -> Result<Vec<MicroBatch>, TrainError> {
-        let len = items.iter().map(|s| s.trajectory.len()).max().unwrap_or(0);
-        let rows = pack_trajectories(items, len);
-        let per = (self.cfg.micro_batch_tokens / len.max(1)).max(1);
+        let rows = pack_trajectories(items);
         let device = self.device();
         let mut out = Vec::new();
-        for chunk in rows.chunks(per) {
+        // Micro-batches of at most `micro_batch_tokens` (rows × the longest, which comes
+        // first), at least one row each.
+        let mut rest = &rows[..];
+        while !rest.is_empty() {
+            let per = (self.cfg.micro_batch_tokens / rest[0].row.len().max(1)).max(1);
+            let (chunk, tail) = rest.split_at(per.min(rest.len()));
+            rest = tail;
             let refs: Vec<&PackedRow> = chunk.iter().map(|r| &r.row).collect();
             let batch = PackedBatch::new(&refs, device)?;
             let n = batch.n_trained as i64;
@@ -238,7 +238,7 @@ impl RlTrainer {
     fn score(model: &MoePolicy, mb: &MicroBatch) -> Result<Tensor, TrainError> {
         tch::no_grad(|| {
             let b = &mb.batch;
-            let out = model.forward_packed(&b.tokens_bt, &b.positions_bt, &b.doc_ids_bt, false)?;
+            let out = b.forward(model, false)?;
             let logp = scaled_logp(&b.select(&out.logits_btv), &mb.inv_temp_n1);
             Ok(pick(&logp, &b.targets_n))
         })
@@ -356,12 +356,7 @@ impl RlTrainer {
                 if b.n_trained == 0 {
                     continue;
                 }
-                let out = self.model.forward_packed(
-                    &b.tokens_bt,
-                    &b.positions_bt,
-                    &b.doc_ids_bt,
-                    true,
-                )?;
+                let out = b.forward(&self.model, true)?;
                 let logp_nv = scaled_logp(&b.select(&out.logits_btv), &mb.inv_temp_n1);
                 let logp_new = pick(&logp_nv, &b.targets_n);
                 let logp_prox = match &mb.logp_prox_n {

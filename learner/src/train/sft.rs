@@ -132,9 +132,25 @@ impl SftTrainer {
         })
     }
 
-    /// Rows per micro-batch, from `micro_batch_tokens`.
-    fn rows_per_micro(&self, row_len: usize) -> usize {
-        (self.cfg.micro_batch_tokens / row_len.max(1)).max(1)
+    /// Splits `rows` into micro-batches of at most `micro_batch_tokens` (rows × the longest
+    /// row, padding included; at least one row each), in order.
+    fn micro_batches<'a>(&self, rows: &'a [PackedRow]) -> Vec<Vec<&'a PackedRow>> {
+        let mut out: Vec<Vec<&PackedRow>> = Vec::new();
+        let mut longest = 0;
+        for row in rows {
+            let grown = longest.max(row.len());
+            match out.last_mut() {
+                Some(mb) if (mb.len() + 1) * grown <= self.cfg.micro_batch_tokens => {
+                    mb.push(row);
+                    longest = grown;
+                }
+                _ => {
+                    out.push(vec![row]);
+                    longest = row.len();
+                }
+            }
+        }
+        out
     }
 
     /// One optimizer step on `rows` (run in micro-batches, gradients accumulated): the loss
@@ -145,21 +161,15 @@ impl SftTrainer {
             return Err(TrainError::Data("no trained-on token in the batch".into()));
         }
         let device = self.vs.device();
-        let per = self.rows_per_micro(rows[0].len());
-        let n_micro = rows.len().div_ceil(per);
+        let micro = self.micro_batches(rows);
+        let n_micro = micro.len();
         self.opt.zero_grad();
         let (mut ce_sum, mut aux_sum) = (0.0, 0.0);
         let mut balance = BalanceStats::default();
         let mut health = Vec::new();
-        for chunk in rows.chunks(per) {
-            let refs: Vec<&PackedRow> = chunk.iter().collect();
-            let batch = PackedBatch::new(&refs, device)?;
-            let out = self.model.forward_packed(
-                &batch.tokens_bt,
-                &batch.positions_bt,
-                &batch.doc_ids_bt,
-                true,
-            )?;
+        for refs in &micro {
+            let batch = PackedBatch::new(refs, device)?;
+            let out = batch.forward(&self.model, true)?;
             let ce = summed_cross_entropy(&batch.select(&out.logits_btv), &batch.targets_n);
             // Token mean over the whole step; the balance loss is averaged over micro-batches.
             let loss = &ce / n_total as f64 + &out.aux_loss / n_micro as f64;
@@ -191,18 +201,11 @@ impl SftTrainer {
             return Err(TrainError::Data("no trained-on token to evaluate".into()));
         }
         let device = self.vs.device();
-        let per = self.rows_per_micro(rows[0].len());
         let mut ce_sum = 0.0;
         tch::no_grad(|| -> Result<(), TrainError> {
-            for chunk in rows.chunks(per) {
-                let refs: Vec<&PackedRow> = chunk.iter().collect();
+            for refs in self.micro_batches(rows) {
                 let batch = PackedBatch::new(&refs, device)?;
-                let out = self.model.forward_packed(
-                    &batch.tokens_bt,
-                    &batch.positions_bt,
-                    &batch.doc_ids_bt,
-                    false,
-                )?;
+                let out = batch.forward(&self.model, false)?;
                 ce_sum += summed_cross_entropy(&batch.select(&out.logits_btv), &batch.targets_n)
                     .double_value(&[]);
             }
