@@ -15,6 +15,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::config::{AttnGate, ModelConfig};
+use super::cuda::{CudaError, MlaDecode, MlaKernel};
 use super::layers::{Linear, RmsNorm};
 use super::rope::Rope;
 
@@ -25,6 +26,17 @@ pub struct Latent {
     pub c_kv_btc: Tensor,
     /// Rotated RoPE key `[B, T, r]`.
     pub k_pe_btr: Tensor,
+}
+
+/// The attention core of [`Mla::forward_absorbed_lens`] (decoding one token per row).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeCore {
+    /// The custom CUDA kernel ([`MlaDecode::run`]); CUDA tensors only.
+    Kernel(MlaKernel),
+    /// ATen ops in the order of [`Mla::forward_absorbed`] ([`MlaDecode::reference`]); any
+    /// device. Gives the same numbers as `forward_absorbed` (tested), so it checks the
+    /// length-based masking the kernel uses.
+    Reference,
 }
 
 /// The query projection: full or low-rank.
@@ -302,6 +314,53 @@ impl Mla {
         // Unfold W_uv: [B, T, H, v].
         let o_bthv = Tensor::einsum("bthc,hvc->bthv", &[&o_lat, &w_uv_hvc], None::<&[i64]>);
         self.gate_and_project(x_btd, &o_bthv)
+    }
+
+    /// Decoding path for exactly one new token per row (`x [B, 1, d]`), with the attention
+    /// core chosen by `core`: the same function as [`Mla::forward_absorbed`] where row `b` sees
+    /// cache slots `0..lens_b[b]` (int32 or int64 `[B]`), the form the CUDA kernel takes.
+    pub fn forward_absorbed_lens(
+        &self,
+        x_btd: &Tensor,
+        pos_bt: &Tensor,
+        rope: &Rope,
+        c_kv_bsc: &Tensor,
+        k_pe_bsr: &Tensor,
+        lens_b: &Tensor,
+        core: DecodeCore,
+    ) -> Result<Tensor, CudaError> {
+        let (b, t, _) = x_btd.size3()?;
+        if t != 1 {
+            return Err(CudaError::Input(format!(
+                "forward_absorbed_lens decodes one token per row, got {t}"
+            )));
+        }
+        let (h, n, v, c) = (self.n_heads, self.nope, self.v, self.c);
+        let (q_nope, q_pe) = self.query(x_btd, pos_bt, rope);
+        let w_hkc = self.kv_b_proj.weight.view([h, n + v, c]);
+        let w_uk_hnc = w_hkc.narrow(1, 0, n);
+        let w_uv_hvc = w_hkc.narrow(1, n, v);
+        let q_lat_bhc = Tensor::einsum("bthn,hnc->bthc", &[&q_nope, &w_uk_hnc], None::<&[i64]>)
+            .reshape([b, h, c]);
+        let q_pe_bhr = q_pe.reshape([b, h, self.rope]);
+        let problem = MlaDecode {
+            q_lat_bhc: &q_lat_bhc,
+            q_pe_bhr: &q_pe_bhr,
+            c_kv_bsc,
+            k_pe_bsr,
+            lens_b,
+            scale: self.softmax_scale(rope),
+        };
+        let o_lat_bhc = match core {
+            DecodeCore::Kernel(kernel) => problem.run(kernel)?,
+            DecodeCore::Reference => problem.reference(None)?,
+        };
+        let o_bthv = Tensor::einsum(
+            "bthc,hvc->bthv",
+            &[&o_lat_bhc.view([b, 1, h, c]), &w_uv_hvc],
+            None::<&[i64]>,
+        );
+        Ok(self.gate_and_project(x_btd, &o_bthv))
     }
 
     fn softmax_scale(&self, rope: &Rope) -> f64 {

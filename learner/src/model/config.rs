@@ -303,12 +303,49 @@ impl ModelConfig {
         }
     }
 
-    /// A preset by name: `tiny`, `small` or `k3-shape`.
+    /// The one-GPU training shape of `corvid bench gpu`: 0.99B parameters in total, 0.20B
+    /// active (d1024, 10 layers of which 9 MoE with 32 experts of width 1024, top-4, one
+    /// shared expert; 16 heads of nope 64 / RoPE 32 / value 64 on a 256-wide latent). Widths
+    /// are multiples of 32 (the tensor-core decode kernel and 16-byte grouped GEMM rows); the
+    /// RoPE table covers 64K positions for the 32K-context decode measurement.
+    pub fn gpu_1b() -> Self {
+        Self {
+            vocab_size: 264,
+            hidden_size: 1024,
+            num_hidden_layers: 10,
+            num_attention_heads: 16,
+            q_lora_rank: Some(512),
+            kv_lora_rank: 256,
+            qk_nope_head_dim: 64,
+            qk_rope_head_dim: 32,
+            v_head_dim: 64,
+            attn_gate: AttnGate::Elementwise,
+            cross_layer_residual: true,
+            latent_token_shift: false,
+            cla_factor: 1,
+            max_position_embeddings: 65_536,
+            first_k_dense_replace: 1,
+            intermediate_size: 4096,
+            n_routed_experts: 32,
+            n_shared_experts: 1,
+            num_experts_per_tok: 4,
+            moe_intermediate_size: 1024,
+            expert_act: ExpertAct::SoftClipGlu {
+                beta: 4.0,
+                beta_lin: 25.0,
+            },
+            expert_dispatch: ExpertDispatch::GroupedMm,
+            ..Self::tiny()
+        }
+    }
+
+    /// A preset by name: `tiny`, `small`, `k3-shape` or `gpu-1b`.
     pub fn preset(name: &str) -> Result<Self, ModelError> {
         match name {
             "tiny" => Ok(Self::tiny()),
             "small" => Ok(Self::small()),
             "k3-shape" | "k3_shape" => Ok(Self::k3_shape()),
+            "gpu-1b" | "gpu_1b" => Ok(Self::gpu_1b()),
             other => Err(ModelError::UnknownPreset(other.to_string())),
         }
     }
@@ -584,9 +621,20 @@ mod tests {
 
     #[test]
     fn presets_validate() {
-        for p in ["tiny", "small", "k3-shape"] {
+        for p in ["tiny", "small", "k3-shape", "gpu-1b"] {
             ModelConfig::preset(p).unwrap().validate().unwrap();
         }
+    }
+
+    #[test]
+    fn gpu_1b_is_about_one_billion_parameters() {
+        let p = ModelConfig::gpu_1b().param_counts();
+        assert!(
+            (0.9e9..1.1e9).contains(&(p.total as f64)),
+            "total {}",
+            p.total
+        );
+        assert!(p.active < p.total / 4, "active {}", p.active);
     }
 
     #[test]

@@ -14,6 +14,16 @@
 use tch::{nn, Kind, Tensor};
 
 use super::config::{ExpertAct, ExpertDispatch, ModelConfig};
+use super::cuda::{CudaError, DispatchPlan};
+
+/// Who moves the rows in [`Experts::forward_dispatched`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Movement {
+    /// The custom CUDA dispatch and combine kernels (CUDA tensors only, no autograd).
+    Kernels,
+    /// Their ATen references (any device; autograd flows through them).
+    Aten,
+}
 
 /// All routed experts of one layer, stored stacked.
 #[derive(Debug)]
@@ -99,6 +109,40 @@ impl Experts {
         let y_rd = a_rf.internal_grouped_mm(&self.w_down_efd, Some(&offs_e), none.as_ref(), None);
         let wt_r1 = w_tk.reshape([-1]).index_select(0, &order_r).unsqueeze(1);
         x_td.zeros_like().index_add(0, &token_r, &(y_rd * wt_r1))
+    }
+
+    /// Grouped GEMM between an explicit dispatch and combine ([`DispatchPlan`]): rows sorted
+    /// by expert into groups padded to 16 bytes of rows (zero rows, so grouped GEMM's
+    /// backward gets aligned offsets), combined by gathering each token's `k` rows and
+    /// summing them weighted in fp32. `Movement::Kernels` is the inference path on CUDA.
+    pub fn forward_dispatched(
+        &self,
+        x_td: &Tensor,
+        idx_tk: &Tensor,
+        w_tk: &Tensor,
+        movement: Movement,
+    ) -> Result<Tensor, CudaError> {
+        let n_experts = self.w_gate_edf.size()[0];
+        let plan = DispatchPlan::new(idx_tk, n_experts, DispatchPlan::align_for(x_td.kind()))?;
+        let x_pd = match movement {
+            Movement::Kernels => plan.dispatch(x_td)?,
+            Movement::Aten => plan.dispatch_reference(x_td)?,
+        };
+        let offs = Some(&plan.offs_e);
+        let none = None::<&Tensor>;
+        let g_pf = x_pd.f_internal_grouped_mm(&self.w_gate_edf, offs, none, None)?;
+        let u_pf = x_pd.f_internal_grouped_mm(&self.w_up_edf, offs, none, None)?;
+        let a_pf = self.activate(&g_pf, &u_pf);
+        let y_pd = a_pf.f_internal_grouped_mm(&self.w_down_efd, offs, none, None)?;
+        match movement {
+            Movement::Kernels => plan.combine(&y_pd, w_tk),
+            Movement::Aten => plan.combine_reference(&y_pd, w_tk),
+        }
+    }
+
+    /// Routed experts `E`.
+    pub fn n_experts(&self) -> i64 {
+        self.w_gate_edf.size()[0]
     }
 
     /// Reference path, for tests, f64 and CPU: a loop of plain matmuls, one per expert for the

@@ -3,7 +3,7 @@
 //!
 //! # Brief overview
 //!
-//! - [`ModelConfig`] (serde/TOML; presets `tiny`, `small`, `k3-shape`) fixes every shape and
+//! - [`ModelConfig`] (serde/TOML; presets `tiny`, `small`, `k3-shape`, `gpu-1b`) fixes every shape and
 //!   option; [`ModelConfig::validate`] names the bad field and value.
 //! - [`MoePolicy`] is the decoder-only transformer. [`MoePolicy::forward`] runs a packed batch
 //!   `[B, T]` and returns logits `[B, T, V]`, the balance loss, per-layer [`MoeHealth`] and the
@@ -19,6 +19,9 @@
 //!   by content; the cache then also keeps each row's last input per latent layer.
 //! - [`checkpoint`] saves and loads safetensors plus `config.json`, and turns the weights into
 //!   bytes and back for streaming to actors.
+//! - [`precision`] casts the weights to bf16 for CUDA with the routers kept in fp32
+//!   ([`MoePolicy::new_in_kind`]); [`cuda`] holds the custom CUDA kernels (absorbed MLA
+//!   decode, MoE dispatch/combine), their checks and the GPU benchmark.
 //!
 //! Files, bottom-up: `config` → `rope`, `layers` → `attention` (MLA + gate), `cross_layer` →
 //! `router`, `experts`, `balance`, `health` → `moe` → `cache` → `model` → `sample`,
@@ -57,16 +60,19 @@ pub mod cache;
 pub mod checkpoint;
 pub mod config;
 pub mod cross_layer;
+pub mod cuda;
 pub mod experts;
 pub mod health;
 pub mod layers;
 #[allow(clippy::module_inception)]
 pub mod model;
 pub mod moe;
+pub mod precision;
 pub mod rope;
 pub mod router;
 pub mod sample;
 
+pub use attention::DecodeCore;
 pub use cache::KvCache;
 pub use config::{
     AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, ParamCounts, RopeScaling,
@@ -80,7 +86,7 @@ pub use sample::{sample, SamplingParams};
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
     /// `ModelConfig::preset` got an unknown name.
-    #[error("unknown model preset `{0}` (expected tiny, small or k3-shape)")]
+    #[error("unknown model preset `{0}` (expected tiny, small, k3-shape or gpu-1b)")]
     UnknownPreset(String),
     /// A config file did not parse.
     #[error("model config does not parse: {0}")]
@@ -118,4 +124,7 @@ pub enum ModelError {
     /// libtorch reported an error.
     #[error("libtorch: {0}")]
     Torch(#[from] tch::TchError),
+    /// A custom CUDA kernel could not run (no CUDA, or bad inputs).
+    #[error("CUDA kernel: {0}")]
+    Cuda(#[from] cuda::CudaError),
 }

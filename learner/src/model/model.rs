@@ -8,7 +8,7 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
-use super::attention::{Latent, Mla};
+use super::attention::{DecodeCore, Latent, Mla};
 use super::balance::{updated_bias, LayerBalanceStats};
 use super::cache::KvCache;
 use super::config::{ModelConfig, RopeScaling};
@@ -96,6 +96,9 @@ pub struct MoePolicy {
     lm_head: Option<Linear>,
     rope: Rope,
     device: Device,
+    /// Decode steps (one token per row) through [`Mla::forward_absorbed_lens`] with this
+    /// core; `None`: the matmul path of `forward_absorbed` for every append.
+    decode_core: Option<DecodeCore>,
 }
 
 impl MoePolicy {
@@ -150,7 +153,33 @@ impl MoePolicy {
                 vs.device(),
             ),
             device: vs.device(),
+            decode_core: None,
         })
+    }
+
+    /// [`MoePolicy::new`], then every weight cast to `kind` except the routers, which stay
+    /// fp32 ([`precision::cast_weights`](super::precision::cast_weights)): bf16 weights and
+    /// activations on CUDA with fp32 routing. `Kind::Float` leaves everything as `new` does.
+    pub fn new_in_kind(
+        vs: &nn::VarStore,
+        cfg: &ModelConfig,
+        kind: Kind,
+    ) -> Result<Self, ModelError> {
+        let model = Self::new(&vs.root(), cfg)?;
+        super::precision::cast_weights(vs, kind)?;
+        Ok(model)
+    }
+
+    /// Chooses how decode steps (appends of one token per row) attend: `Some(core)` routes
+    /// them through [`Mla::forward_absorbed_lens`] (the custom CUDA kernel, or its ATen
+    /// reference); `None` (the default) keeps the matmul path.
+    pub fn set_decode_core(&mut self, core: Option<DecodeCore>) {
+        self.decode_core = core;
+    }
+
+    /// The decode core set by [`MoePolicy::set_decode_core`].
+    pub fn decode_core(&self) -> Option<DecodeCore> {
+        self.decode_core
     }
 
     /// The configuration.
@@ -455,6 +484,11 @@ impl MoePolicy {
             let kind = self.embed_vd.kind();
             let bias_bts = Tensor::zeros([b, t, s], (kind, self.device))
                 .masked_fill(&visible_bts.logical_not(), f64::NEG_INFINITY);
+            // Decode steps through the chosen core see slots 0..=pos, as the bias does.
+            let lens_core = match self.decode_core {
+                Some(core) if t == 1 => Some((core, (pos_bt.select(1, 0) + 1).clamp_max(s))),
+                _ => None,
+            };
             let mut x = self.embed(tokens_bt, b, t);
             let mut state = CrossLayerState::new();
             for (i, blk) in self.blocks.iter().enumerate() {
@@ -477,14 +511,27 @@ impl MoePolicy {
                 {
                     cache.write(slot, &pos_bt, &lat.c_kv_btc, &lat.k_pe_btr);
                 }
-                let a = blk.attn.forward_absorbed(
-                    &h,
-                    &rope_pos_bt,
-                    &self.rope,
-                    &cache.c_kv[slot].narrow(1, 0, s),
-                    &cache.k_pe[slot].narrow(1, 0, s),
-                    &bias_bts,
-                );
+                let c_kv_bsc = cache.c_kv[slot].narrow(1, 0, s);
+                let k_pe_bsr = cache.k_pe[slot].narrow(1, 0, s);
+                let a = match &lens_core {
+                    Some((core, lens_b)) => blk.attn.forward_absorbed_lens(
+                        &h,
+                        &rope_pos_bt,
+                        &self.rope,
+                        &c_kv_bsc,
+                        &k_pe_bsr,
+                        lens_b,
+                        *core,
+                    )?,
+                    None => blk.attn.forward_absorbed(
+                        &h,
+                        &rope_pos_bt,
+                        &self.rope,
+                        &c_kv_bsc,
+                        &k_pe_bsr,
+                        &bias_bts,
+                    ),
+                };
                 let mixed = match &blk.cross {
                     Some(c) => c.forward(&mut state, &a),
                     None => a.shallow_clone(),
