@@ -39,6 +39,18 @@ pub enum DecodeCore {
     Reference,
 }
 
+/// The cached rows one decode step attends to: the layer's latent cache `c_kv [B, S, c]`,
+/// `k_pe [B, S, r]` and how many leading slots of each row are visible, `lens [B]`.
+#[derive(Clone, Copy, Debug)]
+pub struct CacheRows<'a> {
+    /// Cached latent.
+    pub c_kv_bsc: &'a Tensor,
+    /// Cached RoPE key.
+    pub k_pe_bsr: &'a Tensor,
+    /// Visible slots per row (int32 or int64).
+    pub lens_b: &'a Tensor,
+}
+
 /// The query projection: full or low-rank.
 #[derive(Debug)]
 enum QueryProj {
@@ -318,15 +330,13 @@ impl Mla {
 
     /// Decoding path for exactly one new token per row (`x [B, 1, d]`), with the attention
     /// core chosen by `core`: the same function as [`Mla::forward_absorbed`] where row `b` sees
-    /// cache slots `0..lens_b[b]` (int32 or int64 `[B]`), the form the CUDA kernel takes.
+    /// cache slots `0..lens[b]`, the form the CUDA kernel takes.
     pub fn forward_absorbed_lens(
         &self,
         x_btd: &Tensor,
         pos_bt: &Tensor,
         rope: &Rope,
-        c_kv_bsc: &Tensor,
-        k_pe_bsr: &Tensor,
-        lens_b: &Tensor,
+        cache: CacheRows<'_>,
         core: DecodeCore,
     ) -> Result<Tensor, CudaError> {
         let (b, t, _) = x_btd.size3()?;
@@ -346,9 +356,9 @@ impl Mla {
         let problem = MlaDecode {
             q_lat_bhc: &q_lat_bhc,
             q_pe_bhr: &q_pe_bhr,
-            c_kv_bsc,
-            k_pe_bsr,
-            lens_b,
+            c_kv_bsc: cache.c_kv_bsc,
+            k_pe_bsr: cache.k_pe_bsr,
+            lens_b: cache.lens_b,
             scale: self.softmax_scale(rope),
         };
         let o_lat_bhc = match core {

@@ -8,7 +8,7 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
-use super::attention::{DecodeCore, Latent, Mla};
+use super::attention::{CacheRows, DecodeCore, Latent, Mla};
 use super::balance::{updated_bias, LayerBalanceStats};
 use super::cache::KvCache;
 use super::config::{ModelConfig, RopeScaling};
@@ -518,9 +518,11 @@ impl MoePolicy {
                         &h,
                         &rope_pos_bt,
                         &self.rope,
-                        &c_kv_bsc,
-                        &k_pe_bsr,
-                        lens_b,
+                        CacheRows {
+                            c_kv_bsc: &c_kv_bsc,
+                            k_pe_bsr: &k_pe_bsr,
+                            lens_b,
+                        },
                         *core,
                     )?,
                     None => blk.attn.forward_absorbed(

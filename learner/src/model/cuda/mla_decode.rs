@@ -179,12 +179,14 @@ impl MlaDecode<'_> {
         let q_lat = self.q_lat_bhc.to_kind(kind);
         let c_kv = self.c_kv_bsc.to_kind(kind);
         // [B, S, H]: the cache operand row-major, as in forward_absorbed.
-        let mut scores_bsh = c_kv.f_bmm(&q_lat.transpose(1, 2))?;
-        if d.r > 0 {
+        let nope_bsh = c_kv.f_bmm(&q_lat.transpose(1, 2))?;
+        let scores_bsh = if d.r > 0 {
             let q_pe = self.q_pe_bhr.to_kind(kind);
             let k_pe = self.k_pe_bsr.to_kind(kind);
-            scores_bsh = scores_bsh + k_pe.f_bmm(&q_pe.transpose(1, 2))?;
-        }
+            nope_bsh.f_add(&k_pe.f_bmm(&q_pe.transpose(1, 2))?)?
+        } else {
+            nope_bsh
+        };
         let lens_b1 = self.lens_b.to_kind(Kind::Int64).unsqueeze(1);
         let slot_1s = Tensor::arange(d.s, (Kind::Int64, d.device)).unsqueeze(0);
         let hidden_b1s = slot_1s.ge_tensor(&lens_b1).unsqueeze(1);
@@ -317,7 +319,7 @@ impl MlaDecode<'_> {
             ));
         }
         for (name, t) in [("c_kv", c_kv), ("k_pe", k_pe)] {
-            if (t.data_ptr() as usize) % 16 != 0 || t.stride()[0] % 8 != 0 {
+            if !(t.data_ptr() as usize).is_multiple_of(16) || t.stride()[0] % 8 != 0 {
                 return Err(format!("{name} rows are not 16-byte aligned"));
             }
         }
