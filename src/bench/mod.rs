@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
+pub mod gpu;
 pub mod ingest;
 pub mod model;
 pub mod rollout;
@@ -18,7 +19,8 @@ pub mod sandbox;
 #[command(after_help = "Examples:
   corvid bench ingest --tokens 1000000 --json
   corvid bench sandbox --json
-  corvid bench model --json")]
+  corvid bench model --json
+  corvid bench gpu --json --out gpu.json")]
 pub struct BenchArgs {
     #[command(subcommand)]
     which: Bench,
@@ -34,6 +36,8 @@ enum Bench {
     Model(model::ModelBenchArgs),
     /// Actor rollout throughput at several concurrencies.
     Rollout(rollout::RolloutBenchArgs),
+    /// CUDA kernels' correctness, attention / MoE / decode / train-step speed on one GPU.
+    Gpu(gpu::GpuBenchArgs),
 }
 
 /// Runs the selected benchmark.
@@ -43,6 +47,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Bench::Sandbox(a) => sandbox::run(a),
         Bench::Model(a) => model::run(a),
         Bench::Rollout(a) => rollout::run(a),
+        Bench::Gpu(a) => gpu::run(a),
     }
 }
 
