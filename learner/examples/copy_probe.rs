@@ -6,19 +6,26 @@
 //! cargo run --release -p corvid-learner --example copy_probe -- \
 //!     [steps] [gate none|headwise] [cross 0|1] [kv_lora] [rope] [lr] [prefix] [shift 0|1] [digits|letters]
 //! ```
+//! Other model fields: `CORVID_MODEL='num_attention_heads = 8'` (TOML, as `[model.overrides]`).
 //! `prefix` tokens of random filler (digits) surround the source string at a random
 //! offset, so the copy needs content-based lookup (an induction head), not a fixed offset.
 
 mod common;
 
 use common::arg;
-use corvid_learner::model::{AttnGate, ModelConfig, MoePolicy};
+use corvid_learner::config::ModelSection;
+use corvid_learner::model::{AttnGate, MoePolicy};
 use tch::nn::OptimizerConfig;
 use tch::{nn, Device, Kind, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = arg(1, "400").parse()?;
-    let mut cfg = ModelConfig::tiny();
+    // Further model fields as TOML in CORVID_MODEL, e.g. `num_attention_heads = 8`.
+    let mut cfg = ModelSection {
+        overrides: toml::from_str(&std::env::var("CORVID_MODEL").unwrap_or_default())?,
+        ..ModelSection::default()
+    }
+    .resolve()?;
     cfg.attn_gate = if arg(2, "headwise") == "none" {
         AttnGate::None
     } else {
