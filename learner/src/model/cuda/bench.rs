@@ -263,15 +263,20 @@ fn timed(
     iters: usize,
     mut f: impl FnMut() -> Result<(), CudaError>,
 ) -> Result<f64, CudaError> {
+    let sync = || {
+        if device.is_cuda() {
+            tch::Cuda::synchronize(cuda_index(device));
+        }
+    };
     for _ in 0..warmup {
         f()?;
     }
-    tch::Cuda::synchronize(cuda_index(device));
+    sync();
     let start = Instant::now();
     for _ in 0..iters.max(1) {
         f()?;
     }
-    tch::Cuda::synchronize(cuda_index(device));
+    sync();
     Ok(start.elapsed().as_secs_f64() / iters.max(1) as f64)
 }
 
@@ -286,7 +291,7 @@ fn sdp_backend_name(code: i64) -> &'static str {
     }
 }
 
-fn attention_case(
+pub(crate) fn attention_case(
     label: &str,
     (b, h, t): (i64, i64, i64),
     (dqk, dv): (i64, i64),
@@ -373,7 +378,7 @@ fn routing(t: i64, k: i64, e: i64, kind: Kind, dev: Device) -> Result<(Tensor, T
     Ok((idx, w.to_kind(kind)))
 }
 
-fn moe_bench(cfg: &ModelConfig, o: &GpuBenchOptions) -> Result<MoeBench, CudaError> {
+pub(crate) fn moe_bench(cfg: &ModelConfig, o: &GpuBenchOptions) -> Result<MoeBench, CudaError> {
     let dev = o.device;
     let (t, k, e) = (o.moe_tokens, cfg.num_experts_per_tok, cfg.n_routed_experts);
     let (d, f) = (cfg.hidden_size, cfg.moe_intermediate_size);
@@ -387,10 +392,6 @@ fn moe_bench(cfg: &ModelConfig, o: &GpuBenchOptions) -> Result<MoeBench, CudaErr
         let _ = tch::no_grad(|| experts.forward_grouped(&x, &idx, &w));
         Ok(())
     })?;
-    let fwd_kernels = timed(dev, o.warmup, o.iters, || {
-        let _ = tch::no_grad(|| experts.forward_dispatched(&x, &idx, &w, Movement::Kernels))?;
-        Ok(())
-    })?;
     let xg = x.detach().set_requires_grad(true);
     let g = Tensor::f_randn([t, d], (Kind::BFloat16, dev))?;
     let mut inputs = vs.trainable_variables();
@@ -402,13 +403,6 @@ fn moe_bench(cfg: &ModelConfig, o: &GpuBenchOptions) -> Result<MoeBench, CudaErr
         Ok(())
     })?;
     // Row movement alone, on one plan and one expert output.
-    let plan = DispatchPlan::new(&idx, e, DispatchPlan::align_for(Kind::BFloat16))?;
-    let y_pd = Tensor::f_randn([plan.rows, d], (Kind::BFloat16, dev))?;
-    let move_kernels = timed(dev, o.warmup, o.iters, || {
-        let _ = plan.dispatch(&x)?;
-        let _ = plan.combine(&y_pd, &w)?;
-        Ok(())
-    })?;
     let expert_r = idx.reshape([-1]);
     let order_r = expert_r.argsort_stable(true, 0, false);
     let token_r = order_r.divide_scalar_mode(k, "floor");
@@ -417,6 +411,18 @@ fn moe_bench(cfg: &ModelConfig, o: &GpuBenchOptions) -> Result<MoeBench, CudaErr
     let move_aten = timed(dev, o.warmup, o.iters, || {
         let _ = x.f_index_select(0, &token_r)?;
         let _ = x.zeros_like().f_index_add(0, &token_r, &(&y_rd * &wt_r1))?;
+        Ok(())
+    })?;
+    // The custom kernels last (everything above is ATen and runs anywhere).
+    let fwd_kernels = timed(dev, o.warmup, o.iters, || {
+        let _ = tch::no_grad(|| experts.forward_dispatched(&x, &idx, &w, Movement::Kernels))?;
+        Ok(())
+    })?;
+    let plan = DispatchPlan::new(&idx, e, DispatchPlan::align_for(Kind::BFloat16))?;
+    let y_pd = Tensor::f_randn([plan.rows, d], (Kind::BFloat16, dev))?;
+    let move_kernels = timed(dev, o.warmup, o.iters, || {
+        let _ = plan.dispatch(&x)?;
+        let _ = plan.combine(&y_pd, &w)?;
         Ok(())
     })?;
     Ok(MoeBench {
@@ -436,7 +442,7 @@ fn moe_bench(cfg: &ModelConfig, o: &GpuBenchOptions) -> Result<MoeBench, CudaErr
     })
 }
 
-fn decode_bench(
+pub(crate) fn decode_bench(
     cfg: &ModelConfig,
     ctx: i64,
     o: &GpuBenchOptions,
@@ -463,17 +469,10 @@ fn decode_bench(
         lens_b: &lens,
         scale: 1.0 / (cfg.qk_head_dim() as f64).sqrt(),
     };
-    let out = Tensor::f_empty([b, h, c], bf)?;
-    let kernel = problem.run_into(&out, MlaKernel::Auto)?;
-    let core_kernel = timed(dev, o.warmup, o.iters, || {
-        problem.run_into(&out, MlaKernel::Auto)?;
-        Ok(())
-    })?;
     let core_reference = timed(dev, o.warmup, o.iters, || {
         let _ = problem.reference(None)?;
         Ok(())
     })?;
-    drop((q_lat, q_pe, c_kv, k_pe));
     // The whole model, cache filled with random latents.
     let cfg = ModelConfig {
         max_position_embeddings: cfg
@@ -508,6 +507,13 @@ fn decode_bench(
         Ok(b as f64 / s)
     };
     let model_reference = tokens_per_s(None)?;
+    // The custom kernel last (everything above is ATen and runs anywhere).
+    let out = Tensor::f_empty([b, h, c], bf)?;
+    let kernel = problem.run_into(&out, MlaKernel::Auto)?;
+    let core_kernel = timed(dev, o.warmup, o.iters, || {
+        problem.run_into(&out, MlaKernel::Auto)?;
+        Ok(())
+    })?;
     let model_kernel = tokens_per_s(Some(DecodeCore::Kernel(MlaKernel::Auto)))?;
     Ok(DecodeBench {
         context: ctx,
@@ -522,7 +528,7 @@ fn decode_bench(
     })
 }
 
-fn train_bench(cfg: &ModelConfig, o: &GpuBenchOptions) -> Result<TrainBench, CudaError> {
+pub(crate) fn train_bench(cfg: &ModelConfig, o: &GpuBenchOptions) -> Result<TrainBench, CudaError> {
     let dev = o.device;
     let (b, t) = (o.train_batch, o.train_seq);
     let model_err = |e: crate::model::ModelError| CudaError::Input(e.to_string());
@@ -628,7 +634,17 @@ pub fn run_gpu_bench(
     ];
     for (label, bht, dims) in attn_cases {
         match attention_case(&label, bht, dims, o) {
-            Ok(a) => report.attention.push(a),
+            Ok(a) => {
+                // Training attention must run on a fused kernel, never the math fallback.
+                if !matches!(a.backend_code, 1..=3) {
+                    report.errors.push(format!(
+                        "attention {label}: SDPA chose the {} backend (code {}), not flash, \
+                         efficient or cuDNN",
+                        a.backend, a.backend_code
+                    ));
+                }
+                report.attention.push(a);
+            }
             Err(e) => report.errors.push(format!("attention {label}: {e}")),
         }
     }
@@ -661,4 +677,62 @@ pub fn run_gpu_bench(
     elapsed(&mut report);
     progress(&report);
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    //! The sections on the CPU at toy sizes: every ATen step runs (so shapes and dtypes are
+    //! right before a GPU is ever lent), and the custom-kernel steps, which come last in each
+    //! section, fail with the CUDA error rather than a panic.
+    use super::*;
+
+    fn toy(device: Device) -> (ModelConfig, GpuBenchOptions) {
+        let cfg = ModelConfig {
+            num_hidden_layers: 2,
+            first_k_dense_replace: 1,
+            expert_dispatch: crate::model::ExpertDispatch::GroupedMm,
+            ..ModelConfig::tiny()
+        };
+        let mut o = GpuBenchOptions::new(device);
+        o.preset_name = "tiny".into();
+        o.attn_batch = 1;
+        o.attn_seq = 32;
+        o.moe_tokens = 40;
+        o.decode_batch = 2;
+        o.decode_contexts = vec![48];
+        o.decode_steps = 2;
+        o.train_batch = 2;
+        o.train_seq = 16;
+        o.train_steps = 1;
+        o.warmup = 1;
+        o.iters = 1;
+        (cfg, o)
+    }
+
+    fn is_cuda_error(e: &CudaError) -> bool {
+        e.to_string().contains("need CUDA tensors")
+    }
+
+    #[test]
+    fn aten_sections_run_on_cpu() {
+        let (cfg, o) = toy(Device::Cpu);
+        let a = attention_case("toy", (1, 2, 32), (24, 16), &o).unwrap();
+        assert!(a.fwd_tflops > 0.0 && a.fwd_bwd_tflops > 0.0);
+        assert_eq!(a.v_dim_run, 24);
+        let t = train_bench(&cfg, &o).unwrap();
+        assert!(t.tokens_per_s > 0.0 && t.mfu > 0.0);
+        assert_eq!(t.params_total, cfg.param_counts().total);
+    }
+
+    #[test]
+    fn kernel_steps_fail_cleanly_on_cpu() {
+        let (cfg, o) = toy(Device::Cpu);
+        let e = moe_bench(&cfg, &o).unwrap_err();
+        assert!(is_cuda_error(&e), "{e}");
+        let e = decode_bench(&cfg, 48, &o).unwrap_err();
+        assert!(is_cuda_error(&e), "{e}");
+        let mut progress = |_: &GpuReport| {};
+        let e = run_gpu_bench(&o, &mut progress).unwrap_err();
+        assert!(matches!(e, CudaError::Unavailable(_)), "{e}");
+    }
 }

@@ -141,6 +141,9 @@ impl MlaDecode<'_> {
                 return bad(format!("{name} is {:?} but q_lat is {kind:?}", t.kind()));
             }
         }
+        if b > 65_535 {
+            return bad(format!("at most 65,535 rows per launch, got {b}"));
+        }
         if !self.scale.is_finite() {
             return bad(format!("scale must be finite, got {}", self.scale));
         }
