@@ -6,7 +6,7 @@
 //!
 //! ```text
 //! cargo run --release -p corvid-learner --example sft_probe -- \
-//!     [steps] [shift 0|1] [lr] [batch_tokens] [levels e.g. 1,2] [threads] [every] [pack|bucket]
+//!     [steps] [shift 0|1] [lr] [batch_tokens] [levels e.g. 1,2] [threads] [every] [pack|bucket] [copy-warmup-steps]
 //! ```
 //! Other model fields: `CORVID_MODEL='kv_lora_rank = 64'` (TOML, as `[model.overrides]`).
 
@@ -164,6 +164,10 @@ fn main() -> Result<(), Error> {
     println!("model: {model_cfg:?}");
     let vs = nn::VarStore::new(Device::Cpu);
     let model = MoePolicy::new(&vs.root(), &model_cfg)?;
+    let warmup: usize = arg(9, "0").parse()?;
+    if warmup > 0 {
+        copy_warmup(&vs, &model, warmup)?;
+    }
     let mut trainer = SftTrainer::new(vs, model, cfg)?;
     let start = Instant::now();
     let (mut trained, mut train_secs) = (0usize, 0.0);
@@ -190,6 +194,64 @@ fn main() -> Result<(), Error> {
                 trained as f64 / train_secs,
                 s.loss,
                 cols.join("  ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Warm-up on a synthetic copy task before SFT: 32 rows of filler words, `next: ` and an
+/// 8-character path-like string, more filler, `|`, the string again; loss on the copy.
+fn copy_warmup(vs: &nn::VarStore, model: &MoePolicy, steps: usize) -> Result<(), Error> {
+    use tch::nn::OptimizerConfig;
+    use tch::Tensor;
+    let mut opt = nn::AdamW::default().build(vs, 2e-3)?;
+    let alnum: Vec<i64> = (b'a'..=b'z').chain(b'0'..=b'9').map(i64::from).collect();
+    let words: Vec<i64> = (b'a'..=b'z')
+        .chain([b' ', b' ', b' ', b' '])
+        .map(i64::from)
+        .collect();
+    let (b, n, filler) = (32i64, 8i64, 48i64);
+    let pick = |set: &[i64], shape: [i64; 2]| {
+        let idx = Tensor::randint(set.len() as i64, shape, (Kind::Int64, Device::Cpu));
+        Tensor::from_slice(set)
+            .index_select(0, &idx.view([-1]))
+            .view(shape)
+    };
+    let marker: Vec<i64> = b"next: ".iter().map(|&c| i64::from(c)).collect();
+    let marker = Tensor::from_slice(&marker)
+        .view([1, 6])
+        .expand([b, 6], false);
+    let bar = Tensor::full([b, 1], i64::from(b'|'), (Kind::Int64, Device::Cpu));
+    for step in 1..=steps {
+        let k = (step as i64 * 7919) % (filler + 1);
+        let s = pick(&alnum, [b, n]);
+        let seq = Tensor::cat(
+            &[
+                &pick(&words, [b, k]),
+                &marker,
+                &s,
+                &pick(&words, [b, filler - k]),
+                &bar,
+                &s,
+            ],
+            1,
+        );
+        let t = seq.size()[1];
+        let out = model.forward(&seq.narrow(1, 0, t - 1), true)?;
+        let loss = out
+            .logits_btv
+            .narrow(1, t - 1 - n, n)
+            .reshape([-1, model.config().vocab_size])
+            .cross_entropy_for_logits(&seq.narrow(1, t - n, n).reshape([-1]));
+        opt.zero_grad();
+        (&loss + &out.aux_loss).backward();
+        opt.clip_grad_norm(1.0);
+        opt.step();
+        if step % 50 == 0 {
+            println!(
+                "copy warm-up step {step}: copy loss {:.3}",
+                loss.double_value(&[])
             );
         }
     }
