@@ -5,7 +5,7 @@
 //! | section | what it sets |
 //! |---|---|
 //! | top level | run name, listen address, token file, run folder, seed, device |
-//! | `[model]` | a preset (`tiny`, `small`, `k3-shape`) or a model TOML file, plus field overrides |
+//! | `[model]` | a preset (`tiny`, `small`, `k3-shape`, `gpu-1b`) or a model TOML file, plus field overrides |
 //! | `[tasks]` | the families trained on and the highest level of each |
 //! | `[curriculum]` | [`CurriculumConfig`]: promotion and demotion thresholds, context stages |
 //! | `[rollout]` | open-group bound, task timeout, sampling, actors' poll interval, versions kept |
@@ -66,7 +66,7 @@ fn invalid(field: &str, value: impl ToString, expected: &str) -> ConfigError {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ModelSection {
-    /// Preset name (`tiny`, `small`, `k3-shape`); ignored when `file` is set. Default `tiny`.
+    /// Preset name (`tiny`, `small`, `k3-shape`, `gpu-1b`); ignored when `file` is set. Default `tiny`.
     pub preset: String,
     /// A model TOML file (as `configs/model/tiny.toml`); its missing fields default to `tiny`.
     pub file: Option<PathBuf>,

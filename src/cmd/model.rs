@@ -27,7 +27,7 @@ enum ModelCommand {
 /// Arguments of `corvid model info`.
 #[derive(Args, Debug)]
 struct InfoArgs {
-    /// Preset: tiny, small or k3-shape.
+    /// Preset: tiny, small, k3-shape or gpu-1b.
     #[arg(long, default_value = "tiny", conflicts_with = "config")]
     preset: String,
     /// A model config TOML file (fields missing from it default to `tiny`).
