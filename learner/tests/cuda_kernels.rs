@@ -316,13 +316,15 @@ fn dispatched_experts_equal_grouped_and_loop_paths() {
 
 #[test]
 fn bf16_weights_keep_routers_in_fp32() {
-    tch::manual_seed(2);
     let cfg = small_cfg();
     let vs32 = nn::VarStore::new(Device::Cpu);
     let m32 = MoePolicy::new(&vs32.root(), &cfg).unwrap();
-    tch::manual_seed(2);
-    let vs = nn::VarStore::new(Device::Cpu);
+    let mut vs = nn::VarStore::new(Device::Cpu);
     let mut model = MoePolicy::new_in_kind(&vs, &cfg, Kind::BFloat16).unwrap();
+    // The fp32 model's values (other tests draw from the global RNG concurrently, so a
+    // shared seed would not give both the same initialisation), then bf16 again.
+    vs.copy(&vs32).unwrap();
+    cast_weights(&vs, Kind::BFloat16).unwrap();
     let mut routers = 0;
     for (name, t) in vs.variables() {
         if is_router_param(&name) {
@@ -342,11 +344,15 @@ fn bf16_weights_keep_routers_in_fp32() {
     let out = model.forward(&tokens, true).unwrap();
     assert_eq!(out.logits_btv.kind(), Kind::BFloat16);
     let want = m32.forward(&tokens, false).unwrap().logits_btv;
-    let scale = want.abs().max().double_value(&[]);
-    let d = max_abs(&out.logits_btv, &want);
+    // Mean error: a bf16-rounded router score may flip one token's top-k choice.
+    let scale = want.abs().mean(Kind::Float).double_value(&[]);
+    let d = (out.logits_btv.to_kind(Kind::Float) - &want)
+        .abs()
+        .mean(Kind::Float)
+        .double_value(&[]);
     assert!(
         d < 0.05 * scale,
-        "bf16 logits differ by {d} (scale {scale})"
+        "bf16 logits differ by {d} on average (mean |logit| {scale})"
     );
     // Training runs: gradients reach bf16 weights and fp32 routers alike.
     let loss = out
