@@ -84,6 +84,7 @@ mod output;
 mod sandbox;
 mod search;
 mod tools;
+mod watch;
 mod workspace;
 
 pub use corvid_proto::{ToolCall, ToolResult, ToolStatus};

@@ -14,6 +14,7 @@ use crate::limits::{Limits, DEFAULT_POOL_SLOTS, MAX_CUSTOM_MODULE_BYTES, MAX_STD
 use crate::output::{inert, redact, truncate};
 use crate::search::SearchIndex;
 use crate::tools::{self, builtin_specs, custom_params, refuse, Refusal, ToolKind, ToolSpec};
+use crate::watch::Watcher;
 use crate::workspace::Workspace;
 use crate::SandboxError;
 
@@ -148,6 +149,7 @@ impl SandboxBuilder {
                 specs,
                 by_name,
                 search: self.search,
+                watcher: Watcher::new(),
             }),
         })
     }
@@ -168,6 +170,8 @@ struct Inner {
     specs: Vec<ToolSpec>,
     by_name: BTreeMap<String, usize>,
     search: Option<Arc<SearchIndex>>,
+    /// Skips the post-call quota walk when nothing changed (`None`: always walk).
+    watcher: Option<Arc<Watcher>>,
     host: WasmHost,
 }
 
@@ -398,8 +402,12 @@ impl Sandbox {
 
     /// After a call that can write: over quota turns the result into
     /// `quota_exceeded` (the files stay; the model must delete some).
-    fn check_quota(&self, ws: &Workspace, o: &mut ToolOutput) {
-        let Ok(u) = ws.usage() else { return };
+    fn check_quota(&self, ws: &mut Workspace, o: &mut ToolOutput) {
+        let usage = match &self.inner.watcher {
+            Some(w) => w.usage(ws),
+            None => ws.usage(),
+        };
+        let Ok(u) = usage else { return };
         if u.bytes > ws.quota.max_bytes || u.inodes > ws.quota.max_inodes {
             o.result.status = ToolStatus::QuotaExceeded;
             let note = format!(

@@ -167,6 +167,9 @@ pub struct Workspace {
     /// This episode's own retrieval index (a task whose corpus is generated per instance);
     /// preferred over the sandbox-wide index by the `search` tool.
     pub(crate) search: Option<std::sync::Arc<crate::search::SearchIndex>>,
+    /// Its inotify watches and the usage they vouch for (see `watch.rs`);
+    /// set by the first quota check.
+    pub(crate) watch: Option<crate::watch::Registration>,
     /// The temp directory we created (removed on drop); `None` when attached.
     _root: Option<tempfile::TempDir>,
 }
@@ -299,6 +302,7 @@ impl Workspace {
             calls: 0,
             answer: None,
             search: None,
+            watch: None,
             _root: Some(root),
         })
     }
@@ -349,6 +353,7 @@ impl Workspace {
             calls: 0,
             answer: None,
             search: None,
+            watch: None,
             _root: None,
         })
     }

@@ -624,6 +624,53 @@ fn disk_and_inode_floods_hit_the_quota_and_stay_per_episode() {
 
 // ------------------------------------------------------------ 17. randomness
 
+/// The quota check skips its walk when inotify saw no change; every way a
+/// guest can add bytes or entries after a skipped walk must still be caught.
+#[test]
+fn quota_is_enforced_after_calls_whose_walk_was_skipped() {
+    let spec = |files: &[(&str, &str)]| {
+        let mut s = WorkspaceSpec::with_files(
+            files
+                .iter()
+                .map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())),
+        );
+        s.quota = corvid_sandbox::Quota {
+            max_bytes: 4096,
+            max_inodes: 8,
+        };
+        Workspace::create(s).expect("workspace")
+    };
+    let mut w = spec(&[("a.txt", "abc")]);
+    for _ in 0..3 {
+        assert_eq!(sh(&mut w, "cat a.txt").result.status, ToolStatus::Ok);
+    }
+    // Content growth of an existing file, in a directory made by an earlier call.
+    assert_eq!(sh(&mut w, "mkdir -p d/e").result.status, ToolStatus::Ok);
+    assert_eq!(sh(&mut w, "cat a.txt").result.status, ToolStatus::Ok);
+    assert_eq!(sh(&mut w, "echo hi > d/e/f").result.status, ToolStatus::Ok);
+    let o = sh(&mut w, "seq 1 2000 >> d/e/f");
+    assert_eq!(o.result.status, ToolStatus::QuotaExceeded, "{}", o.text);
+    // Still over on a read-only command (cached usage, no walk), then back under.
+    assert_eq!(
+        sh(&mut w, "cat a.txt").result.status,
+        ToolStatus::QuotaExceeded
+    );
+    assert_eq!(sh(&mut w, "rm d/e/f").result.status, ToolStatus::Ok);
+    assert_eq!(sh(&mut w, "cat a.txt").result.status, ToolStatus::Ok);
+    // Entries: renamed directories keep being watched.
+    assert_eq!(sh(&mut w, "mv d d2").result.status, ToolStatus::Ok);
+    let o = sh(&mut w, "touch d2/e/1 d2/e/2 d2/e/3 d2/e/4 d2/e/5 d2/e/6");
+    assert_eq!(o.result.status, ToolStatus::QuotaExceeded, "{}", o.text);
+    // A custom WASI module's writes count the same way.
+    let mut w = spec(&[]);
+    assert_eq!(sh(&mut w, "true").result.status, ToolStatus::Ok);
+    let o = adv(&mut w, "adversary", &["bigfile", "1"]);
+    assert_eq!(o.result.status, ToolStatus::QuotaExceeded, "{}", o.text);
+    assert_eq!(w.usage().expect("usage").bytes, 1 << 20);
+    assert_eq!(sh(&mut w, "rm big.bin").result.status, ToolStatus::Ok);
+    assert_alive(&mut w);
+}
+
 #[test]
 fn huge_random_request_is_bounded() {
     let mut w = ws(&[]);
