@@ -7,6 +7,15 @@ use crate::limits::MAX_SHOWN_BYTES;
 /// Escapes control characters other than `\n` and `\t` as `\xNN`, so ANSI
 /// sequences reach the model (and any terminal) as inert text.
 pub(crate) fn inert(s: &str) -> String {
+    // Controls are C0 and DEL (single bytes) and C1 (U+0080..=U+009F, encoded
+    // 0xC2 0x80..=0x9F). Text without such bytes, nearly all tool output, is
+    // copied as is instead of char by char.
+    let maybe_control = s
+        .bytes()
+        .any(|b| (b < 0x20 && b != b'\n' && b != b'\t') || b == 0x7f || b == 0xc2);
+    if !maybe_control {
+        return s.to_owned();
+    }
     let mut out = String::with_capacity(s.len());
     for c in s.chars() {
         if c.is_control() && c != '\n' && c != '\t' {
@@ -97,6 +106,11 @@ mod tests {
     #[test]
     fn control_characters_become_inert() {
         assert_eq!(inert("a\x1b[31mb\n"), "a\\x1b[31mb\n");
+        assert_eq!(inert("del\x7f c1\u{85} \u{9f}"), "del\\x7f c1\\x85 \\x9f");
+        // Printable text (with and without 0xC2-led characters) is unchanged.
+        for s in ["plain\ttext\n", "\u{a0}£é漢\n", ""] {
+            assert_eq!(inert(s), s);
+        }
     }
 
     #[test]
