@@ -186,6 +186,36 @@ fn grep_flags() {
     assert_eq!(sh(&mut w, "grep -E '(' fruits.txt").result.exit_code, 2);
 }
 
+/// A plain literal is matched by substring search, not the regex engine; each
+/// case is checked against the same search forced through the regex (`[x]`).
+#[test]
+fn grep_literal_fast_path_matches_the_regex() {
+    let mut w = ws(&[(
+        "t.txt",
+        "a.b here\naxb\nstand alone\nstandalone\nx\u{e9}y caf\u{e9}\nplain\n",
+    )]);
+    for (fast, slow) in [
+        ("grep -n alone t.txt", "grep -n 'alon[e]' t.txt"),
+        ("grep -v alone t.txt", "grep -v 'alon[e]' t.txt"),
+        ("grep -c alone t.txt", "grep -c 'alon[e]' t.txt"),
+        ("grep -w alone t.txt", "grep -w 'alon[e]' t.txt"),
+        ("grep -o alone t.txt", "grep -o 'alon[e]' t.txt"),
+        ("grep caf\u{e9} t.txt", "grep 'caf[\u{e9}]' t.txt"),
+        ("grep -F a.b t.txt", "grep 'a[.]b' t.txt"),
+    ] {
+        let (a, b) = (sh(&mut w, fast), sh(&mut w, slow));
+        assert_eq!(
+            (&a.text, a.result.exit_code),
+            (&b.text, b.result.exit_code),
+            "{fast}"
+        );
+    }
+    assert_eq!(ok(&mut w, "grep -F a.b t.txt"), "a.b here\n");
+    assert_eq!(ok(&mut w, "grep -w alone t.txt"), "stand alone\n");
+    assert_eq!(ok(&mut w, "grep -c alone t.txt"), "2\n");
+    assert_eq!(sh(&mut w, "grep nowhere t.txt").result.exit_code, 1);
+}
+
 #[test]
 fn sed_commands() {
     let mut w = fixture();

@@ -881,6 +881,14 @@ fn bre_to_ere(p: &str) -> String {
     out
 }
 
+/// `pattern` itself when it is a non-empty literal: taken as is by `-F`,
+/// or free of every BRE and ERE metacharacter (so the regex built from it
+/// matches exactly the lines that contain it).
+fn plain_literal(pattern: &str, fixed: bool) -> Option<&str> {
+    let plain = fixed || !pattern.chars().any(|c| "\\.[]*^$+?(){}|".contains(c));
+    (plain && !pattern.is_empty()).then_some(pattern)
+}
+
 fn build_regex(p: &str, extended: bool, icase: bool) -> Result<Regex, String> {
     let src = if extended {
         p.to_string()
@@ -997,12 +1005,27 @@ fn grep(io: &mut Io, args: &[String]) -> io::Result<i32> {
         has(&flags, 'n'),
         has(&flags, 'o'),
     );
+    // regex-lite has no literal prefilter: it runs its NFA from every byte
+    // (~800 wasm instructions per byte of input). A case-sensitive plain
+    // literal is matched with a substring search instead, and with `-w` the
+    // regex runs only on lines that contain the literal.
+    let literal = if has(&flags, 'i') {
+        None
+    } else {
+        plain_literal(&pattern, has(&flags, 'F'))
+    };
+    let literal_decides = literal.is_some() && !has(&flags, 'w');
     let mut any = false;
     for (name, data) in &all {
         let mut n = 0usize;
         for (i, l) in lines(data).into_iter().enumerate() {
             let text = String::from_utf8_lossy(l);
-            let hit = re.is_match(&text) != invert;
+            let matched = match literal {
+                Some(lit) if !text.contains(lit) => false,
+                Some(_) if literal_decides => true,
+                _ => re.is_match(&text),
+            };
+            let hit = matched != invert;
             if !hit {
                 continue;
             }
