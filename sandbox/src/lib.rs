@@ -90,7 +90,9 @@ mod workspace;
 pub use corvid_proto::{ToolCall, ToolResult, ToolStatus};
 pub use error::SandboxError;
 pub use limits::{Limits, Quota};
-pub use sandbox::{CustomTool, Sandbox, SandboxBuilder, ToolOutput, EXIT_CRASHED, EXIT_KILLED};
+pub use sandbox::{
+    CustomTool, EpisodeTool, Sandbox, SandboxBuilder, ToolOutput, EXIT_CRASHED, EXIT_KILLED,
+};
 pub use search::{Document, Hit, SearchIndex};
 pub use workspace::{
     Change, Entry, Mount, MountSource, Snapshot, Usage, Workspace, WorkspaceSpec,
@@ -99,3 +101,10 @@ pub use workspace::{
 
 /// Re-exported for the CLI, which prints [`ToolOutput`] as JSON.
 pub use serde_json;
+
+/// The toolbox module (`sandbox/toolbox`, built for `wasm32-wasip1` by this
+/// crate's build script): the program behind the `shell` tool, itself a WASI
+/// preview-1 command that any custom-tool slot can run (`toolbox wc -l FILE`).
+pub fn toolbox_wasm() -> &'static [u8] {
+    engine::TOOLBOX_WASM
+}

@@ -42,6 +42,73 @@ pub struct CustomTool {
     pub workspace_writable: bool,
 }
 
+/// Checks a custom tool's name, module size and limits; `taken` says whether a
+/// name is already used.
+fn check_custom(t: &CustomTool, taken: impl Fn(&str) -> bool) -> Result<(), SandboxError> {
+    let bad = |reason: String| SandboxError::CustomTool {
+        name: t.name.clone(),
+        reason,
+    };
+    let name_ok = t.name.len() <= 64
+        && t.name
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase())
+        && t.name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+    if !name_ok {
+        return Err(bad("names are [a-z][a-z0-9_]{0,63}".into()));
+    }
+    if taken(&t.name) {
+        return Err(bad("the name is already taken".into()));
+    }
+    if t.wasm.len() > MAX_CUSTOM_MODULE_BYTES {
+        return Err(bad(format!(
+            "module is {} bytes; the limit is {MAX_CUSTOM_MODULE_BYTES}",
+            t.wasm.len()
+        )));
+    }
+    t.limits.validate()
+}
+
+/// A custom tool compiled by one [`Sandbox`] for the workspaces that attach
+/// it ([`Workspace::add_tool`]): a task pack's own tool, seen only by the
+/// episodes of that pack. Cheap to clone; compile once, attach to every
+/// episode. Made by [`Sandbox::prepare_tool`].
+#[derive(Clone)]
+pub struct EpisodeTool {
+    inner: Arc<EpisodeToolInner>,
+}
+
+struct EpisodeToolInner {
+    spec: ToolSpec,
+    tool: PreparedTool,
+    engine: wasmtime::Engine,
+}
+
+impl EpisodeTool {
+    /// The tool's name.
+    pub fn name(&self) -> &str {
+        &self.inner.spec.name
+    }
+
+    /// Its OpenAI-style declaration (`{"type":"function","function":{..}}`),
+    /// the same shape as [`Sandbox::tool_declarations`] gives.
+    pub fn declaration(&self) -> Value {
+        self.inner.spec.declaration()
+    }
+}
+
+impl std::fmt::Debug for EpisodeTool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EpisodeTool")
+            .field("name", &self.name())
+            .field("limits", &self.inner.tool.limits)
+            .finish_non_exhaustive()
+    }
+}
+
 /// Builds a [`Sandbox`]. Every option has a safe default.
 #[derive(Default)]
 pub struct SandboxBuilder {
@@ -96,31 +163,7 @@ impl SandboxBuilder {
         let mut specs = builtin_specs(self.search.is_some() || self.search_tool);
         let mut custom = Vec::new();
         for t in self.custom {
-            let bad = |reason: String| SandboxError::CustomTool {
-                name: t.name.clone(),
-                reason,
-            };
-            let name_ok = t.name.len() <= 64
-                && t.name
-                    .chars()
-                    .next()
-                    .is_some_and(|c| c.is_ascii_lowercase())
-                && t.name
-                    .chars()
-                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
-            if !name_ok {
-                return Err(bad("names are [a-z][a-z0-9_]{0,63}".into()));
-            }
-            if specs.iter().any(|s| s.name == t.name) {
-                return Err(bad("the name is already taken".into()));
-            }
-            if t.wasm.len() > MAX_CUSTOM_MODULE_BYTES {
-                return Err(bad(format!(
-                    "module is {} bytes; the limit is {MAX_CUSTOM_MODULE_BYTES}",
-                    t.wasm.len()
-                )));
-            }
-            t.limits.validate()?;
+            check_custom(&t, |n| specs.iter().any(|s| s.name == n))?;
             let pre = host.prepare(&t.name, &t.wasm)?;
             specs.push(ToolSpec {
                 name: t.name.clone(),
@@ -251,6 +294,33 @@ impl Sandbox {
         Value::Array(list)
     }
 
+    /// Compiles a custom tool for workspaces to attach one by one
+    /// ([`Workspace::add_tool`]), instead of registering it for every
+    /// workspace at build time ([`SandboxBuilder::custom_tool`]). Same rules:
+    /// a free name (not one of this sandbox's tools), a module of WASI
+    /// preview-1 imports only, limits within the pool.
+    pub fn prepare_tool(&self, t: CustomTool) -> Result<EpisodeTool, SandboxError> {
+        check_custom(&t, |n| self.inner.by_name.contains_key(n))?;
+        let pre = self.inner.host.prepare(&t.name, &t.wasm)?;
+        Ok(EpisodeTool {
+            inner: Arc::new(EpisodeToolInner {
+                spec: ToolSpec {
+                    name: t.name.clone(),
+                    description: t.description,
+                    params: custom_params(),
+                    kind: ToolKind::Episode,
+                },
+                tool: PreparedTool {
+                    name: t.name,
+                    pre,
+                    limits: t.limits,
+                    writable: t.workspace_writable,
+                },
+                engine: self.inner.host.engine.clone(),
+            }),
+        })
+    }
+
     /// The search index, if the `search` tool is enabled.
     pub fn search_index(&self) -> Option<&SearchIndex> {
         self.inner.search.as_deref()
@@ -279,18 +349,24 @@ impl Sandbox {
         start: Instant,
     ) -> ToolOutput {
         let host_paths = host_paths(ws);
-        let Some(&idx) = self.inner.by_name.get(name) else {
-            let shown: String = inert(name).chars().take(64).collect();
-            let r = refuse(
-                ToolStatus::UnknownTool,
-                format!(
-                    "no tool named `{shown}`; available: {}",
-                    self.tool_names().join(", ")
-                ),
-            );
-            return refusal_output(name, r, start);
+        let episode_tool = match self.inner.by_name.get(name) {
+            Some(_) => None,
+            None => ws.tools.iter().find(|t| t.name() == name).cloned(),
         };
-        let spec = &self.inner.specs[idx];
+        let spec = match (self.inner.by_name.get(name), &episode_tool) {
+            (Some(&idx), _) => &self.inner.specs[idx],
+            (None, Some(t)) => &t.inner.spec,
+            (None, None) => {
+                let shown: String = inert(name).chars().take(64).collect();
+                let mut names = self.tool_names();
+                names.extend(ws.tools.iter().map(EpisodeTool::name));
+                let r = refuse(
+                    ToolStatus::UnknownTool,
+                    format!("no tool named `{shown}`; available: {}", names.join(", ")),
+                );
+                return refusal_output(name, r, start);
+            }
+        };
         let args = match tools::validate(spec, args_json) {
             Ok(a) => a,
             Err(r) => return refusal_output(name, r, start),
@@ -310,7 +386,7 @@ impl Sandbox {
                 ws.answer = Some(args.str("answer").unwrap_or_default().to_string());
                 Some(Ok("answer recorded".into()))
             }
-            ToolKind::Shell | ToolKind::Custom(_) => None,
+            ToolKind::Shell | ToolKind::Custom(_) | ToolKind::Episode => None,
         };
         if let Some(r) = host {
             let mut o = match r {
@@ -368,8 +444,22 @@ impl Sandbox {
                     true,
                 )
             }
-            ToolKind::Custom(i) => {
-                let t = &self.inner.custom[i];
+            ToolKind::Custom(_) | ToolKind::Episode => {
+                let t = match (spec.kind, &episode_tool) {
+                    (ToolKind::Custom(i), _) => &self.inner.custom[i],
+                    (_, Some(e))
+                        if wasmtime::Engine::same(&e.inner.engine, &self.inner.host.engine) =>
+                    {
+                        &e.inner.tool
+                    }
+                    _ => {
+                        return infra_output(
+                            name,
+                            "the workspace's tool was prepared by another Sandbox".into(),
+                            start,
+                        )
+                    }
+                };
                 let mut argv = vec![t.name.clone()];
                 argv.extend(args.list("args"));
                 if argv.iter().any(|a| a.contains('\0')) {

@@ -53,6 +53,8 @@ pub(crate) enum ToolKind {
     Search,
     Answer,
     Custom(usize),
+    /// A tool attached to the calling workspace ([`crate::EpisodeTool`]).
+    Episode,
 }
 
 /// A registered tool.

@@ -170,6 +170,8 @@ pub struct Workspace {
     /// Its inotify watches and the usage they vouch for (see `watch.rs`);
     /// set by the first quota check.
     pub(crate) watch: Option<crate::watch::Registration>,
+    /// Custom tools attached to this workspace only (a task pack's tools).
+    pub(crate) tools: Vec<crate::sandbox::EpisodeTool>,
     /// The temp directory we created (removed on drop); `None` when attached.
     _root: Option<tempfile::TempDir>,
 }
@@ -303,6 +305,7 @@ impl Workspace {
             answer: None,
             search: None,
             watch: None,
+            tools: Vec::new(),
             _root: Some(root),
         })
     }
@@ -354,6 +357,7 @@ impl Workspace {
             answer: None,
             search: None,
             watch: None,
+            tools: Vec::new(),
             _root: None,
         })
     }
@@ -362,6 +366,26 @@ impl Workspace {
     /// it instead of the sandbox-wide one (see [`crate::SandboxBuilder::search_tool`]).
     pub fn set_search_index(&mut self, index: std::sync::Arc<crate::search::SearchIndex>) {
         self.search = Some(index);
+    }
+
+    /// Attaches a custom tool prepared by [`crate::Sandbox::prepare_tool`]:
+    /// calls to it by name in this workspace run it (with this workspace
+    /// mounted as the tool declares). Refused when a tool of that name is
+    /// already attached.
+    pub fn add_tool(&mut self, tool: crate::sandbox::EpisodeTool) -> Result<(), SandboxError> {
+        if self.tools.iter().any(|t| t.name() == tool.name()) {
+            return Err(SandboxError::CustomTool {
+                name: tool.name().to_string(),
+                reason: "a tool of this name is already attached to the workspace".into(),
+            });
+        }
+        self.tools.push(tool);
+        Ok(())
+    }
+
+    /// The custom tools attached to this workspace, in attachment order.
+    pub fn tools(&self) -> &[crate::sandbox::EpisodeTool] {
+        &self.tools
     }
 
     /// The episode seed.
