@@ -30,13 +30,14 @@ use std::sync::{Arc, Mutex};
 
 use corvid_proto::{ToolCall, ToolStatus};
 use corvid_sandbox::{
-    CustomTool, Entry, Limits, Sandbox, SearchIndex, ToolOutput, Workspace, WorkspaceSpec,
+    CustomTool, Entry, EpisodeTool, Limits, Sandbox, SearchIndex, ToolOutput, Workspace,
+    WorkspaceSpec,
 };
 
 use crate::checker::{Checker, Verdict};
 use crate::error::TasksError;
 use crate::process::{score_turns, ScoredTurn};
-use crate::task::TaskInstance;
+use crate::task::{CustomToolDecl, TaskInstance};
 
 /// Most search indexes and compiled checkers kept in memory at once.
 const CACHE_ENTRIES: usize = 64;
@@ -47,6 +48,8 @@ pub struct TaskEnv {
     sandbox: Sandbox,
     indexes: Arc<Mutex<HashMap<String, Arc<SearchIndex>>>>,
     checkers: Arc<Mutex<HashMap<PathBuf, Sandbox>>>,
+    /// Packs' custom tools compiled by `sandbox`, keyed by their declaration.
+    custom_tools: Arc<Mutex<HashMap<String, EpisodeTool>>>,
     workspace_parent: Option<PathBuf>,
 }
 
@@ -67,6 +70,7 @@ impl TaskEnv {
             sandbox,
             indexes: Arc::default(),
             checkers: Arc::default(),
+            custom_tools: Arc::default(),
             workspace_parent: None,
         }
     }
@@ -107,6 +111,61 @@ impl TaskEnv {
         }
         cache.insert(task.spec_hash.clone(), ix.clone());
         Ok(ix)
+    }
+
+    /// A pack's custom tool compiled by this environment's sandbox, once per declaration.
+    pub fn custom_tool(
+        &self,
+        task: &TaskInstance,
+        decl: &CustomToolDecl,
+    ) -> Result<EpisodeTool, TasksError> {
+        let key = serde_json::to_string(decl).unwrap_or_else(|_| decl.name.clone());
+        let mut cache = self.custom_tools.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(t) = cache.get(&key) {
+            return Ok(t.clone());
+        }
+        let fail = |message: String| TasksError::Sandbox {
+            task: task.id.clone(),
+            message,
+        };
+        let wasm = std::fs::read(&decl.module).map_err(|e| {
+            fail(format!(
+                "cannot read the module of tool `{}` ({}): {e}",
+                decl.name, decl.module
+            ))
+        })?;
+        let tool = self
+            .sandbox
+            .prepare_tool(CustomTool {
+                name: decl.name.clone(),
+                description: decl.description.clone(),
+                wasm,
+                limits: decl.limits,
+                workspace_writable: decl.workspace_writable,
+            })
+            .map_err(|e| fail(format!("tool `{}` ({}): {e}", decl.name, decl.module)))?;
+        if cache.len() >= CACHE_ENTRIES {
+            cache.clear();
+        }
+        cache.insert(key, tool.clone());
+        Ok(tool)
+    }
+
+    /// OpenAI-style declarations of the tools `task` allows, in the task's order: the
+    /// sandbox's built-ins and the task's own custom tools. This is what the policy's
+    /// system prompt should list.
+    pub fn tool_declarations(&self, task: &TaskInstance) -> Result<serde_json::Value, TasksError> {
+        let mut out = Vec::new();
+        for t in &task.tools {
+            match task.custom_tools.iter().find(|c| c.name == t.name) {
+                Some(decl) => out.push(self.custom_tool(task, decl)?.declaration()),
+                None => {
+                    let d = self.sandbox.tool_declarations(Some(&[t.name.as_str()]));
+                    out.extend(d.as_array().into_iter().flatten().cloned());
+                }
+            }
+        }
+        Ok(serde_json::Value::Array(out))
     }
 
     /// The sandbox that runs a `wasi` checker module, compiled once per module path.
@@ -156,7 +215,7 @@ impl std::fmt::Debug for Episode<'_> {
 
 impl<'a> Episode<'a> {
     /// Materialises the task's workspace (its initial files; its corpus as this
-    /// workspace's search index).
+    /// workspace's search index; its pack's custom tools attached).
     pub fn start(env: &'a TaskEnv, task: &'a TaskInstance) -> Result<Self, TasksError> {
         let spec = WorkspaceSpec {
             files: task.files.clone(),
@@ -170,6 +229,13 @@ impl<'a> Episode<'a> {
         })?;
         if !task.read_only.corpus.is_empty() {
             ws.set_search_index(env.search_index(task)?);
+        }
+        for decl in &task.custom_tools {
+            ws.add_tool(env.custom_tool(task, decl)?)
+                .map_err(|e| TasksError::Sandbox {
+                    task: task.id.clone(),
+                    message: e.to_string(),
+                })?;
         }
         Ok(Self {
             env,

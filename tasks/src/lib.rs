@@ -52,6 +52,6 @@ pub use registry::Families;
 pub use rng::SplitMix64;
 pub use sim::Simulator;
 pub use task::{
-    Document, OraclePlan, OracleStep, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
-    KNOWN_TOOLS,
+    CustomToolDecl, Document, OraclePlan, OracleStep, ReadOnlyData, TaskFamily, TaskInstance,
+    ToolLimits, ToolSpec, KNOWN_TOOLS,
 };

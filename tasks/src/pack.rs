@@ -18,8 +18,8 @@ use crate::families::PlanBuilder;
 use crate::process::ProcessRule;
 use crate::rng::SplitMix64;
 use crate::task::{
-    check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
-    KNOWN_TOOLS,
+    check_level, CustomToolDecl, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits,
+    ToolSpec, KNOWN_TOOLS,
 };
 
 /// One problem in a pack, located in its file.
@@ -90,6 +90,52 @@ struct RawOracle {
     answer: Spanned<String>,
 }
 
+/// `[custom_tools.NAME]`: a WASI preview-1 module the pack registers as a tool.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawCustomTool {
+    description: Spanned<String>,
+    /// Relative to the pack file.
+    module: Spanned<String>,
+    #[serde(default)]
+    workspace_writable: bool,
+    fuel: Option<Spanned<u64>>,
+    memory_mib: Option<Spanned<u64>>,
+    timeout_ms: Option<Spanned<u64>>,
+    output_bytes: Option<Spanned<u64>>,
+}
+
+/// Bounds of a custom tool's limits in a pack (the sandbox's own bounds, in the
+/// pack's units).
+const FUEL_RANGE: (u64, u64) = (1, 1 << 40);
+const MEMORY_MIB_RANGE: (u64, u64) = (1, corvid_sandbox::limits::POOL_MAX_MEMORY_BYTES >> 20);
+const TIMEOUT_MS_RANGE: (u64, u64) = (10, 600_000);
+const OUTPUT_BYTES_RANGE: (u64, u64) = (1, 64 << 20);
+
+impl RawCustomTool {
+    /// The sandbox limits this declaration asks for (defaults for the keys it leaves out).
+    fn limits(&self) -> corvid_sandbox::Limits {
+        let d = corvid_sandbox::Limits::default();
+        let tick_ms = corvid_sandbox::limits::EPOCH_TICK.as_millis() as u64;
+        corvid_sandbox::Limits {
+            fuel: self.fuel.as_ref().map_or(d.fuel, |f| *f.get_ref()),
+            deadline_ticks: self
+                .timeout_ms
+                .as_ref()
+                .map_or(d.deadline_ticks, |t| t.get_ref().div_ceil(tick_ms)),
+            memory_bytes: self
+                .memory_mib
+                .as_ref()
+                .map_or(d.memory_bytes, |m| m.get_ref() << 20),
+            stdout_bytes: self
+                .output_bytes
+                .as_ref()
+                .map_or(d.stdout_bytes, |o| *o.get_ref()),
+            stderr_bytes: d.stderr_bytes,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawPack {
@@ -97,6 +143,8 @@ struct RawPack {
     #[serde(default)]
     vars: BTreeMap<String, Spanned<RawVar>>,
     tools: Spanned<BTreeMap<String, Spanned<ToolLimits>>>,
+    #[serde(default)]
+    custom_tools: BTreeMap<String, Spanned<RawCustomTool>>,
     levels: Spanned<Vec<Spanned<RawLevel>>>,
     prompt: Spanned<String>,
     #[serde(default)]
@@ -212,6 +260,102 @@ fn check_var(d: &mut Diags<'_>, name: &str, v: &Spanned<RawVar>) {
     }
 }
 
+/// Validates one `[custom_tools.NAME]` declaration: the name, that `[tools]` allows it,
+/// the module file (relative to the pack file: present, not too big, a wasm binary) and
+/// every limit's range.
+fn check_custom_tool(d: &mut Diags<'_>, name: &str, c: &Spanned<RawCustomTool>, allowed: bool) {
+    let name_ok = name.len() <= 64
+        && name.starts_with(|ch: char| ch.is_ascii_lowercase())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+    if !name_ok || KNOWN_TOOLS.contains(&name) {
+        d.push(
+            c.span(),
+            format!(
+                "custom tool name {name:?} must be [a-z][a-z0-9_]{{0,63}} and not a built-in tool"
+            ),
+            "[custom_tools.word_count]",
+        );
+    }
+    if !allowed {
+        d.push(
+            c.span(),
+            format!("custom tool `{name}` is declared but [tools] does not allow it"),
+            format!("{name} = {{}} under [tools]"),
+        );
+    }
+    let r = c.get_ref();
+    if r.description.get_ref().trim().is_empty() {
+        d.push(
+            r.description.span(),
+            "the description is empty (the model reads it to know what the tool does)",
+            "description = \"Counts the lines of the files named in args.\"",
+        );
+    }
+    let module = r.module.get_ref();
+    let path = std::path::Path::new(d.file)
+        .parent()
+        .unwrap_or(std::path::Path::new(""))
+        .join(module);
+    let hint = "module = \"wasm/tool.wasm\" (a WASI preview-1 command, relative to the pack file)";
+    if module.is_empty() || std::path::Path::new(module).is_absolute() {
+        d.push(
+            r.module.span(),
+            "the module path must be relative to the pack file",
+            hint,
+        );
+    } else {
+        match std::fs::metadata(&path) {
+            Err(e) => d.push(
+                r.module.span(),
+                format!("cannot read module {}: {e}", path.display()),
+                hint,
+            ),
+            Ok(m) if m.len() > corvid_sandbox::limits::MAX_CUSTOM_MODULE_BYTES as u64 => d.push(
+                r.module.span(),
+                format!(
+                    "module is {} bytes; the limit is {}",
+                    m.len(),
+                    corvid_sandbox::limits::MAX_CUSTOM_MODULE_BYTES
+                ),
+                "a smaller module (build with opt-level \"s\", lto, strip)",
+            ),
+            Ok(_) => {
+                let mut magic = [0u8; 4];
+                let is_wasm = std::fs::File::open(&path)
+                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+                    .is_ok()
+                    && &magic == b"\0asm";
+                if !is_wasm {
+                    d.push(
+                        r.module.span(),
+                        format!("{} is not a wasm binary", path.display()),
+                        "a .wasm file built for wasm32-wasip1 (text .wat is not accepted)",
+                    );
+                }
+            }
+        }
+    }
+    let ranges = [
+        ("fuel", &r.fuel, FUEL_RANGE),
+        ("memory_mib", &r.memory_mib, MEMORY_MIB_RANGE),
+        ("timeout_ms", &r.timeout_ms, TIMEOUT_MS_RANGE),
+        ("output_bytes", &r.output_bytes, OUTPUT_BYTES_RANGE),
+    ];
+    for (key, value, (lo, hi)) in ranges {
+        if let Some(v) = value {
+            if !(lo..=hi).contains(v.get_ref()) {
+                d.push(
+                    v.span(),
+                    format!("{key} = {} is outside {lo}..={hi}", v.get_ref()),
+                    format!("{key} = {}", (*v.get_ref()).clamp(lo, hi)),
+                );
+            }
+        }
+    }
+}
+
 impl TaskPack {
     /// Parses and validates pack text; `file` names it in diagnostics.
     pub fn parse(file: &str, src: &str) -> Result<Self, TasksError> {
@@ -271,13 +415,19 @@ impl TaskPack {
         let declared: BTreeSet<&str> = raw.vars.keys().map(String::as_str).collect();
         // Tools.
         for (t, lim) in raw.tools.get_ref() {
-            if !KNOWN_TOOLS.contains(&t.as_str()) {
+            if !KNOWN_TOOLS.contains(&t.as_str()) && !raw.custom_tools.contains_key(t) {
                 d.push(
                     lim.span(),
                     format!("unknown tool `{t}`"),
-                    format!("one of {}", KNOWN_TOOLS.join(", ")),
+                    format!(
+                        "one of {}, or declare it under [custom_tools.{t}]",
+                        KNOWN_TOOLS.join(", ")
+                    ),
                 );
             }
+        }
+        for (n, c) in &raw.custom_tools {
+            check_custom_tool(d, n, c, raw.tools.get_ref().contains_key(n));
         }
         if !raw.tools.get_ref().contains_key("answer") {
             d.push(
@@ -511,8 +661,31 @@ impl TaskFamily for TaskPack {
         for c in &oracle.calls {
             let args = toml::Value::Table(c.get_ref().args.clone());
             let json = serde_json::to_value(render_value(&args, &vars)).unwrap_or_default();
-            plan.call(c.get_ref().tool.get_ref(), json);
+            let tool = c.get_ref().tool.get_ref();
+            if self.raw.custom_tools.contains_key(tool) {
+                plan.external(tool, json);
+            } else {
+                plan.call(tool, json);
+            }
         }
+        let pack_dir = std::path::Path::new(&self.file)
+            .parent()
+            .unwrap_or(std::path::Path::new(""));
+        let custom_tools = self
+            .raw
+            .custom_tools
+            .iter()
+            .map(|(n, c)| {
+                let c = c.get_ref();
+                CustomToolDecl {
+                    name: n.clone(),
+                    description: c.description.get_ref().clone(),
+                    module: pack_dir.join(c.module.get_ref()).display().to_string(),
+                    limits: c.limits(),
+                    workspace_writable: c.workspace_writable,
+                }
+            })
+            .collect();
         let tools = self
             .raw
             .tools
@@ -540,6 +713,7 @@ impl TaskFamily for TaskPack {
                 steps: plan.finish(),
                 answer: render(oracle.answer.get_ref(), &vars),
             },
+            custom_tools,
             spec_hash: String::new(),
         };
         Ok(inst.seal())

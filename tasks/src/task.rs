@@ -41,6 +41,24 @@ impl ToolSpec {
     }
 }
 
+/// A task's own tool: any WASI preview-1 command module, called by the model as
+/// `{"args": [..], "stdin": ".."}` (argv after the tool's name, and standard input),
+/// with the episode workspace mounted at `/workspace` and its own limits.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct CustomToolDecl {
+    /// Tool name, `[a-z][a-z0-9_]{0,63}`, not a built-in tool's.
+    pub name: String,
+    /// What the model reads about it.
+    pub description: String,
+    /// Path of the `.wasm` module (a pack writes it relative to the pack file; the
+    /// instance holds it resolved against the pack's directory).
+    pub module: String,
+    /// Fuel, wall-clock deadline, memory and output limits per call.
+    pub limits: corvid_sandbox::Limits,
+    /// Whether the tool may write to `/workspace` (otherwise it is mounted read-only).
+    pub workspace_writable: bool,
+}
+
 /// The tools every built-in and pack task may name.
 pub const KNOWN_TOOLS: [&str; 6] = [
     "shell",
@@ -164,6 +182,10 @@ pub struct TaskInstance {
     pub process_rules: Vec<ProcessRule>,
     /// A correct trajectory's plan.
     pub oracle: OraclePlan,
+    /// The task's own WASI tools (declared by a pack), registered in each episode's
+    /// workspace; each must also be allowed in [`TaskInstance::tools`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub custom_tools: Vec<CustomToolDecl>,
     /// Hex SHA-256 of the canonical JSON of every other field.
     pub spec_hash: String,
 }

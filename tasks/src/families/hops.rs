@@ -139,6 +139,7 @@ impl TaskFamily for Hops {
                 steps,
                 answer: value.to_string(),
             },
+            custom_tools: Vec::new(),
             spec_hash: String::new(),
         };
         inst.context_budget = budget_for(inst.oracle_tokens());

@@ -70,6 +70,18 @@ impl<'a> PlanBuilder<'a> {
         output
     }
 
+    /// Adds a call to a tool the simulator cannot run (a pack's own WASI tool): it is
+    /// expected to succeed and its output is known only from the real sandbox. The
+    /// simulated workspace does not see anything the tool writes.
+    pub(crate) fn external(&mut self, name: &str, arguments: serde_json::Value) {
+        self.steps.push(OracleStep {
+            name: name.to_string(),
+            arguments,
+            expect: ToolStatus::Ok,
+            output: String::new(),
+        });
+    }
+
     pub(crate) fn last_status(&self) -> ToolStatus {
         self.steps
             .last()

@@ -187,6 +187,7 @@ impl TaskFamily for Search {
                 steps,
                 answer: target_year.to_string(),
             },
+            custom_tools: Vec::new(),
             spec_hash: String::new(),
         };
         inst.context_budget = budget_for(inst.oracle_tokens());

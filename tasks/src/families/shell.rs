@@ -118,6 +118,7 @@ impl TaskFamily for Shell {
                 steps: parts.steps,
                 answer: parts.answer,
             },
+            custom_tools: Vec::new(),
             spec_hash: String::new(),
         };
         inst.context_budget = budget_for(inst.oracle_tokens());
