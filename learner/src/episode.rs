@@ -87,8 +87,12 @@ impl EpisodeFormat {
 
     /// The system turn's text: the tools the task allows and how to call them.
     pub fn system_text(&self, env: &TaskEnv, task: &TaskInstance) -> String {
+        // The task's tools in its order, a pack's own WASI tools included; if one of those
+        // cannot be compiled, the sandbox's built-ins (the call itself will report it).
         let names: Vec<&str> = task.tools.iter().map(|t| t.name.as_str()).collect();
-        let decls = env.sandbox().tool_declarations(Some(&names));
+        let decls = env
+            .tool_declarations(task)
+            .unwrap_or_else(|_| env.sandbox().tool_declarations(Some(&names)));
         match self.tool_prompt {
             ToolPrompt::Json => format!(
                 "You can call these tools, one per turn, as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>:\n{decls}"

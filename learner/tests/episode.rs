@@ -5,7 +5,7 @@
 use corvid_learner::episode::{oracle_steps, CallParseError, EpisodeFormat, ToolPrompt};
 use corvid_learner::tokenizer::Special;
 use corvid_sandbox::Sandbox;
-use corvid_tasks::{builtin_families, TaskEnv};
+use corvid_tasks::{builtin_families, TaskEnv, TaskFamily};
 
 fn env() -> TaskEnv {
     TaskEnv::new(
@@ -207,4 +207,54 @@ fn bad_transcripts_are_refused_with_the_message_index() {
         .map(|(i, _)| *i)
         .collect();
     assert_eq!(trained, vec![b'x' as u32, Special::End.id()]);
+}
+
+/// A pack's own WASI tool (`[custom_tools.NAME]`) is listed in the system turn, in the task's
+/// tool order, with the description the pack gave it.
+#[test]
+fn the_system_turn_lists_a_packs_own_tools() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("wasm")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("wasm/toolbox.wasm"),
+        corvid_sandbox::toolbox_wasm(),
+    )
+    .expect("module");
+    let pack = r#"prompt = "Count the lines of a.txt with `lines`, then answer."
+[pack]
+name = "line-count"
+description = "a pack tool in the system turn"
+[tools]
+lines = { max_calls = 2 }
+answer = {}
+[custom_tools.lines]
+description = "Counts with the toolbox: args = [COMMAND, ARG...]."
+module = "wasm/toolbox.wasm"
+[[levels]]
+level = 1
+max_turns = 3
+context_budget = 1024
+[files]
+"a.txt" = "one\ntwo\n"
+[checker]
+kind = "exact"
+expected = "2"
+[oracle]
+answer = "2"
+[[oracle.calls]]
+tool = "lines"
+args = { args = ["wc", "-l", "a.txt"] }
+"#;
+    let file = dir.path().join("line-count.toml");
+    std::fs::write(&file, pack).expect("pack");
+    let task = corvid_tasks::load_pack(&file)
+        .expect("pack loads")
+        .instance(1, 0)
+        .expect("instance");
+    let env = env();
+    let compact = EpisodeFormat::new(ToolPrompt::Compact).system_text(&env, &task);
+    assert!(compact.contains("answer(answer)"), "{compact}");
+    assert!(compact.contains("lines("), "{compact}");
+    let json = EpisodeFormat::new(ToolPrompt::Json).system_text(&env, &task);
+    assert!(json.contains("Counts with the toolbox"), "{json}");
 }

@@ -112,7 +112,9 @@ fn a_pack_tool_is_declared_attached_called_and_limited() {
 
     // Its own fuel budget: a busy command is stopped at 50M fuel.
     let mut ep = Episode::start(&env, &task).expect("episode");
-    let out = ep.call(&call(r#"{"args": ["sh", "-c", "seq 1 100000000 | wc -l"]}"#));
+    let out = ep.call(&call(
+        r#"{"args": ["sh", "-c", "seq 1 100000000 | wc -l"]}"#,
+    ));
     assert_eq!(out.result.status, ToolStatus::ComputeBudget, "{}", out.text);
 }
 
