@@ -127,6 +127,26 @@ pub fn first_fit_decreasing(lengths: &[usize], capacity: usize) -> (Vec<Vec<usiz
     (bins.into_iter().map(|(_, items)| items).collect(), too_long)
 }
 
+/// Splits `items` (in order) into consecutive micro-batches whose padded size — items × the
+/// longest item's `len` — stays within `budget` tokens; every micro-batch holds at least one.
+pub fn micro_batches<T>(items: &[T], len: impl Fn(&T) -> usize, budget: usize) -> Vec<&[T]> {
+    let mut out = Vec::new();
+    let (mut start, mut longest) = (0, 0);
+    for (i, item) in items.iter().enumerate() {
+        let grown = longest.max(len(item));
+        if i > start && (i - start + 1) * grown > budget {
+            out.push(&items[start..i]);
+            (start, longest) = (i, len(item));
+        } else {
+            longest = grown;
+        }
+    }
+    if start < items.len() {
+        out.push(&items[start..]);
+    }
+    out
+}
+
 /// A micro-batch of packed rows as tensors `[B, T]` on one device.
 #[derive(Debug)]
 pub struct PackedBatch {
@@ -219,6 +239,18 @@ pub(crate) fn gather_trained(rows: &[&PackedRow], field: impl Fn(usize, usize) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn micro_batches_stay_within_the_padded_budget() {
+        let lens = [9, 8, 8, 5, 4, 4, 4, 30];
+        let mbs = micro_batches(&lens, |l| *l, 20);
+        // 9+8 (2×9=18) | 8+5 (2×8=16) | 4+4+4 (12; adding 30 would pad to 120) | 30 alone.
+        assert_eq!(
+            mbs,
+            vec![&lens[0..2], &lens[2..4], &lens[4..7], &lens[7..8]]
+        );
+        assert!(micro_batches(&[] as &[usize], |l| *l, 8).is_empty());
+    }
 
     #[test]
     fn ffd_fills_bins_and_sets_aside_the_too_long() {

@@ -29,7 +29,7 @@ use super::loss::{
     truncated_importance_weight,
 };
 use super::optim::AdamW;
-use super::pack::{gather_trained, PackedBatch, PackedRow};
+use super::pack::{gather_trained, micro_batches, PackedBatch, PackedRow};
 use super::TrainError;
 use crate::model::{BalanceStats, MoeHealth, MoePolicy};
 
@@ -209,13 +209,7 @@ impl RlTrainer {
         let rows = pack_trajectories(items);
         let device = self.device();
         let mut out = Vec::new();
-        // Micro-batches of at most `micro_batch_tokens` (rows × the longest, which comes
-        // first), at least one row each.
-        let mut rest = &rows[..];
-        while !rest.is_empty() {
-            let per = (self.cfg.micro_batch_tokens / rest[0].row.len().max(1)).max(1);
-            let (chunk, tail) = rest.split_at(per.min(rest.len()));
-            rest = tail;
+        for chunk in micro_batches(&rows, |r| r.row.len(), self.cfg.micro_batch_tokens) {
             let refs: Vec<&PackedRow> = chunk.iter().map(|r| &r.row).collect();
             let batch = PackedBatch::new(&refs, device)?;
             let n = batch.n_trained as i64;

@@ -8,7 +8,7 @@ use tch::{nn, Kind, Tensor};
 
 use super::config::SftConfig;
 use super::optim::AdamW;
-use super::pack::{first_fit_decreasing, PackedBatch, PackedRow};
+use super::pack::{first_fit_decreasing, micro_batches, PackedBatch, PackedRow};
 use super::TrainError;
 use crate::model::{BalanceStats, MoeHealth, MoePolicy};
 
@@ -132,25 +132,12 @@ impl SftTrainer {
         })
     }
 
-    /// Splits `rows` into micro-batches of at most `micro_batch_tokens` (rows × the longest
-    /// row, padding included; at least one row each), in order.
+    /// `rows` in micro-batches of at most `micro_batch_tokens` (padding included).
     fn micro_batches<'a>(&self, rows: &'a [PackedRow]) -> Vec<Vec<&'a PackedRow>> {
-        let mut out: Vec<Vec<&PackedRow>> = Vec::new();
-        let mut longest = 0;
-        for row in rows {
-            let grown = longest.max(row.len());
-            match out.last_mut() {
-                Some(mb) if (mb.len() + 1) * grown <= self.cfg.micro_batch_tokens => {
-                    mb.push(row);
-                    longest = grown;
-                }
-                _ => {
-                    out.push(vec![row]);
-                    longest = row.len();
-                }
-            }
-        }
-        out
+        micro_batches(rows, PackedRow::len, self.cfg.micro_batch_tokens)
+            .into_iter()
+            .map(|mb| mb.iter().collect())
+            .collect()
     }
 
     /// One optimizer step on `rows` (run in micro-batches, gradients accumulated): the loss
