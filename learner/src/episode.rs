@@ -90,9 +90,10 @@ impl EpisodeFormat {
         // The task's tools in its order, a pack's own WASI tools included; if one of those
         // cannot be compiled, the sandbox's built-ins (the call itself will report it).
         let names: Vec<&str> = task.tools.iter().map(|t| t.name.as_str()).collect();
-        let decls = env
-            .tool_declarations(task)
-            .unwrap_or_else(|_| env.sandbox().tool_declarations(Some(&names)));
+        let decls = env.tool_declarations(task).unwrap_or_else(|e| {
+            tracing::warn!(task = %task.id, "task tool declarations: {e}; listing the built-ins");
+            env.sandbox().tool_declarations(Some(&names))
+        });
         match self.tool_prompt {
             ToolPrompt::Json => format!(
                 "You can call these tools, one per turn, as <tool_call>{{\"name\": ..., \"arguments\": {{...}}}}</tool_call>:\n{decls}"
