@@ -8,6 +8,7 @@ use std::path::Path;
 
 use regex_lite::{Regex, RegexBuilder};
 
+use crate::dir;
 use crate::glob;
 
 /// Status of a command that does not exist.
@@ -434,10 +435,9 @@ fn ls(io: &mut Io, args: &[String]) -> io::Result<i32> {
             writeln!(io.out, "{d}:")?;
         }
         first = false;
-        let mut names: Vec<String> = match fs::read_dir(&d) {
-            Ok(rd) => rd
-                .filter_map(|e| e.ok())
-                .filter_map(|e| e.file_name().into_string().ok())
+        let names: Vec<String> = match dir::names(&d) {
+            Ok(v) => v
+                .into_iter()
                 .filter(|n| all || !n.starts_with('.'))
                 .collect(),
             Err(e) => {
@@ -446,7 +446,6 @@ fn ls(io: &mut Io, args: &[String]) -> io::Result<i32> {
                 continue;
             }
         };
-        names.sort();
         let mut sub = Vec::new();
         for n in &names {
             let full = if d == "." {
@@ -533,7 +532,7 @@ fn rm(io: &mut Io, args: &[String]) -> io::Result<i32> {
         let r = match fs::symlink_metadata(p) {
             Ok(m) if m.is_dir() => {
                 if recursive {
-                    fs::remove_dir_all(p)
+                    dir::remove_tree(p)
                 } else {
                     io.err(format!("cannot remove '{p}': Is a directory"));
                     code = 1;
@@ -557,12 +556,7 @@ fn copy_tree(src: &Path, dst: &Path) -> io::Result<()> {
     let m = fs::symlink_metadata(src)?;
     if m.is_dir() {
         fs::create_dir_all(dst)?;
-        let mut names: Vec<_> = fs::read_dir(src)?
-            .filter_map(|e| e.ok())
-            .map(|e| e.file_name())
-            .collect();
-        names.sort();
-        for n in names {
+        for n in dir::names(src)? {
             copy_tree(&src.join(&n), &dst.join(&n))?;
         }
         Ok(())
@@ -707,18 +701,14 @@ fn find(io: &mut Io, args: &[String]) -> io::Result<i32> {
                 writeln!(io.out, "{p}")?;
             }
             if m.is_dir() && depth < maxdepth {
-                let mut names: Vec<String> = match fs::read_dir(&p) {
-                    Ok(rd) => rd
-                        .filter_map(|e| e.ok())
-                        .filter_map(|e| e.file_name().into_string().ok())
-                        .collect(),
+                let names = match dir::names(&p) {
+                    Ok(v) => v,
                     Err(e) => {
                         io.err(format!("'{p}': {}", errmsg(&e)));
                         code = 1;
                         continue;
                     }
                 };
-                names.sort();
                 for n in names.into_iter().rev() {
                     stack.push((format!("{}/{n}", p.trim_end_matches('/')), depth + 1));
                 }
@@ -905,15 +895,7 @@ fn build_regex(p: &str, extended: bool, icase: bool) -> Result<Regex, String> {
 fn walk_files(root: &str, out: &mut Vec<String>) {
     match fs::symlink_metadata(root) {
         Ok(m) if m.is_dir() => {
-            let mut names: Vec<String> = fs::read_dir(root)
-                .map(|rd| {
-                    rd.filter_map(|e| e.ok())
-                        .filter_map(|e| e.file_name().into_string().ok())
-                        .collect()
-                })
-                .unwrap_or_default();
-            names.sort();
-            for n in names {
+            for n in dir::names(root).unwrap_or_default() {
                 let p = if root == "." {
                     n
                 } else {

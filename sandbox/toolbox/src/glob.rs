@@ -142,14 +142,13 @@ pub fn expand(pat: &str) -> Vec<String> {
         for base in &bases {
             if has_meta(comp) {
                 let dir = if base.is_empty() { "." } else { base.as_str() };
-                let Ok(rd) = fs::read_dir(dir) else { continue };
-                let mut names: Vec<String> = rd
-                    .filter_map(|e| e.ok())
-                    .filter_map(|e| e.file_name().into_string().ok())
+                let Ok(names) = crate::dir::names(dir) else {
+                    continue;
+                };
+                let names = names
+                    .into_iter()
                     .filter(|n| !n.starts_with('.') || comp.starts_with('.'))
-                    .filter(|n| matches(comp, n))
-                    .collect();
-                names.sort();
+                    .filter(|n| matches(comp, n));
                 for n in names {
                     let p = join(base, &n);
                     if last || fs::metadata(&p).map(|m| m.is_dir()).unwrap_or(false) {

@@ -8,6 +8,7 @@
 //! `proc_exit` and records any code, so the program simply exits with it.
 
 mod cmds;
+mod dir;
 mod glob;
 mod shell;
 
