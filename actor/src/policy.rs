@@ -1,6 +1,7 @@
 //! The policy weights the engine decodes with: a model, its variables and their version.
 
 use corvid_learner::model::checkpoint::{load_weights_from_bytes, weights_to_bytes};
+use corvid_learner::model::precision::weight_kind_for;
 use corvid_learner::model::{ModelConfig, MoePolicy};
 use sha2::{Digest, Sha256};
 use tch::{nn, Device};
@@ -19,10 +20,13 @@ pub struct LoadedPolicy {
 }
 
 impl LoadedPolicy {
-    /// A model with freshly initialised (random) weights, version 0.
+    /// A model with freshly initialised (random) weights, version 0, stored in
+    /// [`weight_kind_for`]`(device)`: bf16 on CUDA, fp32 elsewhere, routers always fp32.
+    /// Weights loaded later are cast to each variable's dtype, so a CPU actor takes the
+    /// bf16 weights a CUDA learner serves.
     pub fn random(cfg: &ModelConfig, device: Device) -> Result<Self, ActorError> {
         let vs = nn::VarStore::new(device);
-        let model = MoePolicy::new(&vs.root(), cfg)?;
+        let model = MoePolicy::new_in_kind(&vs, cfg, weight_kind_for(device))?;
         Ok(Self {
             vs,
             model,
@@ -130,5 +134,37 @@ mod tests {
         bad[0] ^= 1;
         let err = PolicyUpdate::verified(3, bad, 7, &sha).unwrap_err();
         assert!(err.to_string().contains("does not match"), "{err}");
+    }
+
+    #[test]
+    fn a_cpu_policy_loads_the_bf16_weights_of_a_cuda_learner() {
+        let cfg = ModelConfig {
+            num_hidden_layers: 2,
+            hidden_size: 64,
+            num_attention_heads: 2,
+            ..ModelConfig::tiny()
+        };
+        // What a CUDA learner serves: bf16 weights, fp32 routers (forced here on the CPU).
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _m = MoePolicy::new_in_kind(&vs, &cfg, tch::Kind::BFloat16).unwrap();
+        let bytes = weights_to_bytes(&vs).unwrap();
+        let p = LoadedPolicy::from_bytes(&cfg, Device::Cpu, &bytes, 4).unwrap();
+        assert_eq!(p.version(), 4);
+        let served = vs.variables();
+        let mut bf16 = 0;
+        for (name, t) in p.var_store().variables() {
+            assert_eq!(
+                t.kind(),
+                tch::Kind::Float,
+                "{name}: a CPU actor runs in fp32"
+            );
+            let src = &served[&name];
+            bf16 += usize::from(src.kind() == tch::Kind::BFloat16);
+            assert!(t.equal(&src.to_kind(tch::Kind::Float)), "{name}");
+        }
+        assert!(bf16 > 0);
+        // And it serves them back in fp32, loadable as they are.
+        let again = LoadedPolicy::from_bytes(&cfg, Device::Cpu, &p.to_bytes().unwrap(), 4).unwrap();
+        assert_eq!(again.to_bytes().unwrap(), p.to_bytes().unwrap());
     }
 }

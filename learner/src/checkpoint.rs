@@ -20,12 +20,18 @@
 //! | file | content |
 //! |---|---|
 //! | `model.safetensors`, `config.json` | the policy ([`crate::model::checkpoint`] format) |
-//! | `optimizer.safetensors` | the active optimizer's moments and step (`AdamW::state_tensors`) |
+//! | `optimizer.safetensors` | the active optimizer's moments, the fp32 master weights of its bf16 parameters, and step (`AdamW::state_tensors`) |
 //! | `curriculum.json` | [`Curriculum::save`] |
 //! | `state.json` | [`RunState`]: counters, cursor, RNG, dispenser, spike detector, reference path |
 //!
 //! The frozen reference policy (the SFT result) lives in `ref/` beside `ckpt/`, written once,
 //! and `state.json` names it.
+//!
+//! Weights are written in their own dtype (bf16 with fp32 routers from a CUDA learner, fp32
+//! from a CPU one); loading casts each tensor to the dtype of the variable it fills, so a
+//! checkpoint loads on any device. The exact fp32 values of bf16 weights are the optimizer's
+//! master weights: a bf16 run resumes from them bit for bit, and a bf16 run resumed in fp32
+//! takes them as its weights ([`crate::train::optim`]).
 
 use std::fs::File;
 use std::io::Write;

@@ -8,6 +8,10 @@
 //!
 //! The store keeps the newest `keep` versions: an actor that read `PolicyInfo` just before
 //! a publish can still fetch the version it was told about.
+//!
+//! The bytes hold each weight in the learner's dtype (bf16 with fp32 routers on CUDA);
+//! [`crate::model::checkpoint::load_weights_from_bytes`] casts them to the actor's, so an
+//! fp32 CPU actor takes a CUDA learner's weights as they are.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};

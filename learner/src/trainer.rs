@@ -35,6 +35,7 @@ use crate::metrics::{
     CurriculumFigures, LayerHealth, MetricsSink, Rate, ServiceFigures, SpikeDetector, UpdateRecord,
 };
 use crate::model::checkpoint::weights_to_bytes;
+use crate::model::precision::weight_kind_for;
 use crate::model::{ModelConfig, MoePolicy};
 use crate::sft_data::SftData;
 use crate::store::now_unix_ms;
@@ -165,15 +166,19 @@ impl std::fmt::Debug for Trainer {
     }
 }
 
-/// Builds a model on `device` with initial weights fixed by `seed`.
-fn build_model(
+/// Builds a model on `device` with initial weights fixed by `seed`, stored in `kind` with
+/// the routers in fp32 ([`MoePolicy::new_in_kind`]). The trainer passes
+/// [`weight_kind_for`]`(device)`: bf16 on CUDA (the optimizer then keeps fp32 master
+/// weights, [`crate::train::optim`]), fp32 elsewhere.
+pub fn build_model(
     cfg: &ModelConfig,
     device: tch::Device,
+    kind: tch::Kind,
     seed: u64,
 ) -> Result<(nn::VarStore, MoePolicy), LearnerError> {
     tch::manual_seed(seed as i64);
     let vs = nn::VarStore::new(device);
-    let model = MoePolicy::new(&vs.root(), cfg)?;
+    let model = MoePolicy::new_in_kind(&vs, cfg, kind)?;
     Ok((vs, model))
 }
 
@@ -192,7 +197,9 @@ impl Trainer {
         }
         let device = cfg.torch_device()?;
         let ckpt = CheckpointDir::open(&paths.ckpt, cfg.schedule.keep_checkpoints)?;
-        let (vs, model) = build_model(&model_cfg, device, cfg.seed)?;
+        let kind = weight_kind_for(device);
+        let (vs, model) = build_model(&model_cfg, device, kind, cfg.seed)?;
+        tracing::info!(?device, weights = ?kind, routers = "Float", "policy built");
         let m = &cfg.metrics;
         let (state, optimizer) = match restored {
             Some(r) => {

@@ -14,6 +14,7 @@ use tch::{nn, Device, Kind, Tensor};
 
 use super::config::ModelConfig;
 use super::model::MoePolicy;
+use super::precision::weight_kind_for;
 use super::ModelError;
 
 /// File name of the weights inside a checkpoint folder.
@@ -48,7 +49,8 @@ fn kind_of(name: &str) -> Option<Kind> {
     })
 }
 
-/// Serialises every variable of `vs` (sorted by name) to safetensors bytes.
+/// Serialises every variable of `vs` (sorted by name) to safetensors bytes, each in its own
+/// dtype (bf16 weights stay bf16: half the bytes to send to actors; the loaders cast).
 pub fn weights_to_bytes(vs: &nn::VarStore) -> Result<Vec<u8>, ModelError> {
     let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
     let mut header = serde_json::Map::new();
@@ -225,11 +227,13 @@ pub fn load_config(dir: &Path) -> Result<ModelConfig, ModelError> {
     Ok(cfg)
 }
 
-/// Builds a model from a checkpoint folder on `device`.
+/// Builds a model from a checkpoint folder on `device`, its weights in
+/// [`weight_kind_for`]`(device)` (bf16 on CUDA, fp32 elsewhere; routers fp32) whatever dtype
+/// the file holds.
 pub fn load(dir: &Path, device: Device) -> Result<(nn::VarStore, MoePolicy), ModelError> {
     let cfg = load_config(dir)?;
     let vs = nn::VarStore::new(device);
-    let model = MoePolicy::new(&vs.root(), &cfg)?;
+    let model = MoePolicy::new_in_kind(&vs, &cfg, weight_kind_for(device))?;
     let path = dir.join(WEIGHTS_FILE);
     let bytes = std::fs::read(&path).map_err(io(&path))?;
     load_weights_from_bytes(&vs, &bytes)?;

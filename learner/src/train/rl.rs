@@ -372,7 +372,8 @@ impl RlTrainer {
                 let loss = token_sum_over(&pg, denom)
                     - token_sum_over(&ent, denom) * c.entropy_coef
                     + token_sum_over(&kl, denom) * c.kl_coef
-                    + &out.aux_loss * (c.aux_loss_scale * mb.rows as f64 / n_rows as f64);
+                    + out.aux_loss.to_kind(Kind::Float)
+                        * (c.aux_loss_scale * mb.rows as f64 / n_rows as f64);
                 loss.f_backward()?;
                 let (low, high) = clip_masks(&ratio, &mb.adv_n, c.clip_low, c.clip_high);
                 let f = |x: &Tensor| x.detach().to_kind(Kind::Double).sum(Kind::Double);

@@ -159,7 +159,8 @@ impl SftTrainer {
             let out = batch.forward(&self.model, true)?;
             let ce = summed_cross_entropy(&batch.select(&out.logits_btv), &batch.targets_n);
             // Token mean over the whole step; the balance loss is averaged over micro-batches.
-            let loss = &ce / n_total as f64 + &out.aux_loss / n_micro as f64;
+            // In fp32 whatever the weights' dtype (the logits are upcast above).
+            let loss = &ce / n_total as f64 + out.aux_loss.to_kind(Kind::Float) / n_micro as f64;
             loss.f_backward()?;
             ce_sum += ce.double_value(&[]);
             aux_sum += out.aux_loss.double_value(&[]);
