@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use corvid_proto::ToolStatus;
-use corvid_sandbox::Workspace;
+use corvid_sandbox::{Quota, Workspace, WorkspaceSpec};
 
 fn fixture() -> Workspace {
     ws(&[
@@ -152,6 +152,55 @@ fn ls_cat_head_tail_wc() {
     assert_eq!(ok(&mut w, "wc -w words.txt"), "4 words.txt\n");
     assert_eq!(ok(&mut w, "cat words.txt | wc -c"), "20\n");
     assert_eq!(ok(&mut w, "wc words.txt"), "2 4 20 words.txt\n");
+}
+
+/// A directory of thousands of entries lists completely and sorted. The
+/// toolbox reads directories in a few large `fd_readdir` calls whose buffers
+/// end mid-entry (toolbox `src/dir.rs`); names of varying length created in
+/// a scrambled order put entries across the 32 KiB and 128 KiB buffer ends.
+#[test]
+fn large_directories_list_completely_and_sorted() {
+    const N: usize = 5000;
+    let names: Vec<String> = (0..N)
+        .map(|i| {
+            let k = (i * 7919) % N;
+            format!("e{k:05}{}", "_".repeat(k % 37))
+        })
+        .collect();
+    let mut spec = WorkspaceSpec::with_files(
+        names
+            .iter()
+            .map(|n| (format!("big/{n}"), Vec::new()))
+            .chain([("big/sub/inner.txt".to_string(), b"x".to_vec())]),
+    );
+    spec.quota = Quota {
+        max_bytes: 64 << 20,
+        max_inodes: 2 * N as u64,
+    };
+    let mut w = Workspace::create(spec).expect("workspace");
+    let mut want = names.clone();
+    want.push("sub".into());
+    want.sort();
+    // Over the 16 KiB the model is shown, but captured whole.
+    let o = sh(&mut w, "ls big");
+    assert_eq!(o.result.status, ToolStatus::OutputTruncated, "{}", o.text);
+    let got: Vec<&str> = o.stdout.lines().collect();
+    assert_eq!(got.len(), N + 1);
+    assert_eq!(got, want);
+    assert_eq!(ok(&mut w, "ls big | wc -l"), format!("{}\n", N + 1));
+    assert_eq!(
+        ok(&mut w, "find big -type f | wc -l"),
+        format!("{}\n", N + 1)
+    );
+    assert_eq!(
+        ok(&mut w, "echo big/e00499*"),
+        format!("big/e00499{}\n", "_".repeat(499 % 37))
+    );
+    assert_eq!(ok(&mut w, "grep -rl x big"), "big/sub/inner.txt\n");
+    let o = sh(&mut w, "rm -r big");
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert_eq!(sh(&mut w, "ls").stdout, "");
+    assert_eq!(w.usage().expect("usage").inodes, 0);
 }
 
 #[test]
