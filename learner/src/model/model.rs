@@ -327,7 +327,13 @@ impl MoePolicy {
         let mut x = self.embed(tokens_bt, b, t);
         let mut state = CrossLayerState::new();
         let mut latent: Option<Latent> = None;
-        let mut aux_loss = Tensor::zeros([], (x.kind(), self.device));
+        // The balance loss sums in fp32 (f64 for an f64 model), whatever the activations.
+        let aux_kind = if x.kind() == Kind::Double {
+            Kind::Double
+        } else {
+            Kind::Float
+        };
+        let mut aux_loss = Tensor::zeros([], (aux_kind, self.device));
         let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
         for (i, blk) in self.blocks.iter().enumerate() {
             let h = blk.attn_norm.forward(&x);
@@ -351,7 +357,7 @@ impl MoePolicy {
                 Ffn::Moe(m) => {
                     let (y, aux) = m.forward(&h, train);
                     if let Some(aux) = aux {
-                        aux_loss = aux_loss + aux.loss.to_kind(x.kind());
+                        aux_loss = aux_loss + aux.loss.to_kind(aux_kind);
                         health.push(aux.health);
                         balance.layers.push((i as i64, aux.stats));
                     }

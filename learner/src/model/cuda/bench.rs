@@ -18,8 +18,8 @@
 //!    with random latents (a 32K prefill through `forward_cached` would build a T×S score
 //!    matrix), which does not change the cost of a step.
 //! 5. **train** — full training steps of the preset in bf16 with fp32 routers: forward,
-//!    cross-entropy, backward, the trainer's AdamW (`train::AdamW`, moments in the weights'
-//!    dtype), and once more with health statistics and the balance update. MFU =
+//!    cross-entropy, backward, the trainer's AdamW (`train::AdamW`: fp32 master weights and
+//!    moments for the bf16 parameters, as the trainer runs), and once more with health statistics and the balance update. MFU =
 //!    tokens/s · 3 · `flops_per_token(T/2)` / peak.
 //!
 //! Each section's failure is recorded in `errors` and the next section still runs.
