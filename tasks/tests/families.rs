@@ -42,9 +42,7 @@ fn hops_oracle_follows_the_chain_through_the_initial_files() {
                 .prompt
                 .split("Start at ")
                 .nth(1)
-                .unwrap()
-                .split(". ")
-                .next()
+                .and_then(|rest| rest.strip_suffix('.'))
                 .unwrap();
             let mut path = start.to_string();
             let mut reads = 0;

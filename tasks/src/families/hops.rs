@@ -14,8 +14,11 @@ use crate::task::{
     check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
 };
 
-/// Filler bytes per file, by level.
-const FILLER: [usize; 8] = [16, 40, 80, 140, 220, 320, 420, 480];
+/// Filler bytes per file, by level. Levels 1–2 hold only their marker line: a from-scratch
+/// policy learns to copy a path from `next: <path>` about 2.5× sooner without same-alphabet
+/// filler around it (a reference GPT: ~300 vs ~850 SFT steps, `docs/bench/raw/sft-sweep.md`),
+/// and the curriculum then adds filler from level 3 up.
+const FILLER: [usize; 8] = [0, 0, 40, 140, 220, 320, 420, 480];
 /// Distractor files, by level.
 const DISTRACTORS: [usize; 8] = [1, 2, 3, 4, 6, 8, 10, 12];
 
@@ -95,10 +98,10 @@ impl TaskFamily for Hops {
             );
         }
         let start = &chain[0];
-        let prompt = format!(
-            "Find the value. Start at {start}. Each file names the next one with a line \
-             `next: <path>`; the last file has a line `value: <number>`. Call answer with the number."
-        );
+        // The learning probe's prompt (`shared/research/learning_feasibility.md`): the tool
+        // declarations say how to read and answer. The filler-free low levels were measured
+        // with this prompt (the two changes together, `docs/bench/raw/sft-sweep.md`).
+        let prompt = format!("Find the value. Start at {start}.");
         let no_corpus = Vec::new();
         let mut plan = PlanBuilder::new(&files, &no_corpus);
         for (i, p) in chain.iter().enumerate() {
