@@ -124,6 +124,23 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
             },
         ),
         (
+            "latent token shift, 3 taps",
+            ModelConfig {
+                latent_token_shift: true,
+                latent_shift_taps: 3,
+                ..base.clone()
+            },
+        ),
+        (
+            "latent token shift, 2 taps, CLA2",
+            ModelConfig {
+                latent_token_shift: true,
+                latent_shift_taps: 2,
+                cla_factor: 2,
+                ..base.clone()
+            },
+        ),
+        (
             "linear RoPE scaling",
             ModelConfig {
                 rope_scaling: RopeScaling::Linear { factor: 2.0 },
@@ -427,6 +444,11 @@ fn param_counts_match_created_variables() {
         ModelConfig {
             latent_token_shift: true,
             cla_factor: 2,
+            ..small_cfg()
+        },
+        ModelConfig {
+            latent_token_shift: true,
+            latent_shift_taps: 3,
             ..small_cfg()
         },
     ] {

@@ -39,6 +39,35 @@ fn example(q: &str, a: &str) -> Example {
 #[test]
 fn each_packed_document_has_the_logits_it_has_alone() {
     let (_vs, model) = new_model(1);
+    packed_documents_match_alone(&model);
+}
+
+/// With a 3-tap latent token shift (random shift weights: they start at zero) no tap may
+/// reach across a document boundary inside a packed row.
+#[test]
+fn a_multi_tap_token_shift_stays_inside_each_packed_document() {
+    tch::manual_seed(2);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let cfg = ModelConfig {
+        latent_token_shift: true,
+        latent_shift_taps: 3,
+        ..model_cfg()
+    };
+    let model = MoePolicy::new(&vs.root(), &cfg).unwrap();
+    let mut shifted = 0;
+    tch::no_grad(|| {
+        for (name, mut t) in vs.variables() {
+            if name.contains("kv_shift_proj") {
+                t.copy_(&(t.randn_like() * 0.5));
+                shifted += 1;
+            }
+        }
+    });
+    assert_eq!(shifted, 2 * 3, "one projection per tap and layer");
+    packed_documents_match_alone(&model);
+}
+
+fn packed_documents_match_alone(model: &MoePolicy) {
     let docs = [
         example("what is 2+3?", "5"),
         example("name a colour", "teal, obviously"),

@@ -75,8 +75,9 @@ enum LatentSource {
     Own {
         kv_a_proj: Linear,
         kv_a_norm: RmsNorm,
-        /// `latent_token_shift`: the previous token's input into the latent, zero-initialised.
-        shift_proj: Option<Linear>,
+        /// `latent_token_shift`: tap `k` (index `k - 1`) feeds the input `k` tokens back into
+        /// the latent, zero-initialised; empty without the shift.
+        shift_projs: Vec<Linear>,
     },
     /// CLA: the layer reuses the latent of the layer above it in its group.
     Shared,
@@ -121,13 +122,16 @@ impl Mla {
                     std,
                 ),
                 kv_a_norm: RmsNorm::new(&p / "kv_a_norm", cfg.kv_lora_rank, cfg.rms_norm_eps),
-                shift_proj: cfg.latent_token_shift.then(|| {
-                    Linear::zeros(
-                        &p / "kv_shift_proj",
-                        d,
-                        cfg.kv_lora_rank + cfg.qk_rope_head_dim,
-                    )
-                }),
+                shift_projs: (1..=cfg.shift_taps())
+                    .map(|k| {
+                        // Tap 1 keeps the name it had before taps existed (checkpoints load).
+                        let name = match k {
+                            1 => "kv_shift_proj".to_string(),
+                            k => format!("kv_shift_proj_{k}"),
+                        };
+                        Linear::zeros(&p / name, d, cfg.kv_lora_rank + cfg.qk_rope_head_dim)
+                    })
+                    .collect(),
             }
         } else {
             LatentSource::Shared
@@ -165,39 +169,38 @@ impl Mla {
         matches!(self.latent, LatentSource::Own { .. })
     }
 
-    /// Whether this layer's latent also sees the previous token's input (`latent_token_shift`).
-    pub fn shifts_latent(&self) -> bool {
-        matches!(
-            self.latent,
-            LatentSource::Own {
-                shift_proj: Some(_),
-                ..
-            }
-        )
+    /// How many previous tokens' inputs this layer's latent also sees (`latent_token_shift`,
+    /// `latent_shift_taps`); 0 for a layer without the shift or a CLA-shared one.
+    pub fn shift_taps(&self) -> usize {
+        match &self.latent {
+            LatentSource::Own { shift_projs, .. } => shift_projs.len(),
+            LatentSource::Shared => 0,
+        }
     }
 
     /// Computes the latent of `x [B, T, d]` at positions `pos_bt`; `None` for a CLA-shared
-    /// layer. `x_prev_btd` is each token's previous input within its sequence (zeros at a
-    /// sequence start), used when the layer shifts tokens into its latent.
+    /// layer. `x_prev[k - 1]` is each token's input `k` tokens back within its sequence
+    /// (zeros before a sequence start), one per tap when the layer shifts tokens into its
+    /// latent (empty otherwise).
     pub fn latent(
         &self,
         x_btd: &Tensor,
-        x_prev_btd: Option<&Tensor>,
+        x_prev: &[Tensor],
         pos_bt: &Tensor,
         rope: &Rope,
     ) -> Option<Latent> {
         let LatentSource::Own {
             kv_a_proj,
             kv_a_norm,
-            shift_proj,
+            shift_projs,
         } = &self.latent
         else {
             return None;
         };
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
         let mut kv = kv_a_proj.forward(x_btd); // [B, T, c + r]
-        if let (Some(shift), Some(prev)) = (shift_proj, x_prev_btd) {
-            kv += shift.forward(prev);
+        for (proj, prev_btd) in shift_projs.iter().zip(x_prev) {
+            kv += proj.forward(prev_btd);
         }
         let c_kv_btc = kv_a_norm.forward(&kv.narrow(2, 0, self.c));
         let k_pe_bt1r = kv.narrow(2, self.c, self.rope).view([b, t, 1, self.rope]);

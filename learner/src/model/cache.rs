@@ -16,8 +16,9 @@ use super::ModelError;
 pub struct KvCache {
     pub(crate) c_kv: Vec<Tensor>,
     pub(crate) k_pe: Vec<Tensor>,
-    /// `latent_token_shift` only: each row's last layer input `[B, d]` per latent layer, the
-    /// "previous token" of the row's next token. Empty otherwise.
+    /// `latent_token_shift` only: each row's last `latent_shift_taps` layer inputs
+    /// `[B, taps, d]` (oldest first) per latent layer, the "previous tokens" of the row's next
+    /// token. Empty otherwise.
     pub(crate) last_h: Vec<Tensor>,
     lens: Vec<i64>,
     capacity: i64,
@@ -39,8 +40,9 @@ impl KvCache {
                 .map(|_| Tensor::zeros([b, cap, cfg.qk_rope_head_dim], (kind, device)))
                 .collect(),
             last_h: if cfg.latent_token_shift {
+                let taps = cfg.shift_taps() as i64;
                 (0..n)
-                    .map(|_| Tensor::zeros([b, cfg.hidden_size], (kind, device)))
+                    .map(|_| Tensor::zeros([b, taps, cfg.hidden_size], (kind, device)))
                     .collect()
             } else {
                 Vec::new()

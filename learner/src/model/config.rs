@@ -133,6 +133,11 @@ pub struct ModelConfig {
     /// copying) needs, which plain attention must first build in an earlier layer. Decoding
     /// caches each row's last layer input (one `[d]` vector per row and latent layer).
     pub latent_token_shift: bool,
+    /// How many previous tokens the shift reaches (1–4; read only with `latent_token_shift`):
+    /// tap `k` feeds the input `k` tokens back through its own zero-initialised projection,
+    /// so one key can carry a short n-gram such as `": "` before a value to copy. Decoding
+    /// caches that many inputs per row and latent layer.
+    pub latent_shift_taps: i64,
     /// CLA factor: this many adjacent layers share one latent cache (1 = no sharing).
     pub cla_factor: i64,
     /// RoPE base.
@@ -209,6 +214,7 @@ impl ModelConfig {
             attn_gate: AttnGate::Headwise,
             cross_layer_residual: true,
             latent_token_shift: false,
+            latent_shift_taps: 1,
             cla_factor: 1,
             rope_theta: 10_000.0,
             rope_scaling: RopeScaling::None,
@@ -284,6 +290,7 @@ impl ModelConfig {
             attn_gate: AttnGate::Elementwise,
             cross_layer_residual: true,
             latent_token_shift: false,
+            latent_shift_taps: 1,
             cla_factor: 1,
             max_position_embeddings: 262_144,
             first_k_dense_replace: 1,
@@ -322,6 +329,7 @@ impl ModelConfig {
             attn_gate: AttnGate::Elementwise,
             cross_layer_residual: true,
             latent_token_shift: false,
+            latent_shift_taps: 1,
             cla_factor: 1,
             max_position_embeddings: 65_536,
             first_k_dense_replace: 1,
@@ -387,6 +395,13 @@ impl ModelConfig {
                 "qk_rope_head_dim",
                 self.qk_rope_head_dim.to_string(),
                 "must be even and non-negative",
+            );
+        }
+        if !(1..=4).contains(&self.latent_shift_taps) {
+            return bad(
+                "latent_shift_taps",
+                self.latent_shift_taps.to_string(),
+                "must be 1 to 4",
             );
         }
         if let Some(r) = self.q_lora_rank {
@@ -502,6 +517,15 @@ impl ModelConfig {
         i >= self.first_k_dense_replace
     }
 
+    /// Taps of the latent token shift: `latent_shift_taps` with the shift on, else 0.
+    pub fn shift_taps(&self) -> usize {
+        if self.latent_token_shift {
+            self.latent_shift_taps.max(0) as usize
+        } else {
+            0
+        }
+    }
+
     /// Whether layer `i` computes its own latent (true) or reuses the previous layer's (CLA).
     pub fn owns_latent(&self, i: i64) -> bool {
         i % self.cla_factor == 0
@@ -532,7 +556,7 @@ impl ModelConfig {
             AttnGate::Elementwise => h * v * d,
         };
         let shift = if self.latent_token_shift {
-            (c + rope) * d
+            self.latent_shift_taps * (c + rope) * d
         } else {
             0
         };

@@ -16,7 +16,9 @@
 //!   [`sample`] draws the next token with temperature and top-p and returns its log-prob.
 //! - `latent_token_shift` (off in the presets, on in the demo) feeds each token's previous
 //!   layer input into its latent and RoPE key ("smeared keys"), which lets a single layer copy
-//!   by content; the cache then also keeps each row's last input per latent layer.
+//!   by content; `latent_shift_taps` (1–4, the demo uses 2) reaches that many tokens back,
+//!   each tap through its own projection, so a key can also carry the marker before a value.
+//!   The cache then also keeps each row's last `taps` inputs per latent layer.
 //! - [`checkpoint`] saves and loads safetensors plus `config.json`, and turns the weights into
 //!   bytes and back for streaming to actors.
 //! - [`precision`] casts the weights to bf16 for CUDA with the routers kept in fp32

@@ -337,8 +337,10 @@ impl MoePolicy {
         let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
         for (i, blk) in self.blocks.iter().enumerate() {
             let h = blk.attn_norm.forward(&x);
-            let h_prev = blk.attn.shifts_latent().then(|| token_shift(&h, pos_bt));
-            if let Some(own) = blk.attn.latent(&h, h_prev.as_ref(), pos_bt, &self.rope) {
+            let h_prev: Vec<Tensor> = (1..=blk.attn.shift_taps() as i64)
+                .map(|k| token_shift(&h, pos_bt, k))
+                .collect();
+            if let Some(own) = blk.attn.latent(&h, &h_prev, pos_bt, &self.rope) {
                 latent = Some(own);
             }
             let lat = latent.as_ref().expect("layer 0 always owns a latent");
@@ -471,13 +473,16 @@ impl MoePolicy {
             let new_b1 = Tensor::from_slice(new_b)
                 .to_device(self.device)
                 .unsqueeze(1);
-            // latent_token_shift: where each row's newest input sits (rows appending nothing
-            // keep their last input, see below), and which rows have a predecessor at all.
-            let shift_idx = self.cfg.latent_token_shift.then(|| {
-                let newest_b11 = (new_b1.clamp_min(1) - 1).unsqueeze(-1);
-                let newest_b1d = newest_b11.expand([b, 1, self.cfg.hidden_size], false);
-                let has_prev_b1 = lens_b1.gt(0).to_kind(self.embed_vd.kind());
-                (newest_b1d, new_b1.gt(0), has_prev_b1)
+            // latent_token_shift: a row's kept inputs followed by its new ones are
+            // `[last_h (taps) ; h (t)]`; after this step it keeps the `taps` inputs ending at
+            // its last real token, i.e. from index `new` on (a row appending nothing keeps
+            // what it had).
+            let taps = self.cfg.shift_taps() as i64;
+            let keep_idx = (taps > 0).then(|| {
+                let keep_bk = &new_b1 + Tensor::arange(taps, (Kind::Int64, self.device));
+                keep_bk
+                    .unsqueeze(-1)
+                    .expand([b, taps, self.cfg.hidden_size], false)
             });
             // Cache slots the tokens are written to; padding may run past the position
             // table, so RoPE sees positions clamped to it (padding only).
@@ -500,21 +505,22 @@ impl MoePolicy {
             for (i, blk) in self.blocks.iter().enumerate() {
                 let slot = i / self.cfg.cla_factor as usize;
                 let h = blk.attn_norm.forward(&x);
-                let h_prev = match &shift_idx {
-                    Some((newest_b1d, appends_b1, has_prev_b1)) if blk.attn.shifts_latent() => {
-                        // The first new token's predecessor is the row's last cached input.
-                        let last_b1d = (&cache.last_h[slot] * has_prev_b1).unsqueeze(1);
-                        let before = Tensor::cat(&[last_b1d, h.narrow(1, 0, t - 1)], 1);
-                        let newest_bd = h.gather(1, newest_b1d, false).squeeze_dim(1);
-                        cache.last_h[slot] = newest_bd.where_self(appends_b1, &cache.last_h[slot]);
-                        Some(before)
+                let h_prev: Vec<Tensor> = match &keep_idx {
+                    Some(keep_bkd) if blk.attn.shift_taps() > 0 => {
+                        let hist = Tensor::cat(&[&cache.last_h[slot], &h], 1); // [B, taps + t, d]
+                        cache.last_h[slot] = hist.gather(1, keep_bkd, false);
+                        // Token j's input k back sits at `taps + j - k`; none before a
+                        // sequence start (a fresh or reset row).
+                        (1..=taps)
+                            .map(|k| {
+                                let valid_bt1 = pos_bt.ge(k).unsqueeze(-1).to_kind(h.kind());
+                                hist.narrow(1, taps - k, t) * valid_bt1
+                            })
+                            .collect()
                     }
-                    _ => None,
+                    _ => Vec::new(),
                 };
-                if let Some(lat) = blk
-                    .attn
-                    .latent(&h, h_prev.as_ref(), &rope_pos_bt, &self.rope)
-                {
+                if let Some(lat) = blk.attn.latent(&h, &h_prev, &rope_pos_bt, &self.rope) {
                     cache.write(slot, &pos_bt, &lat.c_kv_btc, &lat.k_pe_btr);
                 }
                 let c_kv_bsc = cache.c_kv[slot].narrow(1, 0, s);
@@ -602,11 +608,13 @@ impl MoePolicy {
     }
 }
 
-/// Each token's previous input within its sequence: `x [B, T, d]` shifted right by one, with
-/// zeros where a sequence starts (position 0, also inside packed rows).
-fn token_shift(x_btd: &Tensor, pos_bt: &Tensor) -> Tensor {
+/// Each token's input `k` tokens back within its sequence: `x [B, T, d]` shifted right by
+/// `k`, with zeros where that would cross a sequence start (positions `< k`, also inside
+/// packed rows).
+fn token_shift(x_btd: &Tensor, pos_bt: &Tensor, k: i64) -> Tensor {
     let (b, t, d) = x_btd.size3().expect("x is [B, T, d]");
-    let zeros = Tensor::zeros([b, 1, d], (x_btd.kind(), x_btd.device()));
-    let shifted = Tensor::cat(&[zeros, x_btd.narrow(1, 0, t - 1)], 1);
-    shifted * pos_bt.gt(0).unsqueeze(-1).to_kind(x_btd.kind())
+    let k = k.min(t);
+    let zeros = Tensor::zeros([b, k, d], (x_btd.kind(), x_btd.device()));
+    let shifted = Tensor::cat(&[zeros, x_btd.narrow(1, 0, t - k)], 1);
+    shifted * pos_bt.ge(k).unsqueeze(-1).to_kind(x_btd.kind())
 }
