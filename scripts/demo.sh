@@ -10,9 +10,8 @@ cd "$root"
 corvid="$root/target/release/corvid"
 # The demo owns these folders; a previous demo's are replaced.
 rm -rf runs/demo runs/demo-ablation
-# libtorch's OpenMP threads otherwise spin after every op, which costs 2x or more when the
-# learner, the actors and the evaluation share the cores (see BENCHMARKS.md, Model).
-export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
+# `corvid run` sets OMP_WAIT_POLICY per process (ACTIVE for SFT alone, PASSIVE while the
+# learner and actors share the cores; see BENCHMARKS.md, Model) unless it is set here.
 start=$(date +%s)
 "$corvid" run --config configs/demo.toml
 end=$(date +%s)

@@ -180,15 +180,22 @@ struct Proc {
 }
 
 impl Proc {
-    fn spawn(name: &str, args: &[String], log: &Path) -> Result<Self> {
+    /// Starts `corvid <args>` logging to `log`. `shares_cores`: other processes of this run
+    /// compute at the same time (RL), so OpenMP threads should sleep rather than spin.
+    fn spawn(name: &str, args: &[String], log: &Path, shares_cores: bool) -> Result<Self> {
         let exe = std::env::current_exe().context("locating the corvid binary")?;
         let out = File::create(log).with_context(|| format!("creating {}", log.display()))?;
         let err = out.try_clone().context("duplicating a log handle")?;
         let mut cmd = Command::new(&exe);
-        // libtorch's OpenMP threads busy-wait after every op; with a learner and actors
-        // sharing a few cores that spinning costs 2x or more (BENCHMARKS.md, Model).
+        // libtorch's OpenMP threads busy-wait after every op: with a learner and actors
+        // sharing a few cores that spinning costs 2x or more, while a process alone (SFT)
+        // runs ~20% faster spinning than sleeping (BENCHMARKS.md, Model). A policy set by
+        // the user wins.
         if std::env::var_os("OMP_WAIT_POLICY").is_none() {
-            cmd.env("OMP_WAIT_POLICY", "PASSIVE");
+            cmd.env(
+                "OMP_WAIT_POLICY",
+                if shares_cores { "PASSIVE" } else { "ACTIVE" },
+            );
         }
         let child = cmd
             .args(args)
@@ -436,6 +443,7 @@ fn sft_phase(
             learner_cfg.display().to_string(),
         ],
         &run_dir.join("learner.log"),
+        false,
     )?;
     let mut tail = Tail::new(run_dir.join("metrics").join("sft.jsonl"));
     let deadline = Duration::from_secs_f64(run.sft_timeout_minutes * 60.0);
@@ -526,6 +534,7 @@ fn rl_phase(
             "--resume".into(),
         ],
         &run_dir.join(format!("learner-{label}.log")),
+        true,
     )?;
     let token = run_dir.join("token");
     let url = format!("http://127.0.0.1:{port}");
@@ -553,6 +562,7 @@ fn rl_phase(
             &format!("actor {i}"),
             &args,
             &run_dir.join(format!("actor-{label}-{i}.log")),
+            true,
         )?);
     }
     let budget = Duration::from_secs_f64(run.rl_minutes * 60.0);
