@@ -575,11 +575,18 @@ mod tests {
         assert_eq!(same, demo);
         // One demonstration per row: the causal forward without a document mask.
         assert_eq!(demo.sft.layout, crate::train::SftLayout::Bucket);
-        // The demo's model: `tiny` with the latent token shift on.
+        // The demo's model: `tiny` cut to two layers with a wide latent, no gate, no
+        // cross-layer residual and a two-token shift into the latent.
         assert_eq!(
             demo.model.resolve().unwrap(),
             ModelConfig {
+                num_hidden_layers: 2,
+                kv_lora_rank: 128,
+                qk_rope_head_dim: 32,
+                attn_gate: crate::model::AttnGate::None,
+                cross_layer_residual: false,
                 latent_token_shift: true,
+                latent_shift_taps: 2,
                 ..ModelConfig::tiny()
             }
         );

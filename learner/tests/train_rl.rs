@@ -157,6 +157,50 @@ fn one_update_raises_the_rewarded_action_grpo() {
     contrived_update_moves_the_right_way(AdvantageMode::Grpo);
 }
 
+/// The routers' balance biases, by variable name.
+fn router_biases(vs: &nn::VarStore) -> Vec<(String, Vec<f32>)> {
+    let mut b: Vec<(String, Vec<f32>)> = vs
+        .variables()
+        .into_iter()
+        .filter(|(n, _)| n.contains("e_score_correction_bias"))
+        .map(|(n, t)| (n, Vec::<f32>::try_from(&t).unwrap()))
+        .collect();
+    b.sort_by(|x, y| x.0.cmp(&y.0));
+    b
+}
+
+/// `update_balance_bias = false` freezes the routers' balance bias through an RL update (the
+/// demo's setting: re-estimated from small batches of sampled tokens, the quantile bias
+/// reroutes tokens outside the policy gradient); `true` re-estimates it.
+#[test]
+fn rl_updates_the_router_bias_only_when_asked() {
+    let tok = ByteTokenizer::new();
+    let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
+    for update_bias in [false, true] {
+        let (vs, model) = small_model(11);
+        let before_logp = action_logprobs(&model, &[a, b]);
+        let group = vec![
+            one_step("a1", "g", a, before_logp[0], 1.0, 0, Termination::Answered),
+            one_step("b1", "g", b, before_logp[1], 0.0, 0, Termination::Answered),
+        ];
+        let before = router_biases(&vs);
+        assert_eq!(before.len(), 2, "one router per MoE layer");
+        let cfg = RlConfig {
+            update_balance_bias: update_bias,
+            ..rl_config(AdvantageMode::Grpo)
+        };
+        let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+        let st = trainer.update(&[group], 0).unwrap();
+        assert_eq!(st.optimizer_steps, 1);
+        let after = router_biases(trainer.var_store());
+        if update_bias {
+            assert_ne!(after, before, "the quantile bias was not re-estimated");
+        } else {
+            assert_eq!(after, before, "a frozen bias moved");
+        }
+    }
+}
+
 fn params(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
     let mut p: Vec<(String, Tensor)> = vs
         .variables()
