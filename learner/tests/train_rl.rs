@@ -159,14 +159,11 @@ fn one_update_raises_the_rewarded_action_grpo() {
 
 /// The routers' balance biases, by variable name.
 fn router_biases(vs: &nn::VarStore) -> Vec<(String, Vec<f32>)> {
-    let mut b: Vec<(String, Vec<f32>)> = vs
-        .variables()
+    params(vs)
         .into_iter()
         .filter(|(n, _)| n.contains("e_score_correction_bias"))
         .map(|(n, t)| (n, Vec::<f32>::try_from(&t).unwrap()))
-        .collect();
-    b.sort_by(|x, y| x.0.cmp(&y.0));
-    b
+        .collect()
 }
 
 /// `update_balance_bias = false` freezes the routers' balance bias through an RL update (the

@@ -39,13 +39,11 @@ impl KvCache {
             k_pe: (0..n)
                 .map(|_| Tensor::zeros([b, cap, cfg.qk_rope_head_dim], (kind, device)))
                 .collect(),
-            last_h: if cfg.latent_token_shift {
-                let taps = cfg.shift_taps() as i64;
-                (0..n)
+            last_h: match cfg.shift_taps() as i64 {
+                0 => Vec::new(),
+                taps => (0..n)
                     .map(|_| Tensor::zeros([b, taps, cfg.hidden_size], (kind, device)))
-                    .collect()
-            } else {
-                Vec::new()
+                    .collect(),
             },
             lens: vec![0; batch],
             capacity: cap,

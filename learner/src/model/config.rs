@@ -130,8 +130,8 @@ pub struct ModelConfig {
     /// Token shift into the latent ("smeared keys"): a layer's latent and RoPE key also see
     /// the previous token's layer input through a zero-initialised projection, so a key can
     /// carry "what came before me" — the feature an induction head (content-addressed
-    /// copying) needs, which plain attention must first build in an earlier layer. Decoding
-    /// caches each row's last layer input (one `[d]` vector per row and latent layer).
+    /// copying) needs, which plain attention must first build in an earlier layer. How far back
+    /// it reaches is `latent_shift_taps`.
     pub latent_token_shift: bool,
     /// How many previous tokens the shift reaches (1–4; read only with `latent_token_shift`):
     /// tap `k` feeds the input `k` tokens back through its own zero-initialised projection,
@@ -555,11 +555,7 @@ impl ModelConfig {
             AttnGate::Headwise => h * d,
             AttnGate::Elementwise => h * v * d,
         };
-        let shift = if self.latent_token_shift {
-            self.latent_shift_taps * (c + rope) * d
-        } else {
-            0
-        };
+        let shift = self.shift_taps() as i64 * (c + rope) * d;
         let latent_a = (c + rope) * d + c + shift;
         let attn_common = q + c * h * (nope + v) + d * h * v + gate + 2 * d; // + 2 norms
         let (mut total, mut active) = (0i64, 0i64);

@@ -473,21 +473,26 @@ impl MoePolicy {
             let new_b1 = Tensor::from_slice(new_b)
                 .to_device(self.device)
                 .unsqueeze(1);
-            // latent_token_shift: a row's kept inputs followed by its new ones are
-            // `[last_h (taps) ; h (t)]`; after this step it keeps the `taps` inputs ending at
-            // its last real token, i.e. from index `new` on (a row appending nothing keeps
-            // what it had).
-            let taps = self.cfg.shift_taps() as i64;
-            let keep_idx = (taps > 0).then(|| {
-                let keep_bk = &new_b1 + Tensor::arange(taps, (Kind::Int64, self.device));
-                keep_bk
-                    .unsqueeze(-1)
-                    .expand([b, taps, self.cfg.hidden_size], false)
-            });
             // Cache slots the tokens are written to; padding may run past the position
             // table, so RoPE sees positions clamped to it (padding only).
             let pos_bt = &lens_b1 + Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0);
             let rope_pos_bt = pos_bt.clamp_max(max_pos - 1);
+            // latent_token_shift: a row's kept inputs followed by its new ones are
+            // `[last_h (taps) ; h (t)]`; after this step it keeps the `taps` inputs ending at
+            // its last real token, i.e. from index `new` on (a row appending nothing keeps
+            // what it had). Tap `k` of a token exists only at positions `>= k` (not before a
+            // sequence start: a fresh or reset row); the same for every layer.
+            let taps = self.cfg.shift_taps() as i64;
+            let shift = (taps > 0).then(|| {
+                let keep_bk = &new_b1 + Tensor::arange(taps, (Kind::Int64, self.device));
+                let keep_bkd = keep_bk
+                    .unsqueeze(-1)
+                    .expand([b, taps, self.cfg.hidden_size], false);
+                let valid_k_bt1: Vec<Tensor> = (1..=taps)
+                    .map(|k| pos_bt.ge(k).unsqueeze(-1).to_kind(self.embed_vd.kind()))
+                    .collect();
+                (keep_bkd, valid_k_bt1)
+            });
             // Attend over the slots in use only, not the cache's spare capacity.
             let s = max_len + t;
             let key_s = Tensor::arange(s, (Kind::Int64, self.device)).view([1, 1, s]);
@@ -505,17 +510,14 @@ impl MoePolicy {
             for (i, blk) in self.blocks.iter().enumerate() {
                 let slot = i / self.cfg.cla_factor as usize;
                 let h = blk.attn_norm.forward(&x);
-                let h_prev: Vec<Tensor> = match &keep_idx {
-                    Some(keep_bkd) if blk.attn.shift_taps() > 0 => {
+                let h_prev: Vec<Tensor> = match &shift {
+                    Some((keep_bkd, valid_k_bt1)) if blk.attn.shift_taps() > 0 => {
                         let hist = Tensor::cat(&[&cache.last_h[slot], &h], 1); // [B, taps + t, d]
                         cache.last_h[slot] = hist.gather(1, keep_bkd, false);
-                        // Token j's input k back sits at `taps + j - k`; none before a
-                        // sequence start (a fresh or reset row).
+                        // Token j's input k back sits at `taps + j - k`.
                         (1..=taps)
-                            .map(|k| {
-                                let valid_bt1 = pos_bt.ge(k).unsqueeze(-1).to_kind(h.kind());
-                                hist.narrow(1, taps - k, t) * valid_bt1
-                            })
+                            .zip(valid_k_bt1)
+                            .map(|(k, valid_bt1)| hist.narrow(1, taps - k, t) * valid_bt1)
                             .collect()
                     }
                     _ => Vec::new(),
