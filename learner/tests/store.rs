@@ -307,3 +307,83 @@ fn a_store_reopens_right_after_it_is_closed_and_a_held_one_is_reported() {
     let err = TrajectoryStore::open(&path).unwrap_err().to_string();
     assert!(err.contains("store") && err.contains("lock"), "{err}");
 }
+
+/// Many streams finishing at once while the trainer's cursor walks the store and marks
+/// what it consumed: the write path (transaction, then flush) under concurrent flushes,
+/// batches and iterators. sled 0.34 deadlocked here (a transaction queued behind a flush
+/// froze every later reader, the learner's RPCs included) until the store ordered its
+/// writers against its flushes; the check is liveness, so the bound is generous.
+#[test]
+fn concurrent_finishes_flushes_and_cursor_reads_never_deadlock() {
+    const STREAMS: usize = 48;
+    const PER_STREAM: usize = 12;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    let writer_store = Arc::clone(&store);
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(4)
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async move {
+            let mut tasks = tokio::task::JoinSet::new();
+            for s in 0..STREAMS {
+                let store = Arc::clone(&writer_store);
+                tasks.spawn(async move {
+                    for i in 0..PER_STREAM {
+                        let id = format!("s{s}-t{i}");
+                        let Begin::New(mut w) =
+                            store.begin(synthetic::header(&id, "hops", 1, 1)).unwrap()
+                        else {
+                            panic!("{id} already stored")
+                        };
+                        for (seq, step) in synthetic::steps(&id, SHAPE).enumerate() {
+                            w.append(seq as u64, step).unwrap();
+                        }
+                        w.finish(synthetic::footer(&id, SHAPE)).await.unwrap();
+                    }
+                });
+            }
+            while let Some(r) = tasks.join_next().await {
+                r.unwrap();
+            }
+        });
+        let _ = done_tx.send(());
+    });
+    // The trainer's side: walk the cursor and mark what was read, as `Collector::poll` does.
+    let reader_store = Arc::clone(&store);
+    let (stop_tx, stop_rx) = std::sync::mpsc::channel::<()>();
+    let reader = std::thread::spawn(move || {
+        let (mut cursor, mut step, mut seen) = (0u64, 0u64, 0usize);
+        while stop_rx.try_recv().is_err() {
+            let batch: Vec<(u64, String)> = reader_store
+                .finished_since(cursor)
+                .map(|r| r.map(|(seq, rec)| (seq, rec.header.trajectory_id)))
+                .collect::<Result<_, _>>()
+                .unwrap();
+            if let Some((last, _)) = batch.last() {
+                cursor = *last;
+                step += 1;
+                seen += batch.len();
+                reader_store
+                    .mark_consumed(batch.iter().map(|(_, id)| id.as_str()), step)
+                    .unwrap();
+            }
+        }
+        seen
+    });
+    let finished = done_rx.recv_timeout(std::time::Duration::from_secs(120));
+    assert!(
+        finished.is_ok(),
+        "the store deadlocked: {STREAMS} streams did not finish {PER_STREAM} trajectories each in 120 s"
+    );
+    stop_tx.send(()).unwrap();
+    let seen = reader.join().unwrap();
+    assert!(
+        seen <= STREAMS * PER_STREAM,
+        "the cursor read {seen} trajectories"
+    );
+    assert_eq!(store.finished_since(0).count(), STREAMS * PER_STREAM);
+}

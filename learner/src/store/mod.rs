@@ -3,7 +3,7 @@
 //! # Guarantees
 //!
 //! 1. **Acked ⇒ durable.** [`TrajectoryWriter::finish`] returns only after
-//!    `sled::Db::flush_async` has returned, and sled 0.34 promises that "if this
+//!    `sled::Db::flush` has returned, and sled 0.34 promises that "if this
 //!    succeeds, it is guaranteed that all previous writes will be recovered if the
 //!    system crashes". The learner acks a trajectory only after `finish` returns.
 //! 2. **No half-written trajectory is visible.** Readers ([`TrajectoryStore::get`],
@@ -22,7 +22,21 @@
 //! 3. `finish`: check the footer's totals against what was appended, then one
 //!    transaction over `meta`, `open`, `by_version`, `by_task`, `by_status` and
 //!    `by_seq` flips the record to `Finished` and writes its index entries;
-//!    then `flush_async` (the only fsync), then return.
+//!    then `flush` (the only fsync), then return. `finish` runs both on tokio's
+//!    blocking pool, so a slow disk never stalls the RPC workers.
+//!
+//! # Writers against flushes
+//!
+//! sled 0.34 guards every tree operation with one process-wide reader-writer lock:
+//! writers (transactions, batches) hold it alone, a flush holds it shared while it
+//! waits for log writes. A writer queued behind a running flush blocks every later
+//! reader, including other flushes, and when those fill the thread pool that runs
+//! sled's log writes, the write the first flush waits for never runs: the whole store
+//! deadlocks (sled issue #1301; a demo learner stopped answering RPCs mid-run, and
+//! `tests/store.rs` reproduced it). [`GATE`] orders the two from outside: our flushes
+//! share it, our transactions and batches hold it alone, so none of them ever waits
+//! inside sled while one of our flushes holds sled's lock, and no flush runs on sled's
+//! pool (`flush_async` would put it there).
 //!
 //! # Recovery rule
 //!
@@ -50,7 +64,7 @@ mod read;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use corvid_proto::{pb, ProtoError, Step, TrajectoryFooter, TrajectoryHeader};
 use prost::Message;
@@ -58,6 +72,20 @@ use serde::{Deserialize, Serialize};
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 
 pub use read::{ExportSummary, Filter, StoreStats};
+
+/// Orders our sled writers against our flushes (see "Writers against flushes"). It is
+/// process-wide because sled's lock is.
+static GATE: RwLock<()> = RwLock::new(());
+
+/// Held around a transaction or a batch.
+fn writer_gate() -> RwLockWriteGuard<'static, ()> {
+    GATE.write().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Held around a flush.
+fn flush_gate() -> RwLockReadGuard<'static, ()> {
+    GATE.read().unwrap_or_else(PoisonError::into_inner)
+}
 
 /// Page-cache budget handed to sled. Bounds the store's memory no matter how
 /// much is ingested (sled's default is 1 GiB).
@@ -285,9 +313,11 @@ impl TrajectoryStore {
         for key in self.steps.scan_prefix(keys::step_prefix(id)).keys() {
             batch.remove(key.map_err(|e| self.sled_err(e))?);
         }
+        let gate = writer_gate();
         self.steps
             .apply_batch(batch)
             .map_err(|e| self.sled_err(e))?;
+        drop(gate);
         if let Some(bytes) = self.meta.get(id).map_err(|e| self.sled_err(e))? {
             if TrajectoryRecord::decode(id, &bytes)?.status == RecordStatus::Open {
                 self.meta.remove(id).map_err(|e| self.sled_err(e))?;
@@ -351,6 +381,7 @@ impl TrajectoryStore {
 
     /// Flushes everything written so far to disk (blocking).
     pub fn flush_sync(&self) -> Result<()> {
+        let _gate = flush_gate();
         self.db.flush().map(|_| ()).map_err(|e| self.sled_err(e))
     }
 
@@ -372,6 +403,7 @@ impl TrajectoryStore {
         for id in ids {
             batch.insert(id.as_bytes(), &step.to_be_bytes());
         }
+        let _gate = writer_gate();
         self.consumed
             .apply_batch(batch)
             .map_err(|e| self.sled_err(e))
@@ -454,22 +486,22 @@ impl TrajectoryWriter {
 
     /// Checks the footer against what was appended, makes the trajectory visible
     /// and durable, and returns its record. Only after this returns may it be acked.
-    pub async fn finish(mut self, footer: TrajectoryFooter) -> Result<TrajectoryRecord> {
-        let rec = self.commit(footer)?;
-        // Committed: from here a failed flush must not purge it (a resend is acked
-        // as a duplicate once it is on disk).
-        self.finished = true;
-        self.store
-            .db
-            .flush_async()
+    /// Runs on tokio's blocking pool.
+    pub async fn finish(self, footer: TrajectoryFooter) -> Result<TrajectoryRecord> {
+        let id = self.id().to_owned();
+        tokio::task::spawn_blocking(move || self.finish_blocking(footer))
             .await
-            .map_err(|e| self.store.sled_err(e))?;
-        Ok(rec)
+            .map_err(|e| StoreError::Invalid {
+                id,
+                reason: format!("the finishing task failed: {e}"),
+            })?
     }
 
     /// Blocking twin of [`finish`](Self::finish), for tools and tests outside async code.
     pub fn finish_blocking(mut self, footer: TrajectoryFooter) -> Result<TrajectoryRecord> {
         let rec = self.commit(footer)?;
+        // Committed: from here a failed flush must not purge it (a resend is acked
+        // as a duplicate once it is on disk).
         self.finished = true;
         self.store.flush_sync()?;
         Ok(rec)
@@ -505,6 +537,7 @@ impl TrajectoryWriter {
         let id = self.header.trajectory_id.as_bytes();
         let [kv, kt, ks] = keys::index_keys(&self.header, &footer);
         let value = rec.encode();
+        let _gate = writer_gate();
         (
             &s.meta,
             &s.open,
