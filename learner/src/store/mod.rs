@@ -145,6 +145,15 @@ pub enum StoreError {
         /// What was wrong.
         reason: String,
     },
+    /// The blocking task finishing a trajectory panicked or was cancelled (a learner
+    /// failure, not bad input: the client may resend).
+    #[error("finishing trajectory {id:?} did not complete: {reason}")]
+    Interrupted {
+        /// Trajectory id.
+        id: String,
+        /// The task's error.
+        reason: String,
+    },
     /// Another stream is writing the same id right now.
     #[error("trajectory {id:?} is being written by another stream; retry later")]
     Busy {
@@ -313,11 +322,12 @@ impl TrajectoryStore {
         for key in self.steps.scan_prefix(keys::step_prefix(id)).keys() {
             batch.remove(key.map_err(|e| self.sled_err(e))?);
         }
-        let gate = writer_gate();
-        self.steps
-            .apply_batch(batch)
-            .map_err(|e| self.sled_err(e))?;
-        drop(gate);
+        {
+            let _gate = writer_gate();
+            self.steps
+                .apply_batch(batch)
+                .map_err(|e| self.sled_err(e))?;
+        }
         if let Some(bytes) = self.meta.get(id).map_err(|e| self.sled_err(e))? {
             if TrajectoryRecord::decode(id, &bytes)?.status == RecordStatus::Open {
                 self.meta.remove(id).map_err(|e| self.sled_err(e))?;
@@ -491,9 +501,9 @@ impl TrajectoryWriter {
         let id = self.id().to_owned();
         tokio::task::spawn_blocking(move || self.finish_blocking(footer))
             .await
-            .map_err(|e| StoreError::Invalid {
+            .map_err(|e| StoreError::Interrupted {
                 id,
-                reason: format!("the finishing task failed: {e}"),
+                reason: e.to_string(),
             })?
     }
 
