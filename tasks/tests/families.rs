@@ -69,6 +69,27 @@ fn hops_oracle_follows_the_chain_through_the_initial_files() {
     }
 }
 
+/// The demo's ramp: SFT demonstrates levels 1–2, and the first level past them must add only a
+/// hop (and a distractor), not filler around the line to copy (see `FILLER` in hops.rs).
+#[test]
+fn hops_files_hold_only_their_marker_line_through_level_3_and_filler_from_level_4() {
+    for seed in 0..SEEDS {
+        for level in 1..=4 {
+            let t = Hops.instance(level, seed).unwrap();
+            let multi_line = t
+                .files
+                .values()
+                .filter(|bytes| String::from_utf8_lossy(bytes).lines().count() > 1)
+                .count();
+            if level <= 3 {
+                assert_eq!(multi_line, 0, "{}: a file has filler", t.id);
+            } else {
+                assert!(multi_line > 0, "{}: no file has filler", t.id);
+            }
+        }
+    }
+}
+
 #[test]
 fn search_oracle_chains_liaisons_in_the_corpus() {
     for level in 1..=8 {

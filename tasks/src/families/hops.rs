@@ -14,11 +14,15 @@ use crate::task::{
     check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
 };
 
-/// Filler bytes per file, by level. Levels 1–2 hold only their marker line: a from-scratch
+/// Filler bytes per file, by level. Levels 1–3 hold only their marker line. A from-scratch
 /// policy learns to copy a path from `next: <path>` about 2.5× sooner without same-alphabet
 /// filler around it (a reference GPT: ~300 vs ~850 SFT steps, `docs/bench/raw/sft-sweep.md`),
-/// and the curriculum then adds filler from level 3 up.
-const FILLER: [usize; 8] = [0, 0, 40, 140, 220, 320, 420, 480];
+/// so the demonstrated levels 1–2 have none; level 3 has none either, so that the first level
+/// past the demonstrations adds only a hop and a distractor file. A policy trained on levels
+/// 1–2 solved 4% of level 3 without filler (and RL took it to ~17%), but none with filler,
+/// where RL had no signal (`docs/bench/raw/rl-sweep-2026-12-01.md`, runs e1 and e2). Filler
+/// starts at level 4.
+const FILLER: [usize; 8] = [0, 0, 0, 40, 140, 220, 320, 420];
 /// Distractor files, by level.
 const DISTRACTORS: [usize; 8] = [1, 2, 3, 4, 6, 8, 10, 12];
 
