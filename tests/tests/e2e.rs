@@ -20,7 +20,7 @@ fn corvid() -> PathBuf {
     if !bin.exists() {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut cmd = Command::new(cargo);
-        cmd.args(["build", "--bin", "corvid"]);
+        cmd.args(["build", "-p", "corvid", "--bin", "corvid"]);
         if dir.ends_with("release") {
             cmd.arg("--release");
         }
