@@ -19,8 +19,8 @@ use crate::task::{
 /// filler around it (a reference GPT: ~300 vs ~850 SFT steps, `docs/bench/raw/sft-sweep.md`),
 /// so the demonstrated levels 1–2 have none; level 3 has none either, so that the first level
 /// past the demonstrations adds only a hop and a distractor file. A policy trained on levels
-/// 1–2 solved 4% of level 3 without filler (and RL took it to ~17%), but none with filler,
-/// where RL had no signal (`docs/bench/raw/rl-sweep-2026-12-01.md`, runs e1 and e2). Filler
+/// 1–2 solved 4% of level 3 without filler (RL took it to 14–20% in 5 of 8 runs), but none
+/// with filler, where RL had no signal (`docs/bench/raw/rl-sweep-2026-12-01.md`, runs e1 and e2). Filler
 /// starts at level 4.
 const FILLER: [usize; 8] = [0, 0, 0, 40, 140, 220, 320, 420];
 /// Distractor files, by level.
