@@ -84,10 +84,10 @@ pub const K3_MAX: f64 = 10.0;
 /// tokens sampled from `π_θ`, and low-variance. `[N]`; gradient flows through `logp_new`.
 ///
 /// Clamped as verl's `low_var_kl` is: `x` to `±K3_LOG_RATIO_CLAMP`, the result to at most
-/// `K3_MAX`. `exp(x)` is unbounded, and one token the reference likes but the policy now
-/// gives `e^-20` after a few updates (seen in the demo at rollout temperature 0.4) made the
-/// mean over ~4,000 tokens 10^5–10^8 and its gradient norm 10^9: after clipping, that update
-/// trained nothing but that one token. Past the bound the token adds a constant (no
+/// `K3_MAX`. `exp(x)` is unbounded: one sampled token that the reference finds e^20 times
+/// likelier than the policy made an update's mean over ~4,000 tokens 10^5–10^8 and its
+/// gradient norm up to 10^9, so after clipping that update trained nothing but that token
+/// (`docs/bench/raw/rl-sweep-2026-12-01.md`, run e1). Past the bound the token adds a constant (no
 /// gradient); below it the estimator is untouched.
 pub fn k3_kl(logp_new_n: &Tensor, logp_ref_n: &Tensor) -> Tensor {
     let x = (logp_ref_n.detach() - logp_new_n).clamp(-K3_LOG_RATIO_CLAMP, K3_LOG_RATIO_CLAMP);

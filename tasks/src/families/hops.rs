@@ -17,11 +17,10 @@ use crate::task::{
 /// Filler bytes per file, by level. Levels 1–3 hold only their marker line. A from-scratch
 /// policy learns to copy a path from `next: <path>` about 2.5× sooner without same-alphabet
 /// filler around it (a reference GPT: ~300 vs ~850 SFT steps, `docs/bench/raw/sft-sweep.md`),
-/// so the demonstrated levels 1–2 have none; level 3 has none either, so that the first level
-/// past the demonstrations adds only a hop and a distractor file. A policy trained on levels
-/// 1–2 solved 4% of level 3 without filler (RL took it to 14–20% in 5 of 8 runs), but none
-/// with filler, where RL had no signal (`docs/bench/raw/rl-sweep-2026-12-01.md`, runs e1 and e2). Filler
-/// starts at level 4.
+/// so the demonstrated levels 1–2 have none, and level 3, the first past them, adds only a hop
+/// and a distractor file: a policy trained on levels 1–2 solved 4% of it, where it solved none
+/// of level 3 with filler and RL had no signal (`docs/bench/raw/rl-sweep-2026-12-01.md`, runs
+/// e1 and e2). Filler starts at level 4.
 const FILLER: [usize; 8] = [0, 0, 0, 40, 140, 220, 320, 420];
 /// Distractor files, by level.
 const DISTRACTORS: [usize; 8] = [1, 2, 3, 4, 6, 8, 10, 12];
