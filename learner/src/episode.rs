@@ -19,7 +19,7 @@
 //! format, so demonstrations for SFT carry exactly the tool output an actor would see.
 
 use corvid_proto::{Step, ToolCall, ToolStatus};
-use corvid_tasks::{Episode, TaskEnv, TaskInstance, TasksError, Verdict};
+use corvid_tasks::{Episode, OracleStep, SplitMix64, TaskEnv, TaskInstance, TasksError, Verdict};
 use serde::{Deserialize, Serialize};
 
 use crate::tokenizer::{ByteTokenizer, Special};
@@ -242,6 +242,35 @@ impl Demonstration {
     }
 }
 
+/// Mistakes injected into a demonstration so that it teaches recovery. Before each oracle
+/// call (the final `answer` included), with probability `rate`, the demonstration first makes
+/// a mistake and reads the real error it gets back:
+///
+/// - a **mistyped path**: the call with one character of its `path` argument changed, for
+///   `read_file` and `list_dir` only (they change nothing in the workspace), executed in the
+///   sandbox, so the policy reads the real `not_found` error;
+/// - a **broken call**: the call's JSON cut short and closed with `</tool_call>`, answered
+///   with the parse error an actor answers it with.
+///
+/// A mistake's tokens are context, not targets (loss mask 0): the policy learns to read an
+/// error and recover, not to make the mistake. Mistakes stop where they would push the
+/// episode past the task's `max_turns`. With `rate = 0` the demonstration is the oracle's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mistakes {
+    /// Chance of a mistake before each call, in `[0, 1)`.
+    pub rate: f64,
+    /// Seed of the choices (where, which kind, which character).
+    pub seed: u64,
+}
+
+impl Mistakes {
+    /// No mistakes: the oracle's own episode.
+    pub const NONE: Mistakes = Mistakes { rate: 0.0, seed: 0 };
+}
+
+/// Tools whose mistyped call is harmless to run: they only read.
+const MISTYPABLE_TOOLS: [&str; 2] = ["read_file", "list_dir"];
+
 /// Runs `task`'s oracle plan (its calls, then `answer`) in a fresh workspace of `env`'s
 /// sandbox and lays it out in `format`, with each turn's tool result and process reward.
 pub fn oracle_steps(
@@ -249,39 +278,131 @@ pub fn oracle_steps(
     env: &TaskEnv,
     task: &TaskInstance,
 ) -> Result<Demonstration, TasksError> {
+    oracle_steps_with(format, env, task, Mistakes::NONE)
+}
+
+/// [`oracle_steps`] with `mistakes` injected before the oracle's calls.
+pub fn oracle_steps_with(
+    format: &EpisodeFormat,
+    env: &TaskEnv,
+    task: &TaskInstance,
+    mistakes: Mistakes,
+) -> Result<Demonstration, TasksError> {
     let mut ep = Episode::start(env, task)?;
-    let mut steps = Vec::with_capacity(task.oracle.steps.len() + 1);
-    let mut context = format.prompt_ids(env, task);
-    let calls = task
+    let calls: Vec<OracleStep> = task
         .oracle
         .steps
         .iter()
         .cloned()
-        .chain(std::iter::once(task.oracle.answer_step()));
-    for (turn, call) in calls.enumerate() {
+        .chain(std::iter::once(task.oracle.answer_step()))
+        .collect();
+    let mut spare_turns = (task.max_turns as usize).saturating_sub(calls.len());
+    let mut rng = SplitMix64::derive(mistakes.seed, &format!("mistakes/{}", task.id));
+    let mut steps = Vec::with_capacity(calls.len() + 1);
+    let mut context = format.prompt_ids(env, task);
+    for call in &calls {
+        if spare_turns > 0 && mistakes.rate > 0.0 && rng.next_f64() < mistakes.rate {
+            spare_turns -= 1;
+            let mut step = match mistyped(call, &mut rng) {
+                Some(wrong) if rng.below(2) == 0 => {
+                    let generated = format.call_ids(&wrong.name, &wrong.arguments);
+                    let out = ep.call(&wrong.tool_call());
+                    let mut step = demo_step(&mut context, &generated, false);
+                    step.tool_call = Some(wrong.tool_call());
+                    step.tool_result = Some(out.result);
+                    step.process_reward = ep.last_process_reward() as f32;
+                    context = format.result_ids(true, &out.text);
+                    step
+                }
+                _ => {
+                    let generated = broken(format, call, &mut rng);
+                    let err = match format.parse_call(&generated) {
+                        Err(e) => e,
+                        Ok(_) => CallParseError::Json("unexpected end of the call".into()),
+                    };
+                    let step = demo_step(&mut context, &generated, false);
+                    context = format.result_ids(true, &format.parse_error_text(&err));
+                    step
+                }
+            };
+            step.turn = steps.len() as u32;
+            steps.push(step);
+        }
         let generated = format.call_ids(&call.name, &call.arguments);
         let out = ep.call(&call.tool_call());
-        let n_ctx = context.len();
-        let n_gen = generated.len();
-        let mut token_ids = std::mem::take(&mut context);
-        token_ids.extend_from_slice(&generated);
-        let mut loss_mask = vec![false; n_ctx];
-        loss_mask.extend(std::iter::repeat_n(true, n_gen));
-        steps.push(Step {
-            turn: turn as u32,
-            loss_mask,
-            logprobs: vec![0.0; n_ctx + n_gen],
-            policy_versions: vec![0; n_ctx + n_gen],
-            token_ids,
-            tool_call: Some(call.tool_call()),
-            tool_result: Some(out.result),
-            process_reward: ep.last_process_reward() as f32,
-            timings: Default::default(),
-        });
+        let mut step = demo_step(&mut context, &generated, true);
+        step.turn = steps.len() as u32;
+        step.tool_call = Some(call.tool_call());
+        step.tool_result = Some(out.result);
+        step.process_reward = ep.last_process_reward() as f32;
+        steps.push(step);
         context = format.result_ids(true, &out.text);
     }
     let verdict = ep.check();
     Ok(Demonstration { steps, verdict })
+}
+
+/// A demonstration turn: `context` (taken) then `generated`, learnt from iff `learn`.
+fn demo_step(context: &mut Vec<u32>, generated: &[u32], learn: bool) -> Step {
+    let n = context.len() + generated.len();
+    let mut loss_mask = vec![false; context.len()];
+    loss_mask.extend(std::iter::repeat_n(learn, generated.len()));
+    let mut token_ids = std::mem::take(context);
+    token_ids.extend_from_slice(generated);
+    Step {
+        turn: 0,
+        loss_mask,
+        logprobs: vec![0.0; n],
+        policy_versions: vec![0; n],
+        token_ids,
+        tool_call: None,
+        tool_result: None,
+        process_reward: 0.0,
+        timings: Default::default(),
+    }
+}
+
+/// `call` with one character of its `path` changed (a letter for a letter, anything else
+/// for a digit), or `None` if it is not a call to a [`MISTYPABLE_TOOLS`] tool with a path.
+fn mistyped(call: &OracleStep, rng: &mut SplitMix64) -> Option<OracleStep> {
+    if !MISTYPABLE_TOOLS.contains(&call.name.as_str()) {
+        return None;
+    }
+    let path: Vec<char> = call.arguments.get("path")?.as_str()?.chars().collect();
+    if path.is_empty() {
+        return None;
+    }
+    let mut wrong = path.clone();
+    let at = rng.below(path.len() as u64) as usize;
+    wrong[at] = loop {
+        let c = if path[at].is_ascii_alphabetic() {
+            (b'a' + rng.below(26) as u8) as char
+        } else {
+            (b'0' + rng.below(10) as u8) as char
+        };
+        if c != path[at] {
+            break c;
+        }
+    };
+    let mut arguments = call.arguments.clone();
+    arguments["path"] = serde_json::Value::String(wrong.into_iter().collect());
+    Some(OracleStep {
+        arguments,
+        ..call.clone()
+    })
+}
+
+/// `call`'s generated tokens cut somewhere inside its JSON body and closed with
+/// `</tool_call>`: a call that does not parse.
+fn broken(format: &EpisodeFormat, call: &OracleStep, rng: &mut SplitMix64) -> Vec<u32> {
+    let whole = format.call_ids(&call.name, &call.arguments);
+    // [<tool_call>, body..., </tool_call>]: keep the open tag and 1..len(body)-1 body tokens,
+    // so the body is a strict, non-empty prefix of a JSON object and never parses.
+    let body = whole.len() - 2;
+    let keep = 1 + rng.below(body.saturating_sub(1).max(1) as u64) as usize;
+    let mut ids = whole[..1 + keep].to_vec();
+    ids.push(Special::ToolCallClose.id());
+    ids
 }
 
 /// One message of an OpenAI-style chat transcript, the interchange format of

@@ -20,11 +20,15 @@
 //!    laid out by [`EpisodeFormat::from_messages`]) are read once at start; a bad line is an
 //!    error naming its file and line. Each draw picks uniformly among the (family, level)
 //!    pairs and, when there are imports, one more slot: a uniformly drawn transcript.
+//! 5. **Mistakes.** With `sft.mistake_rate > 0` a demonstration makes loss-masked mistakes
+//!    and recovers from them ([`Mistakes`]), from step `sft.mistakes_from_step` on (the
+//!    held-out set always); where they fall is a pure function of the instance seed and
+//!    `sft.seed`, like the rest of the stream.
 
 use corvid_sandbox::Sandbox;
 use corvid_tasks::{Families, SplitMix64, TaskEnv, TaskFamily, TasksError};
 
-use crate::episode::{oracle_steps, EpisodeFormat};
+use crate::episode::{oracle_steps_with, EpisodeFormat, Mistakes};
 use crate::tokenizer::Special;
 use crate::train::config::{SftConfig, SftLayout};
 use crate::train::pack::PackedRow;
@@ -147,11 +151,21 @@ impl SftData {
         self.dropped
     }
 
-    /// The demonstration of `(pair, seed)` as an example, or `None` if its oracle fails.
-    fn example(&mut self, pair: usize, seed: u64) -> Result<Option<Example>, SftDataError> {
+    /// The demonstration of `(pair, seed)` as an example, or `None` if its oracle fails;
+    /// with mistakes iff `mistakes`.
+    fn example(
+        &mut self,
+        pair: usize,
+        seed: u64,
+        mistakes: bool,
+    ) -> Result<Option<Example>, SftDataError> {
         let (family, level) = &self.pairs[pair];
         let task = family.instance(*level, seed)?;
-        let demo = oracle_steps(&self.format, &self.env, &task)?;
+        let mistakes = Mistakes {
+            rate: if mistakes { self.cfg.mistake_rate } else { 0.0 },
+            seed: self.cfg.seed ^ seed,
+        };
+        let demo = oracle_steps_with(&self.format, &self.env, &task, mistakes)?;
         if !demo.verdict.passed() {
             self.dropped.failed_oracle += 1;
             tracing::warn!(task = %task.id, "oracle demonstration does not pass its checker; left out");
@@ -185,7 +199,7 @@ impl SftData {
             let e = if pair == self.pairs.len() {
                 self.imported[seed as usize % self.imported.len()].clone()
             } else {
-                match self.example(pair, seed)? {
+                match self.example(pair, seed, step >= self.cfg.mistakes_from_step)? {
                     Some(e) => e,
                     None => continue,
                 }
@@ -218,7 +232,7 @@ impl SftData {
         let mut examples = Vec::new();
         for pair in 0..self.pairs.len() {
             for i in 0..self.cfg.heldout_per_level as u64 {
-                if let Some(e) = self.example(pair, self.cfg.heldout_seed_base + i)? {
+                if let Some(e) = self.example(pair, self.cfg.heldout_seed_base + i, true)? {
                     if e.ids.len() <= self.cfg.seq_len {
                         examples.push(e);
                     }
@@ -332,6 +346,52 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(err.contains("bad.jsonl:2:"), "{err}");
+    }
+
+    #[test]
+    fn mistakes_start_at_their_step_and_are_never_trained_on() {
+        let mistaken = SftConfig {
+            layout: SftLayout::Bucket,
+            mistake_rate: 0.5,
+            mistakes_from_step: 2,
+            ..cfg()
+        };
+        // `<tool_call>` targets of a step's rows: (trained, not trained).
+        let calls = |rows: &[PackedRow]| {
+            let open = i64::from(Special::ToolCallOpen.id());
+            let mut n = (0, 0);
+            for r in rows {
+                for (t, m) in r.targets.iter().zip(&r.loss_mask) {
+                    if *t == open {
+                        if *m {
+                            n.0 += 1
+                        } else {
+                            n.1 += 1
+                        }
+                    }
+                }
+            }
+            n
+        };
+        let mut a = SftData::new(&mistaken, &Families::default()).unwrap();
+        let mut plain = SftData::new(&cfg_bucket(), &Families::default()).unwrap();
+        for step in 0..2 {
+            assert_eq!(a.step_rows(step).unwrap(), plain.step_rows(step).unwrap());
+        }
+        let (trained, mistakes) = calls(&a.step_rows(2).unwrap());
+        assert!(
+            trained > 0 && mistakes > 0,
+            "{trained} trained, {mistakes} mistakes"
+        );
+        let (_, held_out_mistakes) = calls(&a.heldout_rows().unwrap());
+        assert!(held_out_mistakes > 0);
+    }
+
+    fn cfg_bucket() -> SftConfig {
+        SftConfig {
+            layout: SftLayout::Bucket,
+            ..cfg()
+        }
     }
 
     #[test]

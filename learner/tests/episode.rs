@@ -2,8 +2,11 @@
 //! turns become named errors, and oracle demonstrations run in the real sandbox have the
 //! documented layout with only the calls trained on.
 
-use corvid_learner::episode::{oracle_steps, CallParseError, EpisodeFormat, ToolPrompt};
+use corvid_learner::episode::{
+    oracle_steps, oracle_steps_with, CallParseError, EpisodeFormat, Mistakes, ToolPrompt,
+};
 use corvid_learner::tokenizer::Special;
+use corvid_proto::ToolStatus;
 use corvid_sandbox::Sandbox;
 use corvid_tasks::{builtin_families, TaskEnv, TaskFamily};
 
@@ -257,4 +260,95 @@ args = { args = ["wc", "-l", "a.txt"] }
     assert!(compact.contains("lines("), "{compact}");
     let json = EpisodeFormat::new(ToolPrompt::Json).system_text(&env, &task);
     assert!(json.contains("Counts with the toolbox"), "{json}");
+}
+
+#[test]
+fn demonstrations_with_mistakes_recover_and_train_only_on_the_oracle_calls() {
+    let env = env();
+    let f = EpisodeFormat::default();
+    let tok = f.tokenizer();
+    let (mut mistyped, mut broken) = (0, 0);
+    for family in builtin_families() {
+        for level in 1..=4 {
+            for seed in 0..6 {
+                let task = family.instance(level, seed).expect("instance");
+                let plain = oracle_steps(&f, &env, &task).expect("demo");
+                let none = oracle_steps_with(&f, &env, &task, Mistakes::NONE).expect("demo");
+                assert_eq!(
+                    none.flatten(),
+                    plain.flatten(),
+                    "{}: rate 0 is the oracle",
+                    task.id
+                );
+                let mistakes = Mistakes { rate: 0.6, seed: 7 };
+                let demo = oracle_steps_with(&f, &env, &task, mistakes).expect("demo");
+                let again = oracle_steps_with(&f, &env, &task, mistakes).expect("demo");
+                assert_eq!(
+                    demo.flatten(),
+                    again.flatten(),
+                    "{}: deterministic",
+                    task.id
+                );
+                assert!(demo.verdict.passed(), "{}: {:?}", task.id, demo.verdict);
+                assert!(demo.steps.len() <= task.max_turns as usize, "{}", task.id);
+                let mut learnt = Vec::new();
+                for (t, step) in demo.steps.iter().enumerate() {
+                    step.validate().expect("valid step");
+                    assert_eq!(step.turn as usize, t);
+                    let open = step
+                        .token_ids
+                        .iter()
+                        .position(|&id| id == Special::ToolCallOpen.id())
+                        .expect("a call");
+                    let generated = &step.token_ids[open..];
+                    assert!(f.closed_by_call(generated));
+                    assert!(
+                        step.loss_mask[..open].iter().all(|m| !m),
+                        "context is not learnt"
+                    );
+                    if step.loss_mask[open..].iter().all(|m| *m) {
+                        learnt.push(generated.to_vec());
+                        continue;
+                    }
+                    assert!(
+                        step.loss_mask[open..].iter().all(|m| !m),
+                        "a mistake is not learnt"
+                    );
+                    // What the policy reads next is an error, then it recovers.
+                    let next = &demo.steps[t + 1].token_ids;
+                    let text = String::from_utf8_lossy(&tok.decode_bytes(&next[2..])).into_owned();
+                    assert!(
+                        text.starts_with("error: "),
+                        "{}: read back {text:?}",
+                        task.id
+                    );
+                    match f.parse_call(generated) {
+                        Ok(call) => {
+                            mistyped += 1;
+                            assert_eq!(step.tool_call.as_ref(), Some(&call));
+                            let status = step.tool_result.as_ref().expect("result").status;
+                            assert_ne!(status, ToolStatus::Ok, "{}: {call:?}", task.id);
+                        }
+                        Err(_) => broken += 1,
+                    }
+                }
+                let oracle: Vec<Vec<u32>> = task
+                    .oracle
+                    .steps
+                    .iter()
+                    .chain(std::iter::once(&task.oracle.answer_step()))
+                    .map(|c| f.call_ids(&c.name, &c.arguments))
+                    .collect();
+                assert_eq!(
+                    learnt, oracle,
+                    "{}: the learnt turns are the oracle's",
+                    task.id
+                );
+            }
+        }
+    }
+    assert!(
+        mistyped >= 10 && broken >= 10,
+        "{mistyped} mistyped, {broken} broken"
+    );
 }

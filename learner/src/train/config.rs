@@ -152,6 +152,16 @@ pub struct SftConfig {
     /// --format chat` writes). Each step draws from them as from one more (family, level)
     /// pair. Default empty.
     pub import: Vec<std::path::PathBuf>,
+    /// Chance, before each call of a demonstration (the final `answer` included), of a
+    /// mistake first — a mistyped path or a broken call — and the real error it gets back,
+    /// with the mistake's tokens left out of the loss, so demonstrations teach recovery
+    /// without teaching the mistake ([`crate::episode::Mistakes`]). In `[0, 1)`. Default `0`.
+    pub mistake_rate: f64,
+    /// First SFT step whose demonstrations make mistakes (`mistake_rate`); earlier steps
+    /// are the plain oracle's. Demonstrations with mistakes are longer for the same calls
+    /// learnt, which delays the moment a from-scratch policy learns to copy paths, so the
+    /// demo starts them once it copies. The held-out set always has them. Default `0`.
+    pub mistakes_from_step: u64,
     /// Optimizer settings.
     pub optim: OptimConfig,
 }
@@ -171,6 +181,8 @@ impl Default for SftConfig {
             heldout_seed_base: 1 << 40,
             eval_every: 100,
             import: Vec::new(),
+            mistake_rate: 0.0,
+            mistakes_from_step: 0,
             optim: OptimConfig::default(),
         }
     }
@@ -209,6 +221,9 @@ impl SftConfig {
                 format!("{:?}", self.levels),
                 "levels start at 1",
             ));
+        }
+        if !(0.0..1.0).contains(&self.mistake_rate) {
+            return Err(bad("mistake_rate", self.mistake_rate, "must be in [0, 1)"));
         }
         self.optim.validate()
     }
