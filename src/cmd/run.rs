@@ -85,7 +85,8 @@ pub struct RunSection {
     pub rl_minutes: f64,
     /// Family evaluated on held-out seeds. Default `hops`.
     pub eval_family: String,
-    /// Levels evaluated, `A..B`. Default `1..4`.
+    /// Levels evaluated, `A..B`; `corvid run` extends `B` up to the highest frontier level
+    /// either arm reached, so the headline figures are always measured. Default `1..4`.
     pub eval_levels: String,
     /// Held-out instances per level and stage. Default 200.
     pub eval_episodes: usize,
@@ -610,6 +611,23 @@ fn rl_phase(
     })
 }
 
+/// The levels to evaluate: `[run] eval_levels`, extended up to the highest frontier level of
+/// `family` that any arm reached, so the headline figures at the frontier are always measured.
+fn eval_levels(
+    configured: &str,
+    family: &str,
+    frontiers: &[&BTreeMap<String, u32>],
+) -> Result<(u32, u32)> {
+    let (first, last) = super::eval::parse_levels(configured)
+        .map_err(|e| anyhow::anyhow!("[run] eval_levels: {e}"))?;
+    let reached = frontiers
+        .iter()
+        .filter_map(|f| f.get(family).copied())
+        .max()
+        .unwrap_or(0);
+    Ok((first, last.max(reached)))
+}
+
 fn eval_stage(
     stage: &str,
     checkpoint: Option<PathBuf>,
@@ -762,6 +780,15 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             pk.name() == run.eval_family
         })
     });
+    let (first, last) = eval_levels(
+        &run.eval_levels,
+        &run.eval_family,
+        &[&main.frontier, &ablation_frontier],
+    )?;
+    let eval_run = RunSection {
+        eval_levels: format!("{first}..{last}"),
+        ..run.clone()
+    };
     let mut evals: BTreeMap<String, EvalResult> = BTreeMap::new();
     if stop.load(Ordering::SeqCst) < 2 {
         // (stage, checkpoint, model config for a random init)
@@ -791,7 +818,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                         ck,
                         model,
                         &run_dir,
-                        &run,
+                        &eval_run,
                         eval_pack.cloned(),
                         store.clone(),
                     );
@@ -849,4 +876,27 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     eprintln!("[run] report: {}", summary.html.display());
     println!("{}", summary.html.display());
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod eval_levels_tests {
+    use super::*;
+
+    #[test]
+    fn evaluation_extends_to_the_highest_frontier_reached() {
+        let f = |l: u32| BTreeMap::from([("hops".to_string(), l)]);
+        let none = BTreeMap::new();
+        assert_eq!(
+            eval_levels("1..3", "hops", &[&f(2), &none]).unwrap(),
+            (1, 3)
+        );
+        assert_eq!(
+            eval_levels("1..3", "hops", &[&f(3), &f(5)]).unwrap(),
+            (1, 5)
+        );
+        assert_eq!(eval_levels("2..3", "hops", &[&f(4)]).unwrap(), (2, 4));
+        assert_eq!(eval_levels("1..3", "search", &[&f(6)]).unwrap(), (1, 3));
+        let err = eval_levels("3..1", "hops", &[]).unwrap_err().to_string();
+        assert!(err.contains("eval_levels"), "{err}");
+    }
 }
