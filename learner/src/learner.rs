@@ -253,6 +253,21 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
                     paths.config.display()
                 )));
             }
+            // The curriculum resumes as saved; a config that now sets other levels would be
+            // ignored without a word, so it is refused.
+            for (name, max) in &cfg.family_levels()? {
+                let saved = r.curriculum.progress(name).map(|f| f.max_level).ok();
+                if saved != Some(*max) {
+                    return Err(LearnerError::RunDir(format!(
+                        "the checkpoint {} has a curriculum with {name} {}, the config's [tasks] \
+                         gives levels 1..={max}; resume with the run's own config ({}) or \
+                         start another --run-dir",
+                        p.display(),
+                        saved.map_or("not at all".to_string(), |l| format!("up to level {l}")),
+                        paths.config.display()
+                    )));
+                }
+            }
             Some(r)
         }
         (false, None) => None,

@@ -319,6 +319,30 @@ fn a_run_folder_is_never_silently_restarted() {
 }
 
 #[test]
+fn a_resume_with_other_task_levels_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, _shared) = open(dir.path(), false);
+    a.checkpoint().unwrap();
+    drop(a);
+    drop(_shared);
+    let text = std::fs::read_to_string(dir.path().join("run/config.toml")).unwrap();
+    let mut cfg = config(dir.path());
+    cfg.tasks.max_levels.insert("hops".into(), 5);
+    let err = prepare(cfg, true).unwrap_err().to_string();
+    assert!(
+        err.contains("hops up to level 3") && err.contains("levels 1..=5"),
+        "{err}"
+    );
+    assert!(err.contains("config.toml"), "{err}");
+    // The run folder is untouched and resumes with its own config.
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("run/config.toml")).unwrap(),
+        text
+    );
+    assert!(prepare(config(dir.path()), true).is_ok());
+}
+
+#[test]
 fn sync_mode_opens_one_batch_of_groups_per_version() {
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
