@@ -18,8 +18,13 @@
 //! [`oracle_steps`] runs a task's oracle plan in the real sandbox and lays it out in this
 //! format, so demonstrations for SFT carry exactly the tool output an actor would see.
 
+use std::collections::BTreeMap;
+
 use corvid_proto::{Step, ToolCall, ToolStatus};
-use corvid_tasks::{Episode, OracleStep, SplitMix64, TaskEnv, TaskInstance, TasksError, Verdict};
+use corvid_tasks::{
+    score_turns, Episode, OracleStep, ScoredTurn, SplitMix64, TaskEnv, TaskInstance, TasksError,
+    Verdict,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::tokenizer::{ByteTokenizer, Special};
@@ -254,7 +259,8 @@ impl Demonstration {
 ///
 /// A mistake's tokens are context, not targets (loss mask 0): the policy learns to read an
 /// error and recover, not to make the mistake. Mistakes stop where they would push the
-/// episode past the task's `max_turns`. With `rate = 0` the demonstration is the oracle's.
+/// episode past the task's `max_turns`, and a tool is mistyped only while its call limit
+/// leaves room for the oracle's own calls. With `rate = 0` the demonstration is the oracle's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Mistakes {
     /// Chance of a mistake before each call, in `[0, 1)`.
@@ -297,14 +303,27 @@ pub fn oracle_steps_with(
         .chain(std::iter::once(task.oracle.answer_step()))
         .collect();
     let mut spare_turns = (task.max_turns as usize).saturating_sub(calls.len());
+    // Calls each tool may still take beyond the oracle's own, so that no mistyped call makes
+    // the task refuse a later oracle call.
+    let mut spare_calls: BTreeMap<&str, u32> = BTreeMap::new();
+    for spec in &task.tools {
+        if let Some(max) = spec.limits.max_calls {
+            let used = calls.iter().filter(|c| c.name == spec.name).count() as u32;
+            spare_calls.insert(&spec.name, max.saturating_sub(used));
+        }
+    }
     let mut rng = SplitMix64::derive(mistakes.seed, &format!("mistakes/{}", task.id));
     let mut steps = Vec::with_capacity(calls.len() + 1);
     let mut context = format.prompt_ids(env, task);
     for call in &calls {
         if spare_turns > 0 && mistakes.rate > 0.0 && rng.next_f64() < mistakes.rate {
-            spare_turns -= 1;
-            let mut step = match mistyped(call, &mut rng) {
+            let spare = spare_calls.get(call.name.as_str()).copied();
+            let wrong = mistyped(task, call, &mut rng).filter(|_| spare != Some(0));
+            let mistake = match wrong {
                 Some(wrong) if rng.below(2) == 0 => {
+                    if let Some(n) = spare_calls.get_mut(call.name.as_str()) {
+                        *n -= 1;
+                    }
                     let generated = format.call_ids(&wrong.name, &wrong.arguments);
                     let out = ep.call(&wrong.tool_call());
                     let mut step = demo_step(&mut context, &generated, false);
@@ -312,21 +331,24 @@ pub fn oracle_steps_with(
                     step.tool_result = Some(out.result);
                     step.process_reward = ep.last_process_reward() as f32;
                     context = format.result_ids(true, &out.text);
-                    step
+                    Some(step)
                 }
                 _ => {
                     let generated = broken(format, call, &mut rng);
-                    let err = match format.parse_call(&generated) {
-                        Err(e) => e,
-                        Ok(_) => CallParseError::Json("unexpected end of the call".into()),
-                    };
-                    let step = demo_step(&mut context, &generated, false);
-                    context = format.result_ids(true, &format.parse_error_text(&err));
-                    step
+                    // A strict prefix of a JSON object never parses; were it to, no mistake.
+                    format.parse_call(&generated).err().map(|err| {
+                        let mut step = demo_step(&mut context, &generated, false);
+                        step.process_reward = invalid_call_reward(task) as f32;
+                        context = format.result_ids(true, &format.parse_error_text(&err));
+                        step
+                    })
                 }
             };
-            step.turn = steps.len() as u32;
-            steps.push(step);
+            if let Some(mut step) = mistake {
+                spare_turns -= 1;
+                step.turn = steps.len() as u32;
+                steps.push(step);
+            }
         }
         let generated = format.call_ids(&call.name, &call.arguments);
         let out = ep.call(&call.tool_call());
@@ -362,9 +384,27 @@ fn demo_step(context: &mut Vec<u32>, generated: &[u32], learn: bool) -> Step {
     }
 }
 
+/// What the task's process rules give a turn that is not a well-formed call, as the actor
+/// scores it.
+fn invalid_call_reward(task: &TaskInstance) -> f64 {
+    let none = ToolCall {
+        name: String::new(),
+        arguments_json: String::new(),
+    };
+    let turn = ScoredTurn {
+        call: &none,
+        status: ToolStatus::InvalidCall,
+    };
+    score_turns(&task.process_rules, &[turn])
+        .last()
+        .copied()
+        .unwrap_or(0.0)
+}
+
 /// `call` with one character of its `path` changed (a letter for a letter, anything else
-/// for a digit), or `None` if it is not a call to a [`MISTYPABLE_TOOLS`] tool with a path.
-fn mistyped(call: &OracleStep, rng: &mut SplitMix64) -> Option<OracleStep> {
+/// for a digit), or `None` if it is not a call to a [`MISTYPABLE_TOOLS`] tool with a path,
+/// or the changed path names one of the task's files (it would not fail).
+fn mistyped(task: &TaskInstance, call: &OracleStep, rng: &mut SplitMix64) -> Option<OracleStep> {
     if !MISTYPABLE_TOOLS.contains(&call.name.as_str()) {
         return None;
     }
@@ -384,8 +424,12 @@ fn mistyped(call: &OracleStep, rng: &mut SplitMix64) -> Option<OracleStep> {
             break c;
         }
     };
+    let wrong: String = wrong.into_iter().collect();
+    if task.files.contains_key(&wrong) {
+        return None;
+    }
     let mut arguments = call.arguments.clone();
-    arguments["path"] = serde_json::Value::String(wrong.into_iter().collect());
+    arguments["path"] = serde_json::Value::String(wrong);
     Some(OracleStep {
         arguments,
         ..call.clone()

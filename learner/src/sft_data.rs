@@ -349,12 +349,11 @@ mod tests {
     }
 
     #[test]
-    fn mistakes_start_at_their_step_and_are_never_trained_on() {
+    fn mistakes_start_at_their_step_with_their_calls_out_of_the_loss() {
         let mistaken = SftConfig {
-            layout: SftLayout::Bucket,
             mistake_rate: 0.5,
             mistakes_from_step: 2,
-            ..cfg()
+            ..cfg_bucket()
         };
         // `<tool_call>` targets of a step's rows: (trained, not trained).
         let calls = |rows: &[PackedRow]| {
@@ -396,10 +395,7 @@ mod tests {
 
     #[test]
     fn a_bucketed_step_holds_one_demonstration_per_row_longest_first() {
-        let bucket = SftConfig {
-            layout: SftLayout::Bucket,
-            ..cfg()
-        };
+        let bucket = cfg_bucket();
         let mut a = SftData::new(&bucket, &Families::default()).unwrap();
         let rows = a.step_rows(3).unwrap();
         let tokens: usize = rows.iter().map(PackedRow::len).sum();

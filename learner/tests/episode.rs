@@ -273,11 +273,16 @@ fn demonstrations_with_mistakes_recover_and_train_only_on_the_oracle_calls() {
             for seed in 0..6 {
                 let task = family.instance(level, seed).expect("instance");
                 let plain = oracle_steps(&f, &env, &task).expect("demo");
-                let none = oracle_steps_with(&f, &env, &task, Mistakes::NONE).expect("demo");
+                let rate_0 = Mistakes {
+                    rate: 0.0,
+                    seed: 99,
+                };
+                let none = oracle_steps_with(&f, &env, &task, rate_0).expect("demo");
+                assert_eq!(none.steps.len(), task.oracle.steps.len() + 1);
                 assert_eq!(
                     none.flatten(),
                     plain.flatten(),
-                    "{}: rate 0 is the oracle",
+                    "{}: at rate 0 any seed gives the oracle's episode",
                     task.id
                 );
                 let mistakes = Mistakes { rate: 0.6, seed: 7 };
@@ -316,7 +321,12 @@ fn demonstrations_with_mistakes_recover_and_train_only_on_the_oracle_calls() {
                     );
                     // What the policy reads next is an error, then it recovers.
                     let next = &demo.steps[t + 1].token_ids;
-                    let text = String::from_utf8_lossy(&tok.decode_bytes(&next[2..])).into_owned();
+                    let end = 2 + next[2..]
+                        .iter()
+                        .position(|&id| id == Special::End.id())
+                        .expect("the tool message ends");
+                    let text =
+                        String::from_utf8_lossy(&tok.decode_bytes(&next[2..end])).into_owned();
                     assert!(
                         text.starts_with("error: "),
                         "{}: read back {text:?}",
@@ -327,9 +337,14 @@ fn demonstrations_with_mistakes_recover_and_train_only_on_the_oracle_calls() {
                             mistyped += 1;
                             assert_eq!(step.tool_call.as_ref(), Some(&call));
                             let status = step.tool_result.as_ref().expect("result").status;
-                            assert_ne!(status, ToolStatus::Ok, "{}: {call:?}", task.id);
+                            assert_eq!(status, ToolStatus::NotFound, "{}: {call:?}", task.id);
                         }
-                        Err(_) => broken += 1,
+                        Err(e) => {
+                            // What an actor answers the same malformed turn with.
+                            broken += 1;
+                            assert_eq!(step.tool_call, None);
+                            assert_eq!(text, f.parse_error_text(&e), "{}", task.id);
+                        }
                     }
                 }
                 let oracle: Vec<Vec<u32>> = task
