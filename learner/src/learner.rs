@@ -259,11 +259,11 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
                 let saved = r.curriculum.progress(name).map(|f| f.max_level).ok();
                 if saved != Some(*max) {
                     return Err(LearnerError::RunDir(format!(
-                        "the checkpoint {} has a curriculum with {name} {}, the config's [tasks] \
-                         gives levels 1..={max}; resume with the run's own config ({}) or \
-                         start another --run-dir",
+                        "the checkpoint {} has a curriculum with {}, the config's [tasks] \
+                         gives {name} levels 1..={max}; resume with the run's own config ({}) \
+                         or start another --run-dir",
                         p.display(),
-                        saved.map_or("not at all".to_string(), |l| format!("up to level {l}")),
+                        saved.map_or(format!("no {name}"), |l| format!("{name} up to level {l}")),
                         paths.config.display()
                     )));
                 }

@@ -85,8 +85,8 @@ pub struct RunSection {
     pub rl_minutes: f64,
     /// Family evaluated on held-out seeds. Default `hops`.
     pub eval_family: String,
-    /// Levels evaluated, `A..B`; `corvid run` extends `B` up to the highest frontier level
-    /// either arm reached, so the headline figures are always measured. Default `1..4`.
+    /// Levels evaluated, `A..B`; `corvid run` extends `B` up to the higher of the arms' final
+    /// frontier levels, so the headline figures are always measured. Default `1..4`.
     pub eval_levels: String,
     /// Held-out instances per level and stage. Default 200.
     pub eval_episodes: usize,
@@ -299,6 +299,26 @@ fn write_learner_config(
     let path = run_dir.join("learner.toml");
     std::fs::write(&path, &text).with_context(|| format!("writing {}", path.display()))?;
     Ok((path, cfg))
+}
+
+/// The ablation resumes a copy of the SFT run, whose curriculum has the main config's task
+/// levels; its learner would refuse other levels, and an arm that never trains would be
+/// evaluated as the SFT policy under the ablation's name. Checked before anything runs.
+fn check_ablation_tasks(main: &LearnerConfig, main_path: &Path, ablation: &Path) -> Result<()> {
+    let (table, _) = split_config(ablation)?;
+    let text = toml::to_string_pretty(&table).context("reading the ablation config")?;
+    let other = LearnerConfig::from_toml(&text)
+        .with_context(|| format!("{}: the learner part", ablation.display()))?;
+    let (a, b) = (main.family_levels()?, other.family_levels()?);
+    if a != b {
+        bail!(
+            "the ablation config {} trains task levels {b:?} but {} trains {a:?}; the two arms \
+             must share [tasks]",
+            ablation.display(),
+            main_path.display()
+        );
+    }
+    Ok(())
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -611,8 +631,8 @@ fn rl_phase(
     })
 }
 
-/// The levels to evaluate: `[run] eval_levels`, extended up to the highest frontier level of
-/// `family` that any arm reached, so the headline figures at the frontier are always measured.
+/// The levels to evaluate: `[run] eval_levels`, extended up to the highest final frontier level
+/// of `family` among the arms, so the headline figures at the frontier are always measured.
 fn eval_levels(
     configured: &str,
     family: &str,
@@ -723,6 +743,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let port = free_port()?;
     let (learner_cfg, cfg) = write_learner_config(table.clone(), &run_dir, port, &name)?;
+    if !args.no_ablation && !run.ablation.is_empty() {
+        check_ablation_tasks(&cfg, &args.config, Path::new(&run.ablation))?;
+    }
     let model_json = run_dir.join("model.json");
     std::fs::write(
         &model_json,
@@ -898,5 +921,25 @@ mod eval_levels_tests {
         assert_eq!(eval_levels("1..3", "search", &[&f(6)]).unwrap(), (1, 3));
         let err = eval_levels("3..1", "hops", &[]).unwrap_err().to_string();
         assert!(err.contains("eval_levels"), "{err}");
+    }
+
+    #[test]
+    fn an_ablation_with_other_task_levels_is_refused_before_anything_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let config =
+            |max: u32| format!("[tasks]\nfamilies = [\"hops\"]\nmax_levels = {{ hops = {max} }}\n");
+        let main = LearnerConfig::from_toml(&config(3)).unwrap();
+        let (same, other) = (dir.path().join("same.toml"), dir.path().join("other.toml"));
+        std::fs::write(&same, config(3)).unwrap();
+        std::fs::write(&other, config(5)).unwrap();
+        let main_path = Path::new("demo.toml");
+        check_ablation_tasks(&main, main_path, &same).unwrap();
+        let err = check_ablation_tasks(&main, main_path, &other)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("other.toml") && err.contains("must share [tasks]"),
+            "{err}"
+        );
     }
 }
