@@ -194,7 +194,8 @@ fn a_learner_killed_mid_stream_gets_every_trajectory_exactly_once() {
 #[test]
 fn a_learner_that_is_down_gets_the_spooled_trajectories_when_it_is_back() {
     let mut l = TestLearner::start(LearnerOpts {
-        max_new_tokens: 24,
+        // Long turns, so that the episodes are still running when the learner is killed.
+        max_new_tokens: 160,
         ..LearnerOpts::default()
     });
     let spool = tempfile::tempdir().unwrap();
@@ -202,9 +203,15 @@ fn a_learner_that_is_down_gets_the_spooled_trajectories_when_it_is_back() {
     let mut cfg = actor_cfg(&l, spool.path(), 4, Some(4));
     cfg.final_drain = Duration::ZERO;
     let actor = rt.spawn(run_actor(cfg, std::future::pending()));
-    wait_for("tasks handed out", Duration::from_secs(30), || {
-        l.control.dispenser.counters().episodes_issued >= 4
-    });
+    // Handed out is not enough: a learner killed before its NextTasks answer arrives leaves
+    // the actor asking for tasks until the learner is back, which this test only does after
+    // the actor ends (it hung so about once in 15 runs). An episode's journal in the spool
+    // proves the actor holds its task.
+    wait_for(
+        "the actor to begin its 4 episodes",
+        Duration::from_secs(30),
+        || spool_files(spool.path(), "active") + spool_files(spool.path(), "ready") >= 4,
+    );
     l.kill();
     let first = rt.block_on(actor).unwrap().unwrap();
     assert_eq!(first.finished, 4);
