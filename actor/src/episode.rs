@@ -11,13 +11,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corvid_learner::episode::{CallParseError, EpisodeFormat};
+use corvid_learner::episode::{invalid_call_reward, CallParseError, EpisodeFormat};
 use corvid_proto::{
     SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult, ToolStatus,
     TrajectoryFooter, TrajectoryHeader,
 };
 use corvid_sandbox::ToolOutput;
-use corvid_tasks::{score_turns, ScoredTurn, SplitMix64, TaskEnv, TaskInstance, Verdict};
+use corvid_tasks::{SplitMix64, TaskEnv, TaskInstance, Verdict};
 
 /// Most tokens in one proto step; a longer turn is split into consecutive steps with the
 /// same turn index (the tool call, result and reward go on the last piece). Far below
@@ -328,20 +328,7 @@ impl EpisodeRun {
         err: &CallParseError,
     ) -> (Vec<Step>, Next) {
         let closed = format.closed_by_call(&self.generated);
-        let dummy = ToolCall {
-            name: String::new(),
-            arguments_json: String::new(),
-        };
-        let reward = score_turns(
-            &self.spec.task.process_rules,
-            &[ScoredTurn {
-                call: &dummy,
-                status: ToolStatus::InvalidCall,
-            }],
-        )
-        .last()
-        .copied()
-        .unwrap_or(0.0);
+        let reward = invalid_call_reward(&self.spec.task);
         let steps = self.take_turn_steps(None, None, reward as f32, 0);
         self.queue_context(format, closed, &format.parse_error_text(err));
         (steps, self.decide(false))

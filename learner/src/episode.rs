@@ -326,7 +326,7 @@ pub fn oracle_steps_with(
                     }
                     let generated = format.call_ids(&wrong.name, &wrong.arguments);
                     let out = ep.call(&wrong.tool_call());
-                    let mut step = demo_step(&mut context, &generated, false);
+                    let mut step = demo_step(steps.len(), &mut context, &generated, false);
                     step.tool_call = Some(wrong.tool_call());
                     step.tool_result = Some(out.result);
                     step.process_reward = ep.last_process_reward() as f32;
@@ -337,23 +337,21 @@ pub fn oracle_steps_with(
                     let generated = broken(format, call, &mut rng);
                     // A strict prefix of a JSON object never parses; were it to, no mistake.
                     format.parse_call(&generated).err().map(|err| {
-                        let mut step = demo_step(&mut context, &generated, false);
+                        let mut step = demo_step(steps.len(), &mut context, &generated, false);
                         step.process_reward = invalid_call_reward(task) as f32;
                         context = format.result_ids(true, &format.parse_error_text(&err));
                         step
                     })
                 }
             };
-            if let Some(mut step) = mistake {
+            if let Some(step) = mistake {
                 spare_turns -= 1;
-                step.turn = steps.len() as u32;
                 steps.push(step);
             }
         }
         let generated = format.call_ids(&call.name, &call.arguments);
         let out = ep.call(&call.tool_call());
-        let mut step = demo_step(&mut context, &generated, true);
-        step.turn = steps.len() as u32;
+        let mut step = demo_step(steps.len(), &mut context, &generated, true);
         step.tool_call = Some(call.tool_call());
         step.tool_result = Some(out.result);
         step.process_reward = ep.last_process_reward() as f32;
@@ -364,15 +362,15 @@ pub fn oracle_steps_with(
     Ok(Demonstration { steps, verdict })
 }
 
-/// A demonstration turn: `context` (taken) then `generated`, learnt from iff `learn`.
-fn demo_step(context: &mut Vec<u32>, generated: &[u32], learn: bool) -> Step {
+/// Demonstration turn `turn`: `context` (taken) then `generated`, learnt from iff `learn`.
+fn demo_step(turn: usize, context: &mut Vec<u32>, generated: &[u32], learn: bool) -> Step {
     let n = context.len() + generated.len();
     let mut loss_mask = vec![false; context.len()];
     loss_mask.extend(std::iter::repeat_n(learn, generated.len()));
     let mut token_ids = std::mem::take(context);
     token_ids.extend_from_slice(generated);
     Step {
-        turn: 0,
+        turn: turn as u32,
         loss_mask,
         logprobs: vec![0.0; n],
         policy_versions: vec![0; n],
@@ -384,9 +382,9 @@ fn demo_step(context: &mut Vec<u32>, generated: &[u32], learn: bool) -> Step {
     }
 }
 
-/// What the task's process rules give a turn that is not a well-formed call, as the actor
-/// scores it.
-fn invalid_call_reward(task: &TaskInstance) -> f64 {
+/// What `task`'s process rules give a turn that is not a well-formed call (no call ran): the
+/// process reward of a malformed turn, for actors and demonstrations alike.
+pub fn invalid_call_reward(task: &TaskInstance) -> f64 {
     let none = ToolCall {
         name: String::new(),
         arguments_json: String::new(),
