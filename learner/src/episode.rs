@@ -324,14 +324,14 @@ pub fn oracle_steps_with(
                     if let Some(n) = spare_calls.get_mut(call.name.as_str()) {
                         *n -= 1;
                     }
-                    let generated = format.call_ids(&wrong.name, &wrong.arguments);
-                    let out = ep.call(&wrong.tool_call());
-                    let mut step = demo_step(steps.len(), &mut context, &generated, false);
-                    step.tool_call = Some(wrong.tool_call());
-                    step.tool_result = Some(out.result);
-                    step.process_reward = ep.last_process_reward() as f32;
-                    context = format.result_ids(true, &out.text);
-                    Some(step)
+                    Some(call_step(
+                        format,
+                        &mut ep,
+                        steps.len(),
+                        &mut context,
+                        &wrong,
+                        false,
+                    ))
                 }
                 _ => {
                     let generated = broken(format, call, &mut rng);
@@ -349,17 +349,31 @@ pub fn oracle_steps_with(
                 steps.push(step);
             }
         }
-        let generated = format.call_ids(&call.name, &call.arguments);
-        let out = ep.call(&call.tool_call());
-        let mut step = demo_step(steps.len(), &mut context, &generated, true);
-        step.tool_call = Some(call.tool_call());
-        step.tool_result = Some(out.result);
-        step.process_reward = ep.last_process_reward() as f32;
+        let step = call_step(format, &mut ep, steps.len(), &mut context, call, true);
         steps.push(step);
-        context = format.result_ids(true, &out.text);
     }
     let verdict = ep.check();
     Ok(Demonstration { steps, verdict })
+}
+
+/// Demonstration turn `turn` that writes `call` and runs it in `ep`, learnt from iff
+/// `learn`; `context` becomes the next turn's (the call's result).
+fn call_step(
+    format: &EpisodeFormat,
+    ep: &mut Episode<'_>,
+    turn: usize,
+    context: &mut Vec<u32>,
+    call: &OracleStep,
+    learn: bool,
+) -> Step {
+    let generated = format.call_ids(&call.name, &call.arguments);
+    let out = ep.call(&call.tool_call());
+    let mut step = demo_step(turn, context, &generated, learn);
+    step.tool_call = Some(call.tool_call());
+    step.tool_result = Some(out.result);
+    step.process_reward = ep.last_process_reward() as f32;
+    *context = format.result_ids(true, &out.text);
+    step
 }
 
 /// Demonstration turn `turn`: `context` (taken) then `generated`, learnt from iff `learn`.
