@@ -286,7 +286,18 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
 
     let families = cfg.family_levels()?;
     let (curriculum, dispenser_state) = match &restored {
-        Some(r) => (r.curriculum.clone(), r.state.dispenser.clone()),
+        Some(r) => {
+            // Progress resumes as saved; the thresholds, shares and windows are the config
+            // file's, as every other setting is (they used to stay the checkpoint's, silently).
+            let mut c = r.curriculum.clone();
+            if c.reconfigure(cfg.curriculum.clone())? {
+                tracing::info!(
+                    "curriculum settings from the config file replace the checkpoint's: {:?}",
+                    cfg.curriculum
+                );
+            }
+            (c, r.state.dispenser.clone())
+        }
         None => {
             let names: Vec<(&str, u32)> = families.iter().map(|(n, l)| (n.as_str(), *l)).collect();
             let mut d = DispenserState::new(cfg.seed);

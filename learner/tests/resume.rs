@@ -343,6 +343,39 @@ fn a_resume_with_other_task_levels_is_refused() {
 }
 
 #[test]
+fn a_resume_takes_the_curriculum_settings_from_the_config_and_the_progress_from_the_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, shared) = open(dir.path(), false);
+    for _ in 0..4 {
+        shared
+            .curriculum()
+            .lock()
+            .unwrap()
+            .record("hops", 1, true)
+            .unwrap();
+    }
+    assert_eq!(
+        shared
+            .curriculum()
+            .lock()
+            .unwrap()
+            .frontier("hops")
+            .unwrap(),
+        2
+    );
+    a.checkpoint().unwrap();
+    drop(a);
+    drop(shared);
+    let mut cfg = config(dir.path());
+    cfg.curriculum.frontier_share = 0.9;
+    let p = prepare(cfg, true).unwrap();
+    let c = p.shared.curriculum().lock().unwrap();
+    assert_eq!(c.config().frontier_share, 0.9, "the config file's share");
+    assert_eq!(c.config().window, 8);
+    assert_eq!(c.frontier("hops").unwrap(), 2, "the checkpoint's frontier");
+}
+
+#[test]
 fn sync_mode_opens_one_batch_of_groups_per_version() {
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();

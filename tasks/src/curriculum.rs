@@ -235,6 +235,25 @@ impl Curriculum {
         &self.config
     }
 
+    /// Adopts `config` (a resumed run whose config file changed its `[curriculum]` table):
+    /// frontiers, windows and the sampler's RNG stay as they are, windows keep only their
+    /// newest `config.window` results. Returns whether anything changed.
+    pub fn reconfigure(&mut self, config: CurriculumConfig) -> Result<bool, TasksError> {
+        config.validate()?;
+        if config == self.config {
+            return Ok(false);
+        }
+        for p in self.families.values_mut() {
+            for w in [&mut p.frontier_window, &mut p.replay_window] {
+                while w.len() > config.window {
+                    w.pop_front();
+                }
+            }
+        }
+        self.config = config;
+        Ok(true)
+    }
+
     /// The progress of `family`.
     pub fn progress(&self, family: &str) -> Result<&FamilyProgress, TasksError> {
         self.families

@@ -170,3 +170,51 @@ fn invalid_config_and_state_are_rejected() {
         .record("x", 1, true)
         .is_err());
 }
+
+#[test]
+fn reconfigured_curriculum_keeps_its_progress_under_the_new_settings() {
+    let mut c = Curriculum::new(cfg(), &[("hops", 8)], 1).unwrap();
+    for _ in 0..5 {
+        c.record("hops", 1, true).unwrap();
+    }
+    assert_eq!(c.frontier("hops").unwrap(), 2);
+    for ok in [true, false, true, true, false, true, true] {
+        c.record("hops", 2, ok).unwrap();
+    }
+    assert_eq!(c.progress("hops").unwrap().frontier_window.len(), 7);
+    assert!(
+        !c.reconfigure(cfg()).unwrap(),
+        "the same settings change nothing"
+    );
+
+    let new = CurriculumConfig {
+        window: 4,
+        min_samples: 4,
+        frontier_share: 0.9,
+        ..cfg()
+    };
+    assert!(c.reconfigure(new.clone()).unwrap());
+    assert_eq!(c.config(), &new);
+    let p = c.progress("hops").unwrap();
+    assert_eq!(p.frontier, 2);
+    // The newest four results stay.
+    assert_eq!(
+        p.frontier_window.iter().copied().collect::<Vec<_>>(),
+        [true, false, true, true]
+    );
+    let w = c.weights("hops").unwrap();
+    assert_eq!(w.len(), 2);
+    assert!(
+        (w[1].1 - 0.9).abs() < 1e-12 && (w[0].1 - 0.1).abs() < 1e-12,
+        "{w:?}"
+    );
+
+    let bad = CurriculumConfig {
+        min_samples: 8,
+        window: 4,
+        ..cfg()
+    };
+    let err = c.reconfigure(bad).unwrap_err().to_string();
+    assert!(err.contains("min_samples"), "{err}");
+    assert_eq!(c.config(), &new, "a rejected config changes nothing");
+}
