@@ -26,7 +26,7 @@ use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::net::TcpListener;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
+use std::process::{Child, Command, ExitCode, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -214,6 +214,11 @@ impl Proc {
 
     fn alive(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The exit status once it has exited.
+    fn exit_status(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait().ok().flatten()
     }
 
     fn signal(&self, sig: i32) {
@@ -597,7 +602,13 @@ fn rl_phase(
                 frontier = f;
             }
         }
-        if !learner.alive() {
+        if let Some(status) = learner.exit_status() {
+            learner_ended_early(
+                label,
+                status,
+                t.elapsed(),
+                &run_dir.join(format!("learner-{label}.log")),
+            )?;
             learner_exited = true;
             break;
         }
@@ -629,6 +640,25 @@ fn rl_phase(
         seconds: t.elapsed().as_secs_f64(),
         frontier,
     })
+}
+
+/// A learner that exits before the RL budget is spent: a clean exit (`[schedule] max_updates`
+/// reached) ends the phase early and says so; a failure stops the run, naming the learner's
+/// log, rather than evaluating a policy that did not get its budget as if it had.
+fn learner_ended_early(label: &str, status: ExitStatus, after: Duration, log: &Path) -> Result<()> {
+    if status.success() {
+        eprintln!(
+            "[{label}] the learner finished on its own after {:.0} s (max_updates reached?); ending the phase",
+            after.as_secs_f64()
+        );
+        return Ok(());
+    }
+    anyhow::bail!(
+        "the {label} learner exited with {status} after {:.0} s of its RL budget; see {} \
+         (its checkpoints are kept: `corvid report --run-dir` reports what finished)",
+        after.as_secs_f64(),
+        log.display()
+    )
 }
 
 /// The levels to evaluate: `[run] eval_levels`, extended up to the highest final frontier level
@@ -939,6 +969,27 @@ mod eval_levels_tests {
             .to_string();
         assert!(
             err.contains("other.toml") && err.contains("must share [tasks]"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn a_learner_that_fails_during_rl_stops_the_run_and_a_clean_exit_does_not() {
+        let exit = |code: i32| {
+            Command::new("sh")
+                .args(["-c", &format!("exit {code}")])
+                .status()
+                .unwrap()
+        };
+        let log = Path::new("runs/x/learner-rl.log");
+        let after = Duration::from_secs(42);
+        learner_ended_early("rl", exit(0), after, log).unwrap();
+        let err = learner_ended_early("ablation", exit(3), after, log)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("ablation learner exited with exit status: 3 after 42 s")
+                && err.contains("runs/x/learner-rl.log"),
             "{err}"
         );
     }
