@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# RL-only experiments from the demo's SFT policy, as in
+# docs/bench/raw/experiments-2026-12-01-s10.md: the demo config with some lines changed, RL for
+# its [run] budget, no ablation, held-out evaluation of hops level 3 only (200 episodes).
+#
+#   scripts/rl_experiment.sh NAME ['sed expression applied to configs/demo.toml' ...]
+#   scripts/rl_experiment.sh lr5 's/^lr = 3e-5 /lr = 5e-5 /'
+#
+# The first call trains the demo's SFT once into runs/sft-base (~11 minutes on 2 cores) and
+# every later call starts from a copy of it. Prints the evaluation lines; the run is in
+# runs/NAME (metrics/metrics.jsonl, store/, report.json). Run one at a time: the RL budget is
+# wall-clock, so anything else computing changes the result.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+name=${1:?usage: scripts/rl_experiment.sh NAME [sed-expression ...]}
+shift
+corvid=target/release/corvid
+base=runs/sft-base
+[ -x "$corvid" ] || cargo build --release -p corvid
+[ -e "runs/$name" ] && { echo "runs/$name exists; choose another NAME or remove it" >&2; exit 1; }
+
+if [ ! -f "$base/ref/config.json" ]; then
+  echo "training the demo's SFT into $base (once)" >&2
+  mkdir -p "$base"
+  sed -e 's/^run_name = .*/run_name = "sft-base"/' -e 's/^prometheus = .*/prometheus = ""/' \
+    configs/demo.toml > "$base.toml"
+  "$corvid" learner --config "$base.toml" --run-dir "$base" > "$base.log" 2>&1 &
+  pid=$!
+  until grep -q "sft finished" "$base.log"; do
+    kill -0 "$pid" 2>/dev/null || { echo "the SFT learner exited; see $base.log" >&2; exit 1; }
+    sleep 5
+  done
+  kill -TERM "$pid"
+  wait "$pid" || true
+fi
+
+args=(-e 's/^eval_levels = .*/eval_levels = "3..3"/' -e 's/^prometheus = .*/prometheus = ""/')
+for e in "$@"; do args+=(-e "$e"); done
+config="runs/$name.toml"
+sed "${args[@]}" configs/demo.toml > "$config"
+cp -r "$base" "runs/$name"
+rm -rf "runs/$name/store" runs/"$name"/spool-*
+"$corvid" run --config "$config" --name "$name" --no-ablation > "runs/$name.log" 2>&1
+grep "hops/3" "runs/$name.log"
