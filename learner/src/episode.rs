@@ -260,7 +260,9 @@ impl Demonstration {
 /// A mistake's tokens are context, not targets (loss mask 0): the policy learns to read an
 /// error and recover, not to make the mistake. Mistakes stop where they would push the
 /// episode past the task's `max_turns`, and a tool is mistyped only while its call limit
-/// leaves room for the oracle's own calls. With `rate = 0` the demonstration is the oracle's.
+/// leaves room for the oracle's own calls. A demonstration whose mistakes take it past the
+/// task's context budget (an actor's episode would end there) is the oracle's instead. With
+/// `rate = 0` the demonstration is the oracle's.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Mistakes {
     /// Chance of a mistake before each call, in `[0, 1)`.
@@ -353,7 +355,12 @@ pub fn oracle_steps_with(
         steps.push(step);
     }
     let verdict = ep.check();
-    Ok(Demonstration { steps, verdict })
+    let demo = Demonstration { steps, verdict };
+    let budget = task.context_budget as usize;
+    if mistakes.rate > 0.0 && budget > 0 && demo.len() > budget {
+        return oracle_steps_with(format, env, task, Mistakes::NONE);
+    }
+    Ok(demo)
 }
 
 /// Demonstration turn `turn` that writes `call` and runs it in `ep`, learnt from iff

@@ -367,3 +367,36 @@ fn demonstrations_with_mistakes_recover_and_train_only_on_the_oracle_calls() {
         "{mistyped} mistyped, {broken} broken"
     );
 }
+
+#[test]
+fn mistakes_that_would_overrun_the_context_budget_leave_the_oracles_demonstration() {
+    let env = env();
+    let f = EpisodeFormat::default();
+    let mistakes = Mistakes { rate: 0.9, seed: 3 };
+    let hops = builtin_families()
+        .into_iter()
+        .find(|fam| fam.name() == "hops")
+        .expect("hops");
+    let task = hops.instance(2, 5).expect("instance");
+    let plain = oracle_steps(&f, &env, &task).expect("demo");
+    let with = oracle_steps_with(&f, &env, &task, mistakes).expect("demo");
+    assert!(
+        with.len() > plain.len() && with.len() <= task.context_budget as usize,
+        "the instance makes a mistake within its budget ({} vs {} tokens, budget {})",
+        with.len(),
+        plain.len(),
+        task.context_budget
+    );
+    let budget = |tokens: usize| {
+        let mut t = task.clone();
+        t.context_budget = tokens as u32;
+        t.seal()
+    };
+    // Room for the mistakes: the same demonstration.
+    let roomy = oracle_steps_with(&f, &env, &budget(with.len()), mistakes).expect("demo");
+    assert_eq!(roomy.flatten(), with.flatten());
+    // One token short: the oracle's own episode, which fits.
+    let tight = oracle_steps_with(&f, &env, &budget(with.len() - 1), mistakes).expect("demo");
+    assert_eq!(tight.flatten(), plain.flatten());
+    assert!(tight.verdict.passed());
+}
