@@ -263,17 +263,29 @@ impl Demonstration {
 /// leaves room for the oracle's own calls. A demonstration whose mistakes take it past the
 /// task's context budget (an actor's episode would end there) is the oracle's instead. With
 /// `rate = 0` the demonstration is the oracle's.
+///
+/// With `reread`, the recovery from a mistyped `read_file` path first reads again the file
+/// the path was copied from (the oracle's previous `read_file`, learnt), so the path is
+/// copied from the latest tool result, not from two turns back past the error message; where
+/// the turns or the call limit leave no room for it, or the path came from the prompt, the
+/// recovery is the plain retry.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Mistakes {
     /// Chance of a mistake before each call, in `[0, 1)`.
     pub rate: f64,
     /// Seed of the choices (where, which kind, which character).
     pub seed: u64,
+    /// Recover from a mistyped `read_file` by reading its source file again first.
+    pub reread: bool,
 }
 
 impl Mistakes {
     /// No mistakes: the oracle's own episode.
-    pub const NONE: Mistakes = Mistakes { rate: 0.0, seed: 0 };
+    pub const NONE: Mistakes = Mistakes {
+        rate: 0.0,
+        seed: 0,
+        reread: false,
+    };
 }
 
 /// Tools whose mistyped call is harmless to run: they only read.
@@ -317,6 +329,8 @@ pub fn oracle_steps_with(
     let mut rng = SplitMix64::derive(mistakes.seed, &format!("mistakes/{}", task.id));
     let mut steps = Vec::with_capacity(calls.len() + 1);
     let mut context = format.prompt_ids(env, task);
+    // The oracle's latest `read_file`: where the next path was copied from.
+    let mut source: Option<&OracleStep> = None;
     for call in &calls {
         if spare_turns > 0 && mistakes.rate > 0.0 && rng.next_f64() < mistakes.rate {
             let spare = spare_calls.get(call.name.as_str()).copied();
@@ -348,10 +362,32 @@ pub fn oracle_steps_with(
             };
             if let Some(step) = mistake {
                 spare_turns -= 1;
+                let mistyped_read = step
+                    .tool_call
+                    .as_ref()
+                    .is_some_and(|c| c.name == "read_file");
                 steps.push(step);
+                let spare_reads = spare_calls.get("read_file").copied();
+                if let Some(src) = source.filter(|_| {
+                    mistakes.reread && mistyped_read && spare_turns > 0 && spare_reads != Some(0)
+                }) {
+                    if let Some(n) = spare_calls.get_mut("read_file") {
+                        *n -= 1;
+                    }
+                    spare_turns -= 1;
+                    let step = call_step(format, &mut ep, steps.len(), &mut context, src, true);
+                    steps.push(step);
+                }
             }
         }
         let step = call_step(format, &mut ep, steps.len(), &mut context, call, true);
+        let read_ok = step
+            .tool_result
+            .as_ref()
+            .is_some_and(|r| r.status.is_success());
+        if call.name == "read_file" && read_ok {
+            source = Some(call);
+        }
         steps.push(step);
     }
     let verdict = ep.check();

@@ -164,6 +164,7 @@ impl SftData {
         let mistakes = Mistakes {
             rate: if mistakes { self.cfg.mistake_rate } else { 0.0 },
             seed: self.cfg.seed ^ seed,
+            reread: self.cfg.mistake_reread,
         };
         let demo = oracle_steps_with(&self.format, &self.env, &task, mistakes)?;
         if !demo.verdict.passed() {

@@ -276,6 +276,7 @@ fn demonstrations_with_mistakes_recover_and_train_only_on_the_oracle_calls() {
                 let rate_0 = Mistakes {
                     rate: 0.0,
                     seed: 99,
+                    reread: true,
                 };
                 let none = oracle_steps_with(&f, &env, &task, rate_0).expect("demo");
                 assert_eq!(none.steps.len(), task.oracle.steps.len() + 1);
@@ -285,7 +286,11 @@ fn demonstrations_with_mistakes_recover_and_train_only_on_the_oracle_calls() {
                     "{}: at rate 0 any seed gives the oracle's episode",
                     task.id
                 );
-                let mistakes = Mistakes { rate: 0.6, seed: 7 };
+                let mistakes = Mistakes {
+                    rate: 0.6,
+                    seed: 7,
+                    reread: false,
+                };
                 let demo = oracle_steps_with(&f, &env, &task, mistakes).expect("demo");
                 let again = oracle_steps_with(&f, &env, &task, mistakes).expect("demo");
                 assert_eq!(
@@ -372,7 +377,11 @@ fn demonstrations_with_mistakes_recover_and_train_only_on_the_oracle_calls() {
 fn mistakes_that_would_overrun_the_context_budget_leave_the_oracles_demonstration() {
     let env = env();
     let f = EpisodeFormat::default();
-    let mistakes = Mistakes { rate: 0.9, seed: 3 };
+    let mistakes = Mistakes {
+        rate: 0.9,
+        seed: 3,
+        reread: false,
+    };
     let hops = builtin_families()
         .into_iter()
         .find(|fam| fam.name() == "hops")
@@ -399,4 +408,95 @@ fn mistakes_that_would_overrun_the_context_budget_leave_the_oracles_demonstratio
     let tight = oracle_steps_with(&f, &env, &budget(with.len() - 1), mistakes).expect("demo");
     assert_eq!(tight.flatten(), plain.flatten());
     assert!(tight.verdict.passed());
+}
+
+/// With `reread`, a mistyped `read_file` is followed by a learnt read of the file its path was
+/// copied from, then the oracle's call; everything else is the oracle's, and the task passes.
+#[test]
+fn reread_recovery_reads_the_source_file_again_before_the_fix() {
+    let env = env();
+    let f = EpisodeFormat::default();
+    let hops = builtin_families()
+        .into_iter()
+        .find(|fam| fam.name() == "hops")
+        .expect("hops");
+    let mut rereads = 0;
+    for level in 2..=3 {
+        for seed in 0..12 {
+            let task = hops.instance(level, seed).expect("instance");
+            let mistakes = Mistakes {
+                rate: 0.6,
+                seed: 11,
+                reread: true,
+            };
+            let demo = oracle_steps_with(&f, &env, &task, mistakes).expect("demo");
+            assert!(demo.verdict.passed(), "{}: {:?}", task.id, demo.verdict);
+            assert!(demo.steps.len() <= task.max_turns as usize, "{}", task.id);
+            let learnt = |s: &corvid_proto::Step| s.loss_mask.last() == Some(&true);
+            let mut oracle_reads = Vec::new();
+            for (t, step) in demo.steps.iter().enumerate() {
+                let call = step.tool_call.as_ref();
+                let is_read = call.is_some_and(|c| c.name == "read_file");
+                if !learnt(step) {
+                    continue;
+                }
+                let after_mistyped_read = t > 0
+                    && !learnt(&demo.steps[t - 1])
+                    && demo.steps[t - 1]
+                        .tool_call
+                        .as_ref()
+                        .is_some_and(|c| c.name == "read_file");
+                let source = oracle_reads.last().cloned();
+                if after_mistyped_read && source.is_some() {
+                    // The recovery: the source file again, then the oracle's own call.
+                    assert_eq!(call.cloned(), source, "{} turn {t}", task.id);
+                    let status = step.tool_result.as_ref().expect("result").status;
+                    assert_eq!(status, ToolStatus::Ok, "{} turn {t}", task.id);
+                    assert!(learnt(&demo.steps[t + 1]), "{} turn {t}", task.id);
+                    rereads += 1;
+                    continue;
+                }
+                if is_read {
+                    oracle_reads.push(call.cloned().expect("a call"));
+                }
+            }
+            let plain_calls: Vec<_> = task
+                .oracle
+                .steps
+                .iter()
+                .filter(|c| c.name == "read_file")
+                .map(|c| c.tool_call())
+                .collect();
+            let reads: Vec<_> = oracle_reads.into_iter().collect();
+            assert_eq!(
+                reads, plain_calls,
+                "{}: the oracle's reads, in order",
+                task.id
+            );
+        }
+    }
+    assert!(rereads >= 5, "{rereads} rereads");
+    // Off, a mistyped read is retried at once: no learnt read repeats an earlier one.
+    let task = hops.instance(3, 1).expect("instance");
+    for seed in 0..20 {
+        let demo = oracle_steps_with(
+            &f,
+            &env,
+            &task,
+            Mistakes {
+                rate: 0.6,
+                seed,
+                reread: false,
+            },
+        )
+        .expect("demo");
+        let reads: Vec<_> = demo
+            .steps
+            .iter()
+            .filter(|s| s.loss_mask.last() == Some(&true))
+            .filter_map(|s| s.tool_call.clone())
+            .filter(|c| c.name == "read_file")
+            .collect();
+        assert_eq!(reads.len(), 3, "seed {seed}: {reads:?}");
+    }
 }

@@ -162,6 +162,10 @@ pub struct SftConfig {
     /// learnt, which delays the moment a from-scratch policy learns to copy paths, so the
     /// demo starts them once it copies. The held-out set always has them. Default `0`.
     pub mistakes_from_step: u64,
+    /// Recover from a mistyped `read_file` path by first reading again the file the path was
+    /// copied from, instead of retrying at once ([`crate::episode::Mistakes::reread`]).
+    /// Default `false`.
+    pub mistake_reread: bool,
     /// Optimizer settings.
     pub optim: OptimConfig,
 }
@@ -183,6 +187,7 @@ impl Default for SftConfig {
             import: Vec::new(),
             mistake_rate: 0.0,
             mistakes_from_step: 0,
+            mistake_reread: false,
             optim: OptimConfig::default(),
         }
     }
