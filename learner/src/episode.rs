@@ -333,13 +333,11 @@ pub fn oracle_steps_with(
     let mut source: Option<&OracleStep> = None;
     for call in &calls {
         if spare_turns > 0 && mistakes.rate > 0.0 && rng.next_f64() < mistakes.rate {
-            let spare = spare_calls.get(call.name.as_str()).copied();
-            let wrong = mistyped(task, call, &mut rng).filter(|_| spare != Some(0));
+            let wrong =
+                mistyped(task, call, &mut rng).filter(|_| has_spare(&spare_calls, &call.name));
             let mistake = match wrong {
                 Some(wrong) if rng.below(2) == 0 => {
-                    if let Some(n) = spare_calls.get_mut(call.name.as_str()) {
-                        *n -= 1;
-                    }
+                    take_spare(&mut spare_calls, &call.name);
                     Some(call_step(
                         format,
                         &mut ep,
@@ -367,13 +365,13 @@ pub fn oracle_steps_with(
                     .as_ref()
                     .is_some_and(|c| c.name == "read_file");
                 steps.push(step);
-                let spare_reads = spare_calls.get("read_file").copied();
                 if let Some(src) = source.filter(|_| {
-                    mistakes.reread && mistyped_read && spare_turns > 0 && spare_reads != Some(0)
+                    mistakes.reread
+                        && mistyped_read
+                        && spare_turns > 0
+                        && has_spare(&spare_calls, "read_file")
                 }) {
-                    if let Some(n) = spare_calls.get_mut("read_file") {
-                        *n -= 1;
-                    }
+                    take_spare(&mut spare_calls, "read_file");
                     spare_turns -= 1;
                     let step = call_step(format, &mut ep, steps.len(), &mut context, src, true);
                     steps.push(step);
@@ -397,6 +395,19 @@ pub fn oracle_steps_with(
         return oracle_steps_with(format, env, task, Mistakes::NONE);
     }
     Ok(demo)
+}
+
+/// Whether `tool` may take one more call than the oracle's own (`spare_calls` holds only
+/// the tools with a call limit).
+fn has_spare(spare_calls: &BTreeMap<&str, u32>, tool: &str) -> bool {
+    spare_calls.get(tool) != Some(&0)
+}
+
+/// Spends one of `tool`'s spare calls, if it has a limit.
+fn take_spare(spare_calls: &mut BTreeMap<&str, u32>, tool: &str) {
+    if let Some(n) = spare_calls.get_mut(tool) {
+        *n -= 1;
+    }
 }
 
 /// Demonstration turn `turn` that writes `call` and runs it in `ep`, learnt from iff

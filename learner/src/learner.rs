@@ -230,6 +230,7 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
     let ckpt = CheckpointDir::open(&paths.ckpt, cfg.schedule.keep_checkpoints)?;
     let latest = ckpt.latest()?;
     let model_config = cfg.model.resolve()?;
+    let families = cfg.family_levels()?;
     let restored = match (resume, latest) {
         (true, None) => {
             return Err(LearnerError::RunDir(format!(
@@ -255,7 +256,7 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
             }
             // The curriculum resumes as saved; a config that now sets other levels would be
             // ignored without a word, so it is refused.
-            for (name, max) in &cfg.family_levels()? {
+            for (name, max) in &families {
                 let saved = r.curriculum.progress(name).map(|f| f.max_level).ok();
                 if saved != Some(*max) {
                     return Err(LearnerError::RunDir(format!(
@@ -284,7 +285,6 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
         )));
     }
 
-    let families = cfg.family_levels()?;
     let (curriculum, dispenser_state) = match &restored {
         Some(r) => {
             // Progress resumes as saved; the thresholds, shares and windows are the config

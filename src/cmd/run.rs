@@ -306,10 +306,15 @@ fn write_learner_config(
     Ok((path, cfg))
 }
 
-/// The ablation resumes a copy of the SFT run, whose curriculum has the main config's task
+/// The learner part of the ablation config, read once before anything runs and checked:
+/// the ablation resumes a copy of the SFT run, whose curriculum has the main config's task
 /// levels; its learner would refuse other levels, and an arm that never trains would be
-/// evaluated as the SFT policy under the ablation's name. Checked before anything runs.
-fn check_ablation_tasks(main: &LearnerConfig, main_path: &Path, ablation: &Path) -> Result<()> {
+/// evaluated as the SFT policy under the ablation's name.
+fn read_ablation_config(
+    main: &LearnerConfig,
+    main_path: &Path,
+    ablation: &Path,
+) -> Result<toml::Table> {
     let (table, _) = split_config(ablation)?;
     let text = toml::to_string_pretty(&table).context("reading the ablation config")?;
     let other = LearnerConfig::from_toml(&text)
@@ -323,7 +328,7 @@ fn check_ablation_tasks(main: &LearnerConfig, main_path: &Path, ablation: &Path)
             main_path.display()
         );
     }
-    Ok(())
+    Ok(table)
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -773,9 +778,15 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let port = free_port()?;
     let (learner_cfg, cfg) = write_learner_config(table.clone(), &run_dir, port, &name)?;
-    if !args.no_ablation && !run.ablation.is_empty() {
-        check_ablation_tasks(&cfg, &args.config, Path::new(&run.ablation))?;
-    }
+    let ablation_table = if !args.no_ablation && !run.ablation.is_empty() {
+        Some(read_ablation_config(
+            &cfg,
+            &args.config,
+            Path::new(&run.ablation),
+        )?)
+    } else {
+        None
+    };
     let model_json = run_dir.join("model.json");
     std::fs::write(
         &model_json,
@@ -791,25 +802,19 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     );
 
     // The ablation starts from an exact copy of the stopped SFT run.
-    let ablation = (!args.no_ablation && !run.ablation.is_empty()).then(|| {
-        (
-            PathBuf::from(&run.ablation),
-            PathBuf::from("runs").join(format!("{name}-ablation")),
-        )
-    });
     let mut ablation_cfg = None;
-    if let Some((cfg_path, dir)) = &ablation {
+    if let Some(t) = ablation_table {
+        let dir = PathBuf::from("runs").join(format!("{name}-ablation"));
         if dir.exists() {
             bail!(
                 "{} exists; remove it or run with --no-ablation",
                 dir.display()
             );
         }
-        copy_dir(&run_dir, dir)?;
-        let (t, _) = split_config(cfg_path)?;
+        copy_dir(&run_dir, &dir)?;
         let aport = free_port()?;
-        let (p, _) = write_learner_config(t, dir, aport, &format!("{name}-ablation"))?;
-        ablation_cfg = Some((p, aport, dir.clone()));
+        let (p, _) = write_learner_config(t, &dir, aport, &format!("{name}-ablation"))?;
+        ablation_cfg = Some((p, aport, dir));
     }
 
     let packs = cfg.tasks.packs.clone();
@@ -963,8 +968,8 @@ mod eval_levels_tests {
         std::fs::write(&same, config(3)).unwrap();
         std::fs::write(&other, config(5)).unwrap();
         let main_path = Path::new("demo.toml");
-        check_ablation_tasks(&main, main_path, &same).unwrap();
-        let err = check_ablation_tasks(&main, main_path, &other)
+        read_ablation_config(&main, main_path, &same).unwrap();
+        let err = read_ablation_config(&main, main_path, &other)
             .unwrap_err()
             .to_string();
         assert!(

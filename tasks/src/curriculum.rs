@@ -190,6 +190,11 @@ fn rate(w: &VecDeque<bool>) -> f64 {
 
 fn push(w: &mut VecDeque<bool>, cap: usize, x: bool) {
     w.push_back(x);
+    trim(w, cap);
+}
+
+/// Keeps the newest `cap` results.
+fn trim(w: &mut VecDeque<bool>, cap: usize) {
     while w.len() > cap {
         w.pop_front();
     }
@@ -244,11 +249,8 @@ impl Curriculum {
             return Ok(false);
         }
         for p in self.families.values_mut() {
-            for w in [&mut p.frontier_window, &mut p.replay_window] {
-                while w.len() > config.window {
-                    w.pop_front();
-                }
-            }
+            trim(&mut p.frontier_window, config.window);
+            trim(&mut p.replay_window, config.window);
         }
         self.config = config;
         Ok(true)
