@@ -775,10 +775,20 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             run_dir.display()
         );
     }
+    // The ablation arm copies the SFT run into its own folder; an existing one is refused now,
+    // not after SFT has run.
+    let with_ablation = !args.no_ablation && !run.ablation.is_empty();
+    let ablation_dir = PathBuf::from("runs").join(format!("{name}-ablation"));
+    if with_ablation && ablation_dir.exists() {
+        bail!(
+            "{} exists; remove it or run with --no-ablation",
+            ablation_dir.display()
+        );
+    }
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let port = free_port()?;
     let (learner_cfg, cfg) = write_learner_config(table.clone(), &run_dir, port, &name)?;
-    let ablation_table = if !args.no_ablation && !run.ablation.is_empty() {
+    let ablation_table = if with_ablation {
         Some(read_ablation_config(
             &cfg,
             &args.config,
@@ -804,13 +814,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     // The ablation starts from an exact copy of the stopped SFT run.
     let mut ablation_cfg = None;
     if let Some(t) = ablation_table {
-        let dir = PathBuf::from("runs").join(format!("{name}-ablation"));
-        if dir.exists() {
-            bail!(
-                "{} exists; remove it or run with --no-ablation",
-                dir.display()
-            );
-        }
+        let dir = ablation_dir;
         copy_dir(&run_dir, &dir)?;
         let aport = free_port()?;
         let (p, _) = write_learner_config(t, &dir, aport, &format!("{name}-ablation"))?;

@@ -301,3 +301,26 @@ fn learner_and_two_actors_train_and_lose_nothing_when_an_actor_is_killed() {
             >= 1
     );
 }
+
+#[test]
+fn corvid_run_refuses_an_existing_ablation_folder_before_training() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let with_ablation = format!("{CONFIG}\n[run]\nablation = \"ablation.toml\"\n");
+    std::fs::write(d.join("main.toml"), with_ablation).expect("config");
+    std::fs::write(d.join("ablation.toml"), CONFIG).expect("ablation config");
+    std::fs::create_dir_all(d.join("runs/t-ablation")).expect("ablation folder");
+    let out = Command::new(corvid())
+        .args(["run", "--config", "main.toml", "--name", "t"])
+        .current_dir(d)
+        .output()
+        .expect("running corvid run");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "corvid run went ahead: {stderr}");
+    assert!(
+        stderr.contains("runs/t-ablation exists") && stderr.contains("--no-ablation"),
+        "{stderr}"
+    );
+    // Nothing ran: no SFT checkpoint, not even the run folder.
+    assert!(!d.join("runs/t").exists(), "{stderr}");
+}
