@@ -28,7 +28,7 @@ use serde::Serialize;
 #[derive(Args, Debug, Clone)]
 #[command(after_help = "Examples:
   corvid eval --checkpoint runs/demo/ref --family hops --levels 1..4 --episodes 200
-  corvid eval --checkpoint runs/demo/ckpt/12 --family hops --levels 1..6 --episodes 100 --k 4 --temperature 1 --json
+  corvid eval --checkpoint runs/demo/ckpt/00000012 --family hops --levels 1..6 --episodes 100 --k 4 --temperature 1 --json
   corvid eval --random-init --model-preset tiny --family hops --levels 1..2 --episodes 50
 
 A checkpoint is any folder holding model.safetensors and config.json: a run checkpoint
@@ -531,44 +531,54 @@ pub fn run(args: EvalArgs) -> Result<ExitCode> {
     if args.json {
         println!("{json}");
     } else {
-        println!(
-            "{:<8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>7} {:>8}",
-            "level",
-            "episodes",
-            "success",
-            "parse",
-            "tool_ok",
-            "recovery",
-            "pass@k",
-            "turns",
-            "tokens"
-        );
-        let pct = |x: Option<f64>| {
-            x.map(|v| format!("{:.1}%", 100.0 * v))
-                .unwrap_or_else(|| "-".into())
-        };
-        for f in &result.families {
-            for l in &f.levels {
-                println!(
-                    "{:<8} {:>9} {:>9} {:>8} {:>8} {:>9} {:>8} {:>7.1} {:>8.0}",
-                    format!("{}/{}", f.family, l.level),
-                    l.episodes,
-                    pct(l.success_rate),
-                    pct(l.tool_call_parse_rate),
-                    pct(l.tool_call_success_rate),
-                    pct(l.failure_recovery_rate),
-                    pct(l.pass_at_k),
-                    l.mean_turns,
-                    l.mean_tokens
-                );
-            }
-        }
+        print!("{}", table(&result));
         println!(
             "episodes stored in {} (corvid replay list --store {})",
             result.store, result.store
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The per-level figures as a text table, one row per family and level (`-`: no denominator).
+fn table(result: &EvalResult) -> String {
+    let mut out = format!(
+        "{:<8} {:>8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>6} {:>7}\n",
+        "level",
+        "episodes",
+        "success",
+        "parse",
+        "tool_ok",
+        "multistep",
+        "recovery",
+        "pass@k",
+        "pass^k",
+        "turns",
+        "tokens"
+    );
+    let pct = |x: Option<f64>| {
+        x.map(|v| format!("{:.1}%", 100.0 * v))
+            .unwrap_or_else(|| "-".into())
+    };
+    for f in &result.families {
+        for l in &f.levels {
+            out += &format!(
+                "{:<8} {:>8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>6.1} {:>7.0}\n",
+                format!("{}/{}", f.family, l.level),
+                l.episodes,
+                pct(l.success_rate),
+                pct(l.tool_call_parse_rate),
+                pct(l.tool_call_success_rate),
+                pct(l.multi_step_completion),
+                pct(l.failure_recovery_rate),
+                pct(l.pass_at_k),
+                pct(l.pass_hat_k),
+                l.mean_turns,
+                l.mean_tokens
+            );
+        }
+    }
+    out
 }
 
 #[cfg(test)]
@@ -637,6 +647,30 @@ mod tests {
         }
         let json = serde_json::to_value(&r).expect("json");
         assert!(json["families"][0]["levels"][0]["pass_at_k"].is_number());
+        // The text table shows every figure, multi-step completion and pass^k included.
+        let text = table(&r);
+        let header: Vec<&str> = text
+            .lines()
+            .next()
+            .expect("header")
+            .split_whitespace()
+            .collect();
+        let cell = |row: &str, name: &str| {
+            let at = header.iter().position(|h| *h == name).expect(name);
+            let line = text.lines().find(|l| l.starts_with(row)).expect(row);
+            line.split_whitespace().nth(at).expect("cell").to_string()
+        };
+        let pct = |x: Option<f64>| x.map(|v| format!("{:.1}%", 100.0 * v));
+        assert_eq!(cell("hops/1", "multistep"), "-", "one call: not multi-step");
+        assert_eq!(
+            Some(cell("hops/2", "multistep")),
+            pct(levels[1].multi_step_completion)
+        );
+        assert_eq!(Some(cell("hops/2", "pass^k")), pct(levels[1].pass_hat_k));
+        assert_eq!(
+            Some(cell("hops/2", "recovery")),
+            pct(levels[1].failure_recovery_rate).or(Some("-".into()))
+        );
         // Every episode is in the store, replayable.
         let s = TrajectoryStore::open(&store).expect("store reopens");
         let stats = s.stats().expect("stats");
