@@ -527,11 +527,17 @@ pub struct ChatMessage {
     /// The assistant's tool calls (at most one per turn in Corvid).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ChatToolCall>,
+    /// On a `tool` message: the `id` of the call it answers (none after a malformed call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
 }
 
 /// A tool call inside a [`ChatMessage`]: `{"type": "function", "function": {...}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChatToolCall {
+    /// The call's id, which the `tool` message answering it names (`call_<n>` on export, n the step).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub id: Option<String>,
     /// Always `function`.
     #[serde(rename = "type", default = "function_type")]
     pub kind: String,
@@ -589,7 +595,7 @@ impl EpisodeFormat {
     /// turn headers, each generated segment an assistant message with its parsed call.
     pub fn to_messages(&self, steps: &[Step]) -> Vec<ChatMessage> {
         let mut out = Vec::new();
-        for step in steps {
+        for (n, step) in steps.iter().enumerate() {
             let first_gen = step
                 .loss_mask
                 .iter()
@@ -608,6 +614,7 @@ impl EpisodeFormat {
             let content = self.tok.decode(&generated[..text_end]);
             let tool_calls = match self.parse_call(generated) {
                 Ok(c) => vec![ChatToolCall {
+                    id: Some(format!("call_{n}")),
                     kind: function_type(),
                     function: ChatFunction {
                         name: c.name,
@@ -620,6 +627,7 @@ impl EpisodeFormat {
                         role: "assistant".into(),
                         content: self.tok.decode(generated),
                         tool_calls: Vec::new(),
+                        tool_call_id: None,
                     });
                     continue;
                 }
@@ -628,7 +636,17 @@ impl EpisodeFormat {
                 role: "assistant".into(),
                 content,
                 tool_calls,
+                tool_call_id: None,
             });
+        }
+        // Each tool message answers the call just before it (OpenAI's `tool_call_id`).
+        let mut last_call: Option<String> = None;
+        for m in &mut out {
+            match m.role.as_str() {
+                "assistant" => last_call = m.tool_calls.first().and_then(|c| c.id.clone()),
+                "tool" => m.tool_call_id = last_call.take(),
+                _ => {}
+            }
         }
         out
     }
@@ -647,6 +665,7 @@ impl EpisodeFormat {
                             role: r.into(),
                             content: self.tok.decode(&body),
                             tool_calls: Vec::new(),
+                            tool_call_id: None,
                         });
                     }
                     body.clear();
@@ -667,6 +686,7 @@ impl EpisodeFormat {
                 role: r.into(),
                 content: self.tok.decode(&body),
                 tool_calls: Vec::new(),
+                tool_call_id: None,
             });
         }
     }

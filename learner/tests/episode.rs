@@ -177,6 +177,22 @@ fn demonstrations_round_trip_through_chat_messages() {
     let calls = messages.iter().filter(|m| !m.tool_calls.is_empty()).count();
     assert_eq!(calls, demo.steps.len());
     assert!(messages.iter().any(|m| m.role == "tool"));
+    // Every tool message names the id of the call it answers, as OpenAI-style tools expect.
+    for (i, m) in messages
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| m.role == "tool")
+    {
+        let call = &messages[i - 1].tool_calls[0];
+        assert!(call.id.is_some(), "message {}", i - 1);
+        assert_eq!(m.tool_call_id, call.id, "message {i}");
+    }
+    let ids: std::collections::BTreeSet<_> = messages
+        .iter()
+        .flat_map(|m| &m.tool_calls)
+        .map(|c| c.id.clone())
+        .collect();
+    assert_eq!(ids.len(), demo.steps.len(), "one id per call");
     // Back to tokens: the same ids and the same trained positions.
     let (ids, mask) = f.from_messages(&messages).expect("lays out");
     let (want_ids, want_mask) = demo.flatten();
@@ -191,6 +207,7 @@ fn bad_transcripts_are_refused_with_the_message_index() {
         role: role.into(),
         content: "x".into(),
         tool_calls: Vec::new(),
+        tool_call_id: None,
     };
     let err = f.from_messages(&[msg("user"), msg("robot")]).unwrap_err();
     assert!(
