@@ -85,13 +85,32 @@ fn main() -> ExitCode {
         // Output piped into `head` and closed early is not an error (as ripgrep does).
         Err(err) if is_broken_pipe(&err) => ExitCode::SUCCESS,
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", error_text(&err));
             ExitCode::FAILURE
         }
     }
 }
 
-fn is_broken_pipe(err: &anyhow::Error) -> bool {
+/// `err` and its causes joined by `: ` (as `{err:#}`), leaving out a cause whose text the
+/// message before it already ends with: many errors name their source in their own message
+/// (`checkpoint x: No such file or directory`) and also chain it, which `{err:#}` repeats.
+pub(crate) fn error_text(err: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in err.chain() {
+        let text = cause.to_string();
+        if out.ends_with(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
+}
+
+/// Whether `err` comes from writing to a closed pipe (`corvid replay list | head`).
+pub(crate) fn is_broken_pipe(err: &anyhow::Error) -> bool {
     err.chain().any(|e| {
         e.downcast_ref::<std::io::Error>()
             .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
@@ -101,7 +120,32 @@ fn is_broken_pipe(err: &anyhow::Error) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use anyhow::Context;
     use clap::CommandFactory;
+
+    #[test]
+    fn an_error_names_each_cause_once() {
+        let os = || std::io::Error::from(std::io::ErrorKind::NotFound);
+        // The model error names its OS error and also chains it as its source.
+        let dir = std::path::Path::new("/nonexistent/ckpt");
+        let err = corvid_learner::model::checkpoint::load_config(dir)
+            .context("reading checkpoint /nonexistent/ckpt")
+            .expect_err("no such checkpoint");
+        let text = error_text(&err);
+        assert!(
+            text.starts_with(
+                "reading checkpoint /nonexistent/ckpt: /nonexistent/ckpt/config.json: "
+            ),
+            "{text}"
+        );
+        assert_eq!(text.matches("os error").count(), 1, "{text}");
+        // A cause the message does not name is still shown.
+        let err = anyhow::Error::new(os()).context("reading runs/x/config.json");
+        assert_eq!(
+            error_text(&err),
+            format!("reading runs/x/config.json: {}", os())
+        );
+    }
 
     #[test]
     fn cli_definition_is_consistent() {

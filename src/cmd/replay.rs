@@ -73,7 +73,9 @@ enum ReplayCommand {
     },
     /// Re-executes every stored tool call in a fresh sandbox workspace of the same task
     /// instance, reports calls whose result differs from the stored one, and re-runs the
-    /// checker on the final state. Exits 1 if any verdict differs from the stored success.
+    /// checker on the final state. Exits 0 if every verdict matches the stored success, 1 if
+    /// any differs, 2 if it could not re-score (a bad store, an unknown family: pass the
+    /// trajectories' task packs with --pack).
     Rescore {
         #[command(flatten)]
         store: StoreArg,
@@ -161,6 +163,21 @@ fn open(path: &Path) -> Result<Arc<TrajectoryStore>> {
 
 /// Runs the command.
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
+    let rescoring = matches!(args.command, ReplayCommand::Rescore { .. });
+    match run_command(args) {
+        // `rescore` keeps 1 for "a verdict differs", so that a script can tell it from an error.
+        Err(err) if rescoring && !crate::is_broken_pipe(&err) => {
+            eprintln!("error: {}", crate::error_text(&err));
+            Ok(ExitCode::from(RESCORE_ERROR))
+        }
+        r => r,
+    }
+}
+
+/// `replay rescore`'s exit status when it could not re-score.
+const RESCORE_ERROR: u8 = 2;
+
+fn run_command(args: ReplayArgs) -> Result<ExitCode> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     match args.command {
@@ -751,6 +768,27 @@ mod tests {
         }
         let r = rescore(&store, &env, &families, &rec).expect("rescore");
         assert!(r.verdict_differs());
+    }
+
+    #[test]
+    fn rescore_exits_0_when_verdicts_match_and_2_when_it_cannot_rescore() {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            replay: ReplayArgs,
+        }
+        let dir = tempfile::tempdir().expect("tmp");
+        drop(store_group(dir.path()));
+        let path = dir.path().join("store");
+        let path = path.to_str().expect("utf8");
+        let status = |extra: &[&str]| {
+            let mut argv = vec!["replay", "rescore", "--store", path];
+            argv.extend_from_slice(extra);
+            run(Cli::try_parse_from(argv).expect("arguments").replay).expect("an exit status")
+        };
+        assert_eq!(status(&[]), ExitCode::SUCCESS);
+        assert_eq!(status(&["--id", "no-such-trajectory"]), ExitCode::from(2));
     }
 
     #[test]
