@@ -70,7 +70,12 @@ impl TaskResolver {
                 let inst = match self.packs.get(&r.family) {
                     Some(pack) => pack.instance(r.level, r.seed),
                     None => corvid_tasks::builtin_family(&r.family)
-                        .map_err(|e| err(e.to_string()))?
+                        .map_err(|e| {
+                            err(format!(
+                                "{e}; if it is a task pack, start this actor with \
+                                 --task-pack FILE (the learner's [tasks] packs)"
+                            ))
+                        })?
                         .instance(r.level, r.seed),
                 }
                 .map_err(|e| err(e.to_string()))?;
@@ -113,6 +118,10 @@ mod tests {
         let err = r.resolve(&tr).unwrap_err().to_string();
         assert!(err.contains("spec hash"), "{err}");
         tr.family = "no-such-family".into();
-        assert!(r.resolve(&tr).is_err());
+        let err = r.resolve(&tr).unwrap_err().to_string();
+        assert!(
+            err.contains("no-such-family") && err.contains("--task-pack"),
+            "{err}"
+        );
     }
 }

@@ -118,6 +118,16 @@ pub struct Totals {
     pub unscored_skipped: u64,
     /// Episodes of groups given up before they were complete.
     pub incomplete_dropped: u64,
+    /// Batches consumed without an update: none of their episodes was scored.
+    pub batches_skipped: u64,
+}
+
+/// Where training stands: two checkpoints at one position hold the same weights and
+/// optimizer state.
+type Position = (Stage, u64, u64, u64);
+
+fn position_of(s: &RunState) -> Position {
+    (s.stage, s.sft_step, s.rl_step, s.policy_version)
 }
 
 /// The learner's own state (`state.json`).
@@ -275,14 +285,35 @@ impl CheckpointDir {
         Ok(out)
     }
 
+    /// The training position recorded in checkpoint `dir`, or `None` if its state cannot be
+    /// read (then it is never treated as superseded).
+    fn position(dir: &Path) -> Option<Position> {
+        let bytes = std::fs::read(dir.join(STATE_FILE)).ok()?;
+        let state: RunState = serde_json::from_slice(&bytes).ok()?;
+        Some(position_of(&state))
+    }
+
     /// The newest complete checkpoint.
     pub fn latest(&self) -> Result<Option<PathBuf>, CheckpointError> {
         Ok(self.list()?.pop().map(|(_, p)| p))
     }
 
     /// Writes `snap` atomically as the next checkpoint and prunes old ones. Returns its folder.
+    ///
+    /// A previous newest checkpoint at the same training position (stage, SFT and RL step,
+    /// policy version: the same weights and optimizer state) is removed once the new one is
+    /// in place, so a stop right after a periodic checkpoint does not push a distinct, older
+    /// policy out of the `keep` newest. The new one has the later service state (read cursor,
+    /// pending trajectories, dispenser).
     pub fn save(&self, mut snap: Snapshot<'_>) -> Result<PathBuf, CheckpointError> {
-        let seq = self.list()?.last().map_or(1, |(s, _)| s + 1);
+        let before = self.list()?;
+        let superseded = match before.last() {
+            Some((_, prev)) => Self::position(prev)
+                .is_some_and(|p| p == position_of(&snap.state))
+                .then(|| prev.clone()),
+            None => None,
+        };
+        let seq = before.last().map_or(1, |(s, _)| s + 1);
         snap.state.seq = seq;
         snap.state.format = STATE_FORMAT;
         let tmp = self
@@ -311,6 +342,9 @@ impl CheckpointDir {
         let dest = self.root.join(format!("{seq:08}"));
         std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
         sync_dir(&self.root)?;
+        if let Some(prev) = superseded {
+            std::fs::remove_dir_all(&prev).map_err(io(&prev))?;
+        }
         let all = self.list()?;
         if all.len() > self.keep {
             for (_, old) in &all[..all.len() - self.keep] {
@@ -436,5 +470,28 @@ mod tests {
         expect.seq = 3;
         expect.rl_step = 2;
         assert_eq!(r.state, expect);
+
+        // A stop right after a periodic checkpoint: same step, later read cursor. It replaces
+        // that checkpoint instead of pushing the older step out.
+        let mut st = state();
+        st.rl_step = 2;
+        st.read_cursor = 99;
+        ck.save(Snapshot {
+            vs: &vs,
+            model_config: &cfg,
+            optimizer: vec![("step".into(), Tensor::from_slice(&[2i64]))],
+            curriculum: &cur,
+            state: st,
+        })
+        .unwrap();
+        let kept: Vec<(u64, u64)> = ck
+            .list()
+            .unwrap()
+            .into_iter()
+            .map(|(s, p)| (s, CheckpointDir::load(&p).unwrap().state.rl_step))
+            .collect();
+        assert_eq!(kept, vec![(2, 1), (4, 2)]);
+        let r = CheckpointDir::load(&ck.latest().unwrap().unwrap()).unwrap();
+        assert_eq!(r.state.read_cursor, 99);
     }
 }

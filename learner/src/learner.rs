@@ -249,8 +249,9 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
             let r = CheckpointDir::load(&p)?;
             if r.model_config != model_config {
                 return Err(LearnerError::RunDir(format!(
-                    "the checkpoint {} holds a different model config than [model] in the config file; resume with the run's own config ({})",
+                    "the checkpoint {} holds a different model config than [model] in the config file ({}); resume with the run's own config ({})",
                     p.display(),
+                    model_differences(&r.model_config, &model_config),
                     paths.config.display()
                 )));
             }
@@ -520,6 +521,25 @@ pub async fn run(
         let _ = t.await;
     }
     result.map_err(|e| LearnerError::Panicked(e.to_string()))?
+}
+
+/// The fields in which two model configs differ, as `field: checkpoint X, config Y`.
+fn model_differences(checkpoint: &ModelConfig, config: &ModelConfig) -> String {
+    let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (
+        serde_json::to_value(checkpoint),
+        serde_json::to_value(config),
+    ) else {
+        return "the configs do not serialize".into();
+    };
+    let null = serde_json::Value::Null;
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter_map(|k| {
+            let (x, y) = (a.get(k).unwrap_or(&null), b.get(k).unwrap_or(&null));
+            (x != y).then(|| format!("{k}: checkpoint {x}, config {y}"))
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Service gauges read at request time.

@@ -193,6 +193,9 @@ pub struct ServiceFigures {
     pub actors_active: u64,
     /// Finished trajectories the trainer has read from the store, over the whole run.
     pub trajectories_read: u64,
+    /// Batches consumed without an update (no scored episode), over the whole run.
+    #[serde(default)]
+    pub batches_skipped: u64,
 }
 
 /// One line of the metrics file.

@@ -17,6 +17,7 @@
 //! RNGs), the learner's RNG, the spike window — is in the checkpoint; the SFT example stream
 //! is a pure function of the step ([`crate::sft_data`]).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -622,6 +623,14 @@ impl Trainer {
             })
             .filter(|g| !g.is_empty())
             .collect();
+        let scored = groups
+            .iter()
+            .flatten()
+            .any(|t| t.footer.termination.is_scored());
+        if !scored {
+            self.skip_unscored_batch(&ids, &groups, invalid)?;
+            return Ok(None);
+        }
 
         let started = Instant::now();
         // Every random choice inside the update derives from the learner's saved RNG.
@@ -688,6 +697,41 @@ impl Trainer {
         Ok(Some(record))
     }
 
+    /// A batch with no scored episode (every one an `infra_error`, `abandoned` or untrainable)
+    /// has nothing to learn from: its groups are consumed, but no update is counted and the
+    /// policy version stays. Says why, since it usually means actors that cannot run the tasks.
+    fn skip_unscored_batch(
+        &mut self,
+        ids: &[String],
+        groups: &[Group],
+        invalid: u64,
+    ) -> Result<(), LearnerError> {
+        self.shared
+            .store
+            .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
+        let mut by_termination: BTreeMap<&str, usize> = BTreeMap::new();
+        for t in groups.iter().flatten() {
+            *by_termination
+                .entry(t.footer.termination.as_str())
+                .or_default() += 1;
+        }
+        let unscored = groups.iter().map(Vec::len).sum::<usize>();
+        self.state.totals.unscored_skipped += unscored as u64;
+        self.state.totals.batches_skipped += 1;
+        tracing::warn!(
+            episodes = ids.len(),
+            untrainable = invalid,
+            terminations = ?by_termination,
+            "no episode of this batch is scored, so no update: actors report infra_error when they \
+             cannot build a task (an actor started without the run's --task-pack, a spec hash that \
+             differs) or their sandbox fails; see the actors' logs"
+        );
+        if self.cfg.rl.sync {
+            self.grant_sync_batch();
+        }
+        Ok(())
+    }
+
     /// Episodes per second over the window of the last [`RATE_WINDOW`] updates: the
     /// episodes of the updates after the window's first, over the time since it started.
     fn windowed_episodes_per_s(&mut self, started: Instant, episodes: usize) -> f64 {
@@ -726,6 +770,7 @@ impl Trainer {
             groups_expired: d.groups_expired,
             actors_active: self.shared.control.actors.active(Duration::from_secs(60)) as u64,
             trajectories_read: self.state.totals.trajectories_read,
+            batches_skipped: self.state.totals.batches_skipped,
         }
     }
 

@@ -343,6 +343,24 @@ fn a_resume_with_other_task_levels_is_refused() {
 }
 
 #[test]
+fn a_resume_with_another_model_is_refused_naming_what_differs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, shared) = open(dir.path(), false);
+    a.checkpoint().unwrap();
+    drop((a, shared));
+    let text = std::fs::read_to_string(dir.path().join("run/config.toml"))
+        .unwrap()
+        .replace("num_hidden_layers = 2", "num_hidden_layers = 3");
+    let cfg = LearnerConfig::from_toml(&text).unwrap();
+    let err = prepare(cfg, true).unwrap_err().to_string();
+    assert!(
+        err.contains("different model config")
+            && err.contains("num_hidden_layers: checkpoint 2, config 3"),
+        "{err}"
+    );
+}
+
+#[test]
 fn a_resume_takes_the_curriculum_settings_from_the_config_and_the_progress_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let (mut a, shared) = open(dir.path(), false);
@@ -373,6 +391,50 @@ fn a_resume_takes_the_curriculum_settings_from_the_config_and_the_progress_from_
     assert_eq!(c.config().frontier_share, 0.9, "the config file's share");
     assert_eq!(c.config().window, 8);
     assert_eq!(c.frontier("hops").unwrap(), 2, "the checkpoint's frontier");
+}
+
+#[test]
+fn a_batch_that_actors_could_not_run_is_consumed_without_an_update() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, shared) = open(dir.path(), false);
+    let d = &shared.control.dispenser;
+    // Every episode of two groups refused, as an actor without the run's task pack reports
+    // them: a header and an infra_error footer, no steps.
+    let refused = d.next(4).unwrap();
+    for (i, a) in refused.iter().enumerate() {
+        let (header, _, mut footer) = episode(a, &format!("refused-{i}"), 1);
+        footer.termination = Termination::InfraError;
+        footer.success = false;
+        footer.outcome_reward = 0.0;
+        footer.step_count = 0;
+        footer.token_count = 0;
+        footer.generated_token_count = 0;
+        let Begin::New(w) = shared.store.begin(header).unwrap() else {
+            panic!("stored twice")
+        };
+        w.finish_blocking(footer).unwrap();
+        d.complete(&a.group_id);
+    }
+    t.poll().unwrap();
+    assert!(t.try_update().unwrap().is_none(), "nothing to learn from");
+    assert!(
+        !dir.path().join("run/metrics/metrics.jsonl").exists()
+            || metrics_steps(dir.path()).is_empty(),
+        "no update was recorded"
+    );
+    // The refused batch is consumed: the next update trains on the next groups only, and it
+    // is update 1 at policy version 2.
+    feed(&shared, 2, 1, "ok");
+    t.poll().unwrap();
+    let rec = t.try_update().unwrap().expect("an update");
+    assert_eq!((rec.step, rec.policy_version), (1, 2));
+    assert_eq!(
+        rec.rollout.episodes, 4,
+        "the refused episodes are not in it"
+    );
+    assert_eq!(rec.service.batches_skipped, 1);
+    assert!(t.try_update().unwrap().is_none());
 }
 
 #[test]
