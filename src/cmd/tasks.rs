@@ -8,10 +8,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use corvid_proto::ToolStatus;
 use corvid_tasks::{
-    builtin_families, builtin_family, load_pack, score_turns, ScoredTurn, Simulator, TaskFamily,
-    TaskInstance, TasksError, Verdict,
+    builtin_families, builtin_family, load_pack, Episode, TaskEnv, TaskFamily, TaskInstance,
+    TasksError, Verdict,
 };
 
 /// list, show, sample and validate task families and task packs.
@@ -188,54 +187,57 @@ fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     println!("\n--- oracle episode");
-    let mut sim = Simulator::new(t.files.clone(), &t.read_only.corpus);
-    let mut steps = t.oracle.steps.clone();
-    steps.push(t.oracle.answer_step());
-    let calls: Vec<_> = steps.iter().map(|s| s.tool_call()).collect();
-    let mut statuses = Vec::new();
-    for s in &steps {
-        let (status, _) = sim.call(&s.name, &s.arguments);
-        statuses.push(status);
-    }
-    let turns: Vec<ScoredTurn> = calls
-        .iter()
-        .zip(&statuses)
-        .map(|(c, &status)| ScoredTurn { call: c, status })
-        .collect();
-    let rewards = score_turns(&t.process_rules, &turns);
-    for (i, s) in steps.iter().enumerate() {
-        let status: ToolStatus = statuses[i];
-        println!(
-            "turn {i}: {}\n  -> {status} ({} bytes), process reward {:+.2}",
-            s.hermes(),
-            s.output.len(),
-            rewards[i]
-        );
-        for line in s.output.lines() {
-            println!("  | {line}");
-        }
-    }
-    let verdict = t.checker.check(sim.answer.as_deref(), &sim.files);
-    println!(
-        "\nprocess reward total {:+.2}; {} calls, ~{} tokens",
-        rewards.iter().sum::<f64>(),
-        t.oracle_calls(),
-        t.oracle_tokens()
-    );
+    let stdout = std::io::stdout();
+    let verdict = oracle_episode(&t, &mut stdout.lock())?;
     match verdict {
         Verdict::Pass => {
             println!("checker: PASS");
             Ok(ExitCode::SUCCESS)
         }
-        Verdict::NeedsSandbox => {
-            println!("checker: needs the sandbox (command_exit / wasi); not evaluated here");
-            Ok(ExitCode::SUCCESS)
-        }
+        Verdict::NeedsSandbox => unreachable!("the episode ran in the sandbox"),
         Verdict::Fail(why) => {
             println!("checker: FAIL — {why}");
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// Runs `t`'s oracle plan in a fresh sandbox workspace, as an actor runs a policy's calls
+/// (the task's tool gate, its pack's own WASI tools, its checker, `command_exit` and `wasi`
+/// included), and writes each turn: the call, its status, the process reward and what the
+/// model would read. Returns the checker's verdict.
+fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Result<Verdict> {
+    let sandbox = corvid_sandbox::Sandbox::builder()
+        .search_tool(true)
+        .build()
+        .context("starting the sandbox")?;
+    let env = TaskEnv::new(sandbox);
+    let mut ep = Episode::start(&env, t)?;
+    let mut steps = t.oracle.steps.clone();
+    steps.push(t.oracle.answer_step());
+    let mut total = 0.0;
+    for (i, s) in steps.iter().enumerate() {
+        let result = ep.call(&s.tool_call());
+        let reward = ep.last_process_reward();
+        total += reward;
+        writeln!(
+            out,
+            "turn {i}: {}\n  -> {} ({} bytes), process reward {reward:+.2}",
+            s.hermes(),
+            result.result.status,
+            result.text.len(),
+        )?;
+        for line in result.text.lines() {
+            writeln!(out, "  | {line}")?;
+        }
+    }
+    writeln!(
+        out,
+        "\nprocess reward total {total:+.2}; {} calls, ~{} tokens",
+        t.oracle_calls(),
+        t.oracle_tokens()
+    )?;
+    Ok(ep.check())
 }
 
 fn validate(path: &Path) -> anyhow::Result<ExitCode> {
@@ -276,6 +278,69 @@ mod tests {
     use clap::Parser;
 
     use super::*;
+
+    /// A pack whose oracle calls its own WASI tool (the toolbox module as `lines`).
+    fn line_count_pack(dir: &Path, answer: &str) -> PathBuf {
+        std::fs::create_dir_all(dir.join("wasm")).unwrap();
+        std::fs::write(
+            dir.join("wasm/toolbox.wasm"),
+            corvid_sandbox::toolbox_wasm(),
+        )
+        .unwrap();
+        let pack = format!(
+            r#"prompt = "Count the lines of a.txt with `lines`, then answer."
+[pack]
+name = "line-count"
+description = "a pack tool in the oracle episode"
+[tools]
+lines = {{ max_calls = 2 }}
+answer = {{}}
+[custom_tools.lines]
+description = "Counts with the toolbox: args = [COMMAND, ARG...]."
+module = "wasm/toolbox.wasm"
+[[levels]]
+level = 1
+max_turns = 3
+context_budget = 1024
+[files]
+"a.txt" = "one\ntwo\n"
+[checker]
+kind = "exact"
+expected = "2"
+[oracle]
+answer = "{answer}"
+[[oracle.calls]]
+tool = "lines"
+args = {{ args = ["wc", "-l", "a.txt"] }}
+"#
+        );
+        let file = dir.join("line-count.toml");
+        std::fs::write(&file, pack).unwrap();
+        file
+    }
+
+    #[test]
+    fn the_oracle_episode_runs_a_packs_own_tool_in_the_sandbox() {
+        let dir = tempfile::tempdir().unwrap();
+        let task = load_pack(&line_count_pack(dir.path(), "2"))
+            .unwrap()
+            .instance(1, 0)
+            .unwrap();
+        let mut out = Vec::new();
+        let verdict = oracle_episode(&task, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        assert_eq!(verdict, Verdict::Pass, "{text}");
+        let first = text.lines().nth(1).unwrap_or_default();
+        assert!(first.starts_with("  -> ok "), "{text}");
+        assert!(text.contains("  | 2"), "the tool's own output: {text}");
+        // A wrong oracle answer is a failure, not a pass.
+        let task = load_pack(&line_count_pack(dir.path(), "3"))
+            .unwrap()
+            .instance(1, 0)
+            .unwrap();
+        let verdict = oracle_episode(&task, &mut Vec::new()).unwrap();
+        assert!(matches!(verdict, Verdict::Fail(_)), "{verdict:?}");
+    }
 
     #[derive(Parser)]
     struct Cli {
