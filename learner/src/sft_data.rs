@@ -119,14 +119,12 @@ impl SftData {
             }
         }
         let format = EpisodeFormat::default();
-        let imported = cfg
-            .import
-            .iter()
-            .map(|p| import_transcripts(&format, p))
-            .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .flatten()
-            .collect::<Vec<_>>();
+        let mut imported = Vec::new();
+        for path in &cfg.import {
+            let file = import_transcripts(&format, path)?;
+            tracing::info!(path = %path.display(), transcripts = file.len(), "SFT import read");
+            imported.extend(file);
+        }
         if pairs.is_empty() && imported.is_empty() {
             return Err(SftDataError::Empty(
                 "sft.levels names no (family, level) and sft.import no transcript".into(),
