@@ -240,31 +240,7 @@ fn the_system_turn_lists_a_packs_own_tools() {
         corvid_sandbox::toolbox_wasm(),
     )
     .expect("module");
-    let pack = r#"prompt = "Count the lines of a.txt with `lines`, then answer."
-[pack]
-name = "line-count"
-description = "a pack tool in the system turn"
-[tools]
-lines = { max_calls = 2 }
-answer = {}
-[custom_tools.lines]
-description = "Counts with the toolbox: args = [COMMAND, ARG...]."
-module = "wasm/toolbox.wasm"
-[[levels]]
-level = 1
-max_turns = 3
-context_budget = 1024
-[files]
-"a.txt" = "one\ntwo\n"
-[checker]
-kind = "exact"
-expected = "2"
-[oracle]
-answer = "2"
-[[oracle.calls]]
-tool = "lines"
-args = { args = ["wc", "-l", "a.txt"] }
-"#;
+    let pack = include_str!("../../tasks/tests/data/line-count.toml");
     let file = dir.path().join("line-count.toml");
     std::fs::write(&file, pack).expect("pack");
     let task = corvid_tasks::load_pack(&file)

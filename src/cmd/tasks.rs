@@ -287,33 +287,8 @@ mod tests {
             corvid_sandbox::toolbox_wasm(),
         )
         .unwrap();
-        let pack = format!(
-            r#"prompt = "Count the lines of a.txt with `lines`, then answer."
-[pack]
-name = "line-count"
-description = "a pack tool in the oracle episode"
-[tools]
-lines = {{ max_calls = 2 }}
-answer = {{}}
-[custom_tools.lines]
-description = "Counts with the toolbox: args = [COMMAND, ARG...]."
-module = "wasm/toolbox.wasm"
-[[levels]]
-level = 1
-max_turns = 3
-context_budget = 1024
-[files]
-"a.txt" = "one\ntwo\n"
-[checker]
-kind = "exact"
-expected = "2"
-[oracle]
-answer = "{answer}"
-[[oracle.calls]]
-tool = "lines"
-args = {{ args = ["wc", "-l", "a.txt"] }}
-"#
-        );
+        let pack = include_str!("../../tasks/tests/data/line-count.toml")
+            .replace("answer = \"2\"", &format!("answer = \"{answer}\""));
         let file = dir.join("line-count.toml");
         std::fs::write(&file, pack).unwrap();
         file
