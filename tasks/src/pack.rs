@@ -162,6 +162,23 @@ pub struct TaskPack {
     raw: RawPack,
 }
 
+/// Where `needle` first occurs inside the table that starts at `span` (its span, or up to the
+/// next table header when the span covers only the header), so that a diagnostic points at
+/// the line that uses a value rather than at its table; `span` if it does not occur there.
+fn narrow(src: &str, span: &Range<usize>, needle: &str) -> Range<usize> {
+    let start = span.start.min(src.len());
+    let next_header = src[start..]
+        .match_indices("\n[")
+        .map(|(i, _)| start + i)
+        .find(|&i| i >= span.end)
+        .unwrap_or(src.len());
+    let end = span.end.max(next_header).min(src.len());
+    match src[start..end].find(needle) {
+        Some(i) => start + i..start + i + needle.len(),
+        None => span.clone(),
+    }
+}
+
 struct Diags<'a> {
     file: &'a str,
     src: &'a str,
@@ -521,7 +538,7 @@ impl TaskPack {
                     for n in names {
                         if !declared.contains(n.as_str()) {
                             d.push(
-                                span.clone(),
+                                narrow(d.src, span, &format!("{{{n}}}")),
                                 format!("template uses undeclared variable `{{{n}}}`"),
                                 format!("declare it under [vars]: {n} = {{ min = 1, max = 9 }}"),
                             );

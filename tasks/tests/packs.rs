@@ -165,10 +165,21 @@ fn invalid_regex_is_located() {
 
 #[test]
 fn undeclared_template_variable_is_located() {
+    // On the line that uses it, not at its table's header.
     expect(
         &broken("expected = \"{n}\"", "expected = \"{m}\""),
-        22..=24,
+        24..=24,
         "undeclared variable `{m}`",
+    );
+    expect(
+        &broken("paths = [\"{f}\"]", "paths = [\"{g}\"]"),
+        28..=28,
+        "undeclared variable `{g}`",
+    );
+    expect(
+        &broken("args = { path = \"{f}\" }", "args = { path = \"{h}\" }"),
+        36..=36,
+        "undeclared variable `{h}`",
     );
 }
 
