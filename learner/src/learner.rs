@@ -104,6 +104,9 @@ pub enum LearnerError {
     /// The SFT demonstrations could not be made.
     #[error("{0}")]
     Sft(String),
+    /// Rollouts cannot go on (actors that cannot run the tasks).
+    #[error("{0}")]
+    Rollout(String),
     /// The trainer thread panicked.
     #[error("the trainer thread panicked: {0}")]
     Panicked(String),

@@ -47,6 +47,10 @@ use crate::train::{Group, RlTrainer, TrainingTrajectory, UpdateStats};
 /// Updates in the episodes/s window of the metrics.
 const RATE_WINDOW: usize = 8;
 
+/// Batches in a row with no scored episode after which the learner stops with an error
+/// (eight batches of `groups_per_update` groups, every episode refused or abandoned).
+pub const MAX_UNSCORED_BATCHES_IN_A_ROW: u32 = 8;
+
 /// SFT progress lines go here, beside the RL metrics file.
 pub const SFT_METRICS_FILE: &str = "sft.jsonl";
 
@@ -157,6 +161,8 @@ pub struct Trainer {
     /// Start time and episode count of the last few RL updates, for a windowed episodes/s
     /// (updates trained back to back from a backlog would otherwise read as bursts).
     recent_updates: std::collections::VecDeque<(Instant, usize)>,
+    /// Batches skipped since the last update (none of their episodes scored).
+    skipped_in_a_row: u32,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -289,6 +295,7 @@ impl Trainer {
             metrics,
             published: false,
             recent_updates: std::collections::VecDeque::from([(Instant::now(), 0)]),
+            skipped_in_a_row: 0,
         })
     }
 
@@ -612,6 +619,21 @@ impl Trainer {
             .flatten()
             .map(|t| t.header.trajectory_id.clone())
             .collect();
+        let mut by_termination: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for t in loaded.iter().flatten() {
+            *by_termination
+                .entry(t.footer.termination.as_str())
+                .or_default() += 1;
+        }
+        if !loaded
+            .iter()
+            .flatten()
+            .any(|t| t.footer.termination.is_scored())
+        {
+            self.skip_unscored_batch(&ids, by_termination)?;
+            return Ok(None);
+        }
+        self.skipped_in_a_row = 0;
         let mut invalid = 0u64;
         let groups: Vec<Group> = loaded
             .into_iter()
@@ -623,14 +645,6 @@ impl Trainer {
             })
             .filter(|g| !g.is_empty())
             .collect();
-        let scored = groups
-            .iter()
-            .flatten()
-            .any(|t| t.footer.termination.is_scored());
-        if !scored {
-            self.skip_unscored_batch(&ids, &groups, invalid)?;
-            return Ok(None);
-        }
 
         let started = Instant::now();
         // Every random choice inside the update derives from the learner's saved RNG.
@@ -697,34 +711,35 @@ impl Trainer {
         Ok(Some(record))
     }
 
-    /// A batch with no scored episode (every one an `infra_error`, `abandoned` or untrainable)
-    /// has nothing to learn from: its groups are consumed, but no update is counted and the
-    /// policy version stays. Says why, since it usually means actors that cannot run the tasks.
+    /// A batch with no scored episode (every one `infra_error` or `abandoned`) has nothing to
+    /// learn from: its groups are consumed, but no update is counted and the policy version
+    /// stays. [`MAX_UNSCORED_BATCHES_IN_A_ROW`] of them in a row stop the learner with an
+    /// error: its actors cannot run the tasks, and waiting would never end a `max_updates` run.
     fn skip_unscored_batch(
         &mut self,
         ids: &[String],
-        groups: &[Group],
-        invalid: u64,
+        by_termination: BTreeMap<&'static str, usize>,
     ) -> Result<(), LearnerError> {
         self.shared
             .store
             .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
-        let mut by_termination: BTreeMap<&str, usize> = BTreeMap::new();
-        for t in groups.iter().flatten() {
-            *by_termination
-                .entry(t.footer.termination.as_str())
-                .or_default() += 1;
-        }
-        let unscored = groups.iter().map(Vec::len).sum::<usize>();
-        self.state.totals.unscored_skipped += unscored as u64;
+        self.state.totals.unscored_skipped += ids.len() as u64;
         self.state.totals.batches_skipped += 1;
+        self.skipped_in_a_row += 1;
+        let why = "actors report infra_error when they cannot build a task (an actor started \
+                   without --task-pack for a pack in [tasks] packs, a task spec that differs \
+                   between learner and actor) or their sandbox fails; see the actors' logs";
+        if self.skipped_in_a_row >= MAX_UNSCORED_BATCHES_IN_A_ROW {
+            return Err(LearnerError::Rollout(format!(
+                "{} batches in a row had no scored episode (the last: {by_termination:?}); {why}",
+                self.skipped_in_a_row
+            )));
+        }
         tracing::warn!(
             episodes = ids.len(),
-            untrainable = invalid,
             terminations = ?by_termination,
-            "no episode of this batch is scored, so no update: actors report infra_error when they \
-             cannot build a task (an actor started without the run's --task-pack, a spec hash that \
-             differs) or their sandbox fails; see the actors' logs"
+            in_a_row = self.skipped_in_a_row,
+            "no episode of this batch is scored, so no update: {why}"
         );
         if self.cfg.rl.sync {
             self.grant_sync_batch();

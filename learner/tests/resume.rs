@@ -393,17 +393,13 @@ fn a_resume_takes_the_curriculum_settings_from_the_config_and_the_progress_from_
     assert_eq!(c.frontier("hops").unwrap(), 2, "the checkpoint's frontier");
 }
 
-#[test]
-fn a_batch_that_actors_could_not_run_is_consumed_without_an_update() {
-    tch::set_num_threads(1);
-    let dir = tempfile::tempdir().unwrap();
-    let (mut t, shared) = open(dir.path(), false);
+/// Opens `groups` groups and stores every episode as refused, as an actor without the run's
+/// task pack reports them: a header and an infra_error footer, no steps.
+fn feed_refused(shared: &Shared, groups: usize, tag: &str) {
     let d = &shared.control.dispenser;
-    // Every episode of two groups refused, as an actor without the run's task pack reports
-    // them: a header and an infra_error footer, no steps.
-    let refused = d.next(4).unwrap();
-    for (i, a) in refused.iter().enumerate() {
-        let (header, _, mut footer) = episode(a, &format!("refused-{i}"), 1);
+    let g = d.config().group_size as usize;
+    for (i, a) in d.next((groups * g) as u32).unwrap().iter().enumerate() {
+        let (header, _, mut footer) = episode(a, &format!("{tag}-{i}"), 1);
         footer.termination = Termination::InfraError;
         footer.success = false;
         footer.outcome_reward = 0.0;
@@ -416,6 +412,14 @@ fn a_batch_that_actors_could_not_run_is_consumed_without_an_update() {
         w.finish_blocking(footer).unwrap();
         d.complete(&a.group_id);
     }
+}
+
+#[test]
+fn a_batch_that_actors_could_not_run_is_consumed_without_an_update() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, shared) = open(dir.path(), false);
+    feed_refused(&shared, 2, "refused");
     t.poll().unwrap();
     assert!(t.try_update().unwrap().is_none(), "nothing to learn from");
     assert!(
@@ -435,6 +439,23 @@ fn a_batch_that_actors_could_not_run_is_consumed_without_an_update() {
     );
     assert_eq!(rec.service.batches_skipped, 1);
     assert!(t.try_update().unwrap().is_none());
+    // Actors that never run a task stop the learner instead of leaving it waiting forever.
+    let limit = corvid_learner::trainer::MAX_UNSCORED_BATCHES_IN_A_ROW as usize;
+    for b in 0..limit {
+        feed_refused(&shared, 2, &format!("again{b}"));
+        t.poll().unwrap();
+        let r = t.try_update();
+        if b + 1 < limit {
+            assert!(r.unwrap().is_none(), "batch {b}");
+        } else {
+            let err = r.unwrap_err().to_string();
+            assert!(
+                err.contains("batches in a row had no scored episode")
+                    && err.contains("--task-pack"),
+                "{err}"
+            );
+        }
+    }
 }
 
 #[test]
