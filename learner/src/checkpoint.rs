@@ -343,7 +343,15 @@ impl CheckpointDir {
         std::fs::rename(&tmp, &dest).map_err(io(&dest))?;
         sync_dir(&self.root)?;
         if let Some(prev) = superseded {
-            std::fs::remove_dir_all(&prev).map_err(io(&prev))?;
+            // Out of the numbered set first (a crash mid-delete leaves a `.tmp-` folder, which
+            // `open` sweeps); the new checkpoint is already in place, so a failure only warns.
+            let name = prev.file_name().unwrap_or_default().to_string_lossy();
+            let gone = self.root.join(format!(".tmp-superseded-{name}"));
+            if let Err(e) =
+                std::fs::rename(&prev, &gone).and_then(|()| std::fs::remove_dir_all(&gone))
+            {
+                tracing::warn!(path = %prev.display(), error = %e, "removing a superseded checkpoint failed");
+            }
         }
         let all = self.list()?;
         if all.len() > self.keep {
@@ -491,6 +499,13 @@ mod tests {
             .map(|(s, p)| (s, CheckpointDir::load(&p).unwrap().state.rl_step))
             .collect();
         assert_eq!(kept, vec![(2, 1), (4, 2)]);
+        let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with(".tmp-"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
         let r = CheckpointDir::load(&ck.latest().unwrap().unwrap()).unwrap();
         assert_eq!(r.state.read_cursor, 99);
     }
