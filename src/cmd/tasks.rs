@@ -220,11 +220,18 @@ fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Re
         let result = ep.call(&s.tool_call());
         let reward = ep.last_process_reward();
         total += reward;
+        // The plan says what each call should return; a call that returns otherwise is a
+        // plan the pack's files or tools do not support.
+        let status = result.result.status;
+        let unexpected = if status == s.expect {
+            String::new()
+        } else {
+            format!("  <- the oracle plan expects {}", s.expect)
+        };
         writeln!(
             out,
-            "turn {i}: {}\n  -> {} ({} bytes), process reward {reward:+.2}",
+            "turn {i}: {}\n  -> {status} ({} bytes), process reward {reward:+.2}{unexpected}",
             s.hermes(),
-            result.result.status,
             result.text.len(),
         )?;
         for line in result.text.lines() {
@@ -308,6 +315,7 @@ mod tests {
         let first = text.lines().nth(1).unwrap_or_default();
         assert!(first.starts_with("  -> ok "), "{text}");
         assert!(text.contains("  | 2"), "the tool's own output: {text}");
+        assert!(!text.contains("the oracle plan expects"), "{text}");
         // A wrong oracle answer is a failure, not a pass.
         let task = load_pack(&line_count_pack(dir.path(), "3"))
             .unwrap()
@@ -315,6 +323,18 @@ mod tests {
             .unwrap();
         let verdict = oracle_episode(&task, &mut Vec::new()).unwrap();
         assert!(matches!(verdict, Verdict::Fail(_)), "{verdict:?}");
+        // A call that does not return what the plan expects is flagged on its turn.
+        let file = line_count_pack(dir.path(), "2");
+        let pack = std::fs::read_to_string(&file)
+            .unwrap()
+            .replace("\"-l\", \"a.txt\"", "\"-l\", \"missing.txt\"");
+        std::fs::write(&file, pack).unwrap();
+        let task = load_pack(&file).unwrap().instance(1, 0).unwrap();
+        let mut out = Vec::new();
+        oracle_episode(&task, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let first = text.lines().nth(1).unwrap_or_default();
+        assert!(first.ends_with("<- the oracle plan expects ok"), "{text}");
     }
 
     #[derive(Parser)]
