@@ -21,7 +21,7 @@ use corvid_learner::store::{Begin, TrajectoryStore, TrajectoryWriter};
 use corvid_learner::tokenizer::Special;
 use corvid_proto::{SamplingParams, Step, TrajectoryFooter, TrajectoryHeader};
 use corvid_rewards::{mean_pass_at_k, mean_pass_hat_k, EpisodeEval, EvalMetrics};
-use corvid_tasks::{TaskEnv, TaskFamily};
+use corvid_tasks::TaskFamily;
 use serde::Serialize;
 
 /// Evaluate a checkpoint on held-out tasks.
@@ -418,12 +418,7 @@ pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<Eva
         tch::set_num_threads(args.threads);
     }
     let (mut policy, checkpoint) = load_policy(args)?;
-    let env = TaskEnv::new(
-        corvid_sandbox::Sandbox::builder()
-            .search_tool(true)
-            .build()
-            .context("starting the sandbox")?,
-    );
+    let env = super::task_env()?;
     let label = args
         .label
         .clone()

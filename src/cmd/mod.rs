@@ -9,3 +9,14 @@ pub mod report;
 pub mod run;
 pub mod sandbox;
 pub mod tasks;
+
+/// The sandbox the CLI runs tasks in (the search tool on, as actors have it), wrapped for
+/// episodes of any task.
+pub(crate) fn task_env() -> anyhow::Result<corvid_tasks::TaskEnv> {
+    use anyhow::Context;
+    let sandbox = corvid_sandbox::Sandbox::builder()
+        .search_tool(true)
+        .build()
+        .context("starting the sandbox")?;
+    Ok(corvid_tasks::TaskEnv::new(sandbox))
+}

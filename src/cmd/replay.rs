@@ -281,12 +281,7 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
         } => {
             let store = open(&store.store)?;
             let families = Families::new(&packs)?;
-            let env = TaskEnv::new(
-                corvid_sandbox::Sandbox::builder()
-                    .search_tool(true)
-                    .build()
-                    .context("starting the sandbox")?,
-            );
+            let env = super::task_env()?;
             let records: Vec<TrajectoryRecord> = match id {
                 Some(id) => vec![store
                     .get(&id)?

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use corvid_tasks::{
-    builtin_families, builtin_family, load_pack, Episode, TaskEnv, TaskFamily, TaskInstance,
-    TasksError, Verdict,
+    builtin_families, builtin_family, load_pack, Episode, TaskFamily, TaskInstance, TasksError,
+    Verdict,
 };
 
 /// list, show, sample and validate task families and task packs.
@@ -207,11 +207,7 @@ fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
 /// included), and writes each turn: the call, its status, the process reward and what the
 /// model would read. Returns the checker's verdict.
 fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Result<Verdict> {
-    let sandbox = corvid_sandbox::Sandbox::builder()
-        .search_tool(true)
-        .build()
-        .context("starting the sandbox")?;
-    let env = TaskEnv::new(sandbox);
+    let env = super::task_env()?;
     let mut ep = Episode::start(&env, t)?;
     let mut steps = t.oracle.steps.clone();
     steps.push(t.oracle.answer_step());
