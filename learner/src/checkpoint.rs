@@ -307,12 +307,10 @@ impl CheckpointDir {
     /// pending trajectories, dispenser).
     pub fn save(&self, mut snap: Snapshot<'_>) -> Result<PathBuf, CheckpointError> {
         let before = self.list()?;
-        let superseded = match before.last() {
-            Some((_, prev)) => Self::position(prev)
-                .is_some_and(|p| p == position_of(&snap.state))
-                .then(|| prev.clone()),
-            None => None,
-        };
+        let superseded = before
+            .last()
+            .filter(|(_, prev)| Self::position(prev) == Some(position_of(&snap.state)))
+            .map(|(_, prev)| prev.clone());
         let seq = before.last().map_or(1, |(s, _)| s + 1);
         snap.state.seq = seq;
         snap.state.format = STATE_FORMAT;

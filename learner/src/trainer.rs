@@ -619,18 +619,12 @@ impl Trainer {
             .flatten()
             .map(|t| t.header.trajectory_id.clone())
             .collect();
-        let mut by_termination: BTreeMap<&'static str, usize> = BTreeMap::new();
-        for t in loaded.iter().flatten() {
-            *by_termination
-                .entry(t.footer.termination.as_str())
-                .or_default() += 1;
-        }
         if !loaded
             .iter()
             .flatten()
             .any(|t| t.footer.termination.is_scored())
         {
-            self.skip_unscored_batch(&ids, by_termination)?;
+            self.skip_unscored_batch(&ids, &loaded)?;
             return Ok(None);
         }
         self.skipped_in_a_row = 0;
@@ -718,8 +712,14 @@ impl Trainer {
     fn skip_unscored_batch(
         &mut self,
         ids: &[String],
-        by_termination: BTreeMap<&'static str, usize>,
+        loaded: &[Vec<LoadedTrajectory>],
     ) -> Result<(), LearnerError> {
+        let mut by_termination: BTreeMap<&str, usize> = BTreeMap::new();
+        for t in loaded.iter().flatten() {
+            *by_termination
+                .entry(t.footer.termination.as_str())
+                .or_default() += 1;
+        }
         self.shared
             .store
             .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
