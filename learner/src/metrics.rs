@@ -10,7 +10,7 @@
 //! | `moe` | per layer: load share per expert, MaxVio, CV, load entropy, router entropy, dead experts |
 //! | `spikes` | whether this update's policy loss was a spike, the running count, the window's mean and std |
 //! | `curriculum` | frontier level per family, context tokens of the current stage |
-//! | `service` | open groups, groups completed and expired, actors active, trajectories read |
+//! | `service` | open groups, groups completed and expired, actors active, trajectories read, batches skipped without an update (kept current between updates on the endpoint) |
 //!
 //! A **loss spike** is a policy loss above `mean + k·std` of the previous `spike_window`
 //! updates, counted once at least `spike_min_samples` updates are in the window
@@ -368,6 +368,15 @@ impl MetricsSink {
         Arc::clone(&self.latest)
     }
 
+    /// Records a batch consumed without an update in the latest record, so that the endpoint
+    /// shows `service_batches_skipped` rising while no update (and no line) is written.
+    pub fn note_batches_skipped(&self, total: u64) {
+        let mut latest = self.latest.write().unwrap_or_else(|p| p.into_inner());
+        if let Some(r) = latest.as_mut() {
+            r.service.batches_skipped = total;
+        }
+    }
+
     /// Writes one line and makes `record` the latest.
     pub fn write(&mut self, record: &UpdateRecord) -> std::io::Result<()> {
         let mut line = serde_json::to_vec(record)?;
@@ -485,6 +494,17 @@ pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) 
         f64::from(u8::from(r.spikes.spike)),
     );
     gauge(&mut out, "loss_spikes_total", &[], r.spikes.count as f64);
+    let sv = &r.service;
+    for (name, v) in [
+        ("service_open_groups", sv.open_groups),
+        ("service_groups_completed", sv.groups_completed),
+        ("service_groups_expired", sv.groups_expired),
+        ("service_actors_active", sv.actors_active),
+        ("service_trajectories_read", sv.trajectories_read),
+        ("service_batches_skipped", sv.batches_skipped),
+    ] {
+        gauge(&mut out, name, &[], v as f64);
+    }
     for (family, level) in &r.curriculum.frontier {
         gauge(
             &mut out,
@@ -618,6 +638,7 @@ mod tests {
             ..UpdateRecord::default()
         };
         r.loss.policy = -0.25;
+        r.service.batches_skipped = 2;
         r.rollout.success_by_task.insert(
             "hops/2".into(),
             Rate {
@@ -641,6 +662,7 @@ mod tests {
             "corvid_loss_policy -0.25\n",
             "corvid_rollout_task_success_rate{family=\"hops\",level=\"2\"} 0.25\n",
             "corvid_moe_load{layer=\"1\",expert=\"1\"} 0.5\n",
+            "corvid_service_batches_skipped 2\n",
         ] {
             assert!(text.contains(want), "missing {want:?} in\n{text}");
         }

@@ -725,6 +725,8 @@ impl Trainer {
             .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
         self.state.totals.unscored_skipped += ids.len() as u64;
         self.state.totals.batches_skipped += 1;
+        self.metrics
+            .note_batches_skipped(self.state.totals.batches_skipped);
         self.skipped_in_a_row += 1;
         let why = "actors report infra_error when they cannot build a task (an actor started \
                    without --task-pack for a pack in [tasks] packs, a task spec that differs \
