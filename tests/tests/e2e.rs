@@ -333,3 +333,108 @@ fn corvid_run_refuses_an_existing_ablation_folder_before_training() {
     // Nothing ran: no SFT checkpoint, not even the run folder.
     assert!(!d.join("runs/t").exists(), "{stderr}");
 }
+
+/// Waits up to `timeout` for `child` to exit.
+fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
+    let t = Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().expect("polling the child") {
+            return status;
+        }
+        assert!(t.elapsed() < timeout, "not finished after {timeout:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn corvid_run_stopped_by_ctrl_c_keeps_a_checkpoint_then_evaluates_and_reports() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    // RL without an update budget: only the interrupt ends it.
+    let config = CONFIG.replace("max_updates = 3", "max_updates = 0")
+        + r#"
+[run]
+actors = 2
+actor_concurrency = 2
+rl_minutes = 10.0
+eval_family = "hops"
+eval_levels = "1..2"
+eval_episodes = 3
+eval_concurrency = 4
+eval_max_new_tokens = 32
+eval_workers = 1
+"#;
+    std::fs::write(d.join("run.toml"), config).expect("config");
+    let log = std::fs::File::create(d.join("run.log")).expect("log");
+    let mut run = Kid(Command::new(corvid())
+        .args(["run", "--config", "run.toml", "--name", "r"])
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("spawning corvid run"));
+    let r = d.join("runs/r");
+    let metrics = r.join("metrics/metrics.jsonl");
+    wait_for("two RL updates", Duration::from_secs(150), || {
+        read(&metrics).lines().count() >= 2
+    });
+    // Ctrl-C: the run process gets SIGINT (its children are in their own process groups).
+    let status = Command::new("kill")
+        .args(["-INT", &run.0.id().to_string()])
+        .status()
+        .expect("kill");
+    assert!(status.success());
+    let status = wait_exit(&mut run.0, Duration::from_secs(180));
+    let log = read(&d.join("run.log"));
+    assert!(status.success(), "corvid run failed: {log}");
+    assert!(log.contains("interrupt 1"), "{log}");
+
+    // The learner stopped with a checkpoint at the RL step it had reached.
+    let ckpts: Vec<PathBuf> = std::fs::read_dir(r.join("ckpt"))
+        .expect("ckpt dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.join("state.json").exists())
+        .collect();
+    let rl_steps: Vec<u64> = ckpts
+        .iter()
+        .map(|p| {
+            let s: serde_json::Value =
+                serde_json::from_str(&read(&p.join("state.json"))).expect("state.json");
+            s["rl_step"].as_u64().expect("rl_step")
+        })
+        .collect();
+    let updates = read(&metrics).lines().count() as u64;
+    assert!(
+        rl_steps.iter().max() >= Some(&updates) && updates >= 2,
+        "checkpoints at RL steps {rl_steps:?}, {updates} updates logged"
+    );
+
+    // It still evaluated every stage and wrote the report.
+    for stage in ["random", "sft", "rl"] {
+        let e: serde_json::Value =
+            serde_json::from_str(&read(&r.join(format!("eval/{stage}.json")))).expect(stage);
+        assert!(e.is_object(), "{stage}");
+    }
+    let run_json: serde_json::Value =
+        serde_json::from_str(&read(&r.join("run.json"))).expect("run.json");
+    assert_eq!(run_json["interrupted"], true);
+    let report: serde_json::Value =
+        serde_json::from_str(&read(&r.join("report.json"))).expect("report.json");
+    for key in ["random", "sft", "rl"] {
+        let v = &report["success"][key];
+        assert!(v.is_number(), "success.{key} = {v}");
+    }
+    assert!(report["frontier_level"].is_number(), "{report}");
+    assert!(
+        report["frontier_tokens_ratio_vs_level1"].is_number(),
+        "{report}"
+    );
+    assert!(report["ablation"].get("step_level").is_some(), "{report}");
+    assert!(r.join("report.html").exists());
+    assert!(r.join("plots/reward_success.png").exists());
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(run.0.stdout.as_mut().expect("stdout"), &mut stdout)
+        .expect("stdout");
+    assert!(stdout.trim_end().ends_with("report.html"), "{stdout}");
+}
