@@ -103,6 +103,10 @@ pub struct LossFigures {
     pub entropy: f64,
     /// The MoE balance loss.
     pub balance: f64,
+    /// Cross-entropy per demonstration token of the PPO-ptx term (0 when off; absent in
+    /// metrics written before it existed).
+    #[serde(default)]
+    pub ptx: f64,
     /// Fraction of tokens clipped at `1 − ε_low` (negative advantage side).
     pub clip_frac_low: f64,
     /// Fraction clipped at `1 + ε_high` (positive advantage side).

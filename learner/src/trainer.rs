@@ -7,8 +7,9 @@
 //!    oldest first; trajectories the trainer cannot use (token ids outside the vocabulary,
 //!    non-finite behaviour log-probs) are left out and counted.
 //! 2. libtorch is seeded from the learner's RNG (saved in every checkpoint), then
-//!    [`RlTrainer::update`] trains on the groups at the current policy version (stale and
-//!    unscored episodes are skipped and counted there).
+//!    [`RlTrainer::update_mixed`] trains on the groups at the current policy version (stale
+//!    and unscored episodes are skipped and counted there), with `rl.ptx_tokens` of fresh
+//!    `[sft]` demonstrations when the PPO-ptx term is on (`rl.ptx_coef > 0`).
 //! 3. The new weights are published as the next version; the trajectories are marked
 //!    consumed in the store; one metrics line is written.
 //!
@@ -42,7 +43,7 @@ use crate::sft_data::SftData;
 use crate::store::now_unix_ms;
 use crate::train::pack::PackedRow;
 use crate::train::sft::SftTrainer;
-use crate::train::{Group, RlTrainer, TrainingTrajectory, UpdateStats};
+use crate::train::{Group, RlTrainer, SftLayout, TrainingTrajectory, UpdateStats};
 
 /// Updates in the episodes/s window of the metrics.
 const RATE_WINDOW: usize = 8;
@@ -56,6 +57,11 @@ pub const SFT_METRICS_FILE: &str = "sft.jsonl";
 
 /// SFT steps between progress logs.
 const SFT_LOG_EVERY: u64 = 10;
+
+/// The PPO-ptx demonstrations of RL update `n` are the `[sft]` stream's step
+/// `PTX_STEP_BASE + n`: examples no SFT step drew, past `mistakes_from_step`, and the same
+/// again on resume.
+const PTX_STEP_BASE: u64 = 1 << 32;
 
 /// One line of `sft.jsonl`.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -163,6 +169,8 @@ pub struct Trainer {
     recent_updates: std::collections::VecDeque<(Instant, usize)>,
     /// Batches skipped since the last update (none of their episodes scored).
     skipped_in_a_row: u32,
+    /// The demonstration stream of the PPO-ptx term, made at its first use.
+    ptx_data: Option<SftData>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -296,6 +304,7 @@ impl Trainer {
             published: false,
             recent_updates: std::collections::VecDeque::from([(Instant::now(), 0)]),
             skipped_in_a_row: 0,
+            ptx_data: None,
         })
     }
 
@@ -644,10 +653,11 @@ impl Trainer {
         // Every random choice inside the update derives from the learner's saved RNG.
         tch::manual_seed((self.state.rng.next_u64() >> 1) as i64);
         let version = self.state.policy_version;
+        let demos = self.ptx_demonstrations()?;
         let Some(Policy::Rl(rl)) = self.policy.as_mut() else {
             unreachable!("enter_rl checked the stage")
         };
-        let stats = rl.update(&groups, version)?;
+        let stats = rl.update_mixed(&groups, version, &demos)?;
         let update_s = started.elapsed().as_secs_f64();
 
         self.state.rl_step += 1;
@@ -703,6 +713,28 @@ impl Trainer {
             self.grant_sync_batch();
         }
         Ok(Some(record))
+    }
+
+    /// The demonstrations of the next update's PPO-ptx term (`rl.ptx_tokens` of them, from
+    /// the `[sft]` stream's levels, mistakes and imports); none when `rl.ptx_coef = 0`.
+    fn ptx_demonstrations(&mut self) -> Result<Vec<PackedRow>, LearnerError> {
+        if self.cfg.rl.ptx_coef <= 0.0 {
+            return Ok(Vec::new());
+        }
+        let data = match &mut self.ptx_data {
+            Some(d) => d,
+            None => {
+                let mut sft = self.cfg.sft.clone();
+                sft.batch_tokens = self.cfg.rl.ptx_tokens;
+                sft.layout = SftLayout::Bucket;
+                let families = self.cfg.families()?;
+                let d = SftData::new(&sft, &families)
+                    .map_err(|e| LearnerError::Sft(format!("rl.ptx_coef > 0: {e}")))?;
+                self.ptx_data.insert(d)
+            }
+        };
+        data.step_rows(PTX_STEP_BASE + self.state.rl_step)
+            .map_err(|e| LearnerError::Sft(format!("rl.ptx_coef > 0: {e}")))
     }
 
     /// A batch with no scored episode (every one `infra_error` or `abandoned`) has nothing to
@@ -855,6 +887,7 @@ fn update_record(
     l.kl = stats.kl;
     l.entropy = stats.entropy;
     l.balance = stats.aux_loss;
+    l.ptx = stats.ptx_loss;
     l.clip_frac_low = stats.clip_frac_low;
     l.clip_frac_high = stats.clip_frac_high;
     l.iw_mean = stats.is_weight_mean;

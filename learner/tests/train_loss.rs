@@ -214,9 +214,9 @@ fn masked_tokens_contribute_nothing_to_loss_or_gradient() {
             episode("b", 0.0, ["read(y)", "answer 3"], "no such file", noise),
         ]
     };
-    let s0 = trainer.backward_only(&[group(0.0)], 0).unwrap();
+    let s0 = trainer.backward_only(&[group(0.0)], 0, &[]).unwrap();
     let g0 = grads(trainer.var_store());
-    let s1 = trainer.backward_only(&[group(-7.25)], 0).unwrap();
+    let s1 = trainer.backward_only(&[group(-7.25)], 0, &[]).unwrap();
     let g1 = grads(trainer.var_store());
     assert!(s0.tokens > 0 && s0.grad_norm > 0.0, "{s0:?}");
     assert_eq!(s0.policy_loss.to_bits(), s1.policy_loss.to_bits());
@@ -237,6 +237,6 @@ fn masked_tokens_contribute_nothing_to_loss_or_gradient() {
             *lp = -0.1;
         }
     }
-    let s2 = trainer.backward_only(&[changed], 0).unwrap();
+    let s2 = trainer.backward_only(&[changed], 0, &[]).unwrap();
     assert_ne!(s0.is_weight_mean.to_bits(), s2.is_weight_mean.to_bits());
 }

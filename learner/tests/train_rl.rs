@@ -500,7 +500,7 @@ fn micro_batching_trajectories_of_unequal_length_does_not_change_the_gradient() 
         };
         let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
         let st = trainer
-            .backward_only(std::slice::from_ref(&group), 0)
+            .backward_only(std::slice::from_ref(&group), 0, &[])
             .unwrap();
         let mut g: Vec<(String, Tensor)> = trainer
             .var_store()
@@ -531,4 +531,126 @@ fn micro_batching_trajectories_of_unequal_length_does_not_change_the_gradient() 
         compared += 1;
     }
     assert!(compared > 10, "{compared} gradients compared");
+}
+
+/// PPO-ptx: demonstrations add `ptx_coef ×` the gradient of their mean cross-entropy over
+/// the trained-on tokens to the RL gradient, and nothing when `ptx_coef = 0`.
+#[test]
+fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
+    use corvid_learner::train::pack::{PackedBatch, PackedRow};
+    use corvid_learner::train::SftTrainer;
+
+    let tok = ByteTokenizer::new();
+    let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
+    let group = vec![
+        one_step("a1", "g", a, -1.0, 1.0, 0, Termination::Answered),
+        one_step("b1", "g", b, -1.0, 0.0, 0, Termination::Answered),
+    ];
+    // Two demonstrations of unequal length; only the assistant part is trained on.
+    let demo = |text: &str, answer: &str| {
+        let mut ids = prompt();
+        ids.extend(tok.encode_plain(text));
+        let context = ids.len();
+        ids.extend(tok.encode_plain(answer));
+        let mask: Vec<bool> = (0..ids.len()).map(|i| i >= context).collect();
+        PackedRow::single(&ids, &mask)
+    };
+    let demos = vec![demo(" one", "value 41"), demo(" two two", "next c8/bb2")];
+    let weights = checkpoint::weights_to_bytes(&small_model(21).0).unwrap();
+    let loaded = || {
+        let (vs, model) = small_model(22);
+        checkpoint::load_weights_from_bytes(&vs, &weights).unwrap();
+        (vs, model)
+    };
+    let sorted_grads = |vs: &nn::VarStore| {
+        let mut g: Vec<(String, Tensor)> = vs
+            .variables()
+            .into_iter()
+            .filter(|(_, v)| v.grad().defined())
+            .map(|(n, v)| (n, v.grad().copy()))
+            .collect();
+        g.sort_by(|x, y| x.0.cmp(&y.0));
+        g
+    };
+    let rl_grads = |ptx_coef: f64, demos: &[PackedRow]| {
+        let (vs, model) = loaded();
+        let cfg = RlConfig {
+            ptx_coef,
+            ..rl_config(AdvantageMode::Grpo)
+        };
+        let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+        tch::manual_seed(5);
+        let st = trainer
+            .backward_only(std::slice::from_ref(&group), 0, demos)
+            .unwrap();
+        (st, sorted_grads(trainer.var_store()))
+    };
+    let (plain, g_plain) = rl_grads(0.0, &[]);
+    let (off, g_off) = rl_grads(0.0, &demos);
+    let (mixed, g_mixed) = rl_grads(2.5, &demos);
+
+    // The cross-entropy gradient by hand: one forward over both rows, mean over their
+    // assistant tokens.
+    let (vs, model) = loaded();
+    let refs: Vec<&PackedRow> = demos.iter().collect();
+    let batch = PackedBatch::new(&refs, Device::Cpu).unwrap();
+    tch::manual_seed(5);
+    let out = batch.forward(&model, true).unwrap();
+    let logp = batch
+        .select(&out.logits_btv)
+        .log_softmax(-1, Kind::Float)
+        .gather(-1, &batch.targets_n.unsqueeze(-1), false);
+    let ce = -logp.sum(Kind::Float) / batch.n_trained as f64;
+    ce.backward();
+    let g_ce = sorted_grads(&vs);
+
+    assert_eq!(off.ptx_tokens, 0, "ptx_coef = 0 ignores the demonstrations");
+    assert_eq!(mixed.ptx_tokens, batch.n_trained);
+    assert!((mixed.ptx_loss - ce.double_value(&[])).abs() < 1e-5, "{mixed:?}");
+    assert_eq!(plain.tokens, mixed.tokens);
+    let grad = |gs: &[(String, Tensor)], name: &str| {
+        gs.iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, g)| g.shallow_clone())
+    };
+    let mut compared = 0;
+    for (name, gp) in &g_plain {
+        let go = grad(&g_off, name).unwrap();
+        assert!((gp - &go).abs().max().double_value(&[]) == 0.0, "{name}");
+        let expected = match grad(&g_ce, name) {
+            Some(gc) => gp + gc * 2.5,
+            None => gp.shallow_clone(),
+        };
+        let gm = grad(&g_mixed, name).unwrap();
+        let scale = expected.abs().max().double_value(&[]).max(1e-8);
+        let diff = (&gm - &expected).abs().max().double_value(&[]);
+        assert!(
+            diff <= 1e-4 * scale + 1e-7,
+            "{name}: max |Δgrad| {diff} (scale {scale})"
+        );
+        compared += 1;
+    }
+    assert!(compared > 10, "{compared} gradients compared");
+
+    // And it trains: steps with the term lower the demonstrations' cross-entropy.
+    let (vs, model) = loaded();
+    let cfg = RlConfig {
+        ptx_coef: 1.0,
+        ..rl_config(AdvantageMode::Grpo)
+    };
+    let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+    let sft_loss = |t: &RlTrainer| {
+        let (mut vs, model) = loaded();
+        vs.copy(t.var_store()).unwrap();
+        let sft = SftTrainer::new(vs, model, Default::default()).unwrap();
+        sft.eval_loss(&demos).unwrap()
+    };
+    let before = sft_loss(&trainer);
+    for _ in 0..5 {
+        trainer
+            .update_mixed(std::slice::from_ref(&group), 0, &demos)
+            .unwrap();
+    }
+    let after = sft_loss(&trainer);
+    assert!(after < before - 0.5, "demonstration loss {before} -> {after}");
 }

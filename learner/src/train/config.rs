@@ -259,7 +259,8 @@ pub enum AdvantageMode {
 /// Asynchronous policy optimisation from stored trajectories.
 ///
 /// The loss (see `train::loss`, each term a named function):
-/// `L = L_pg − entropy_coef·H + kl_coef·KL_k3 + aux_loss_scale·L_balance`, with the
+/// `L = L_pg − entropy_coef·H + kl_coef·KL_k3 + aux_loss_scale·L_balance
+///      + ptx_coef·CE_demo`, with the
 /// decoupled-PPO surrogate `L_pg = −w · min(r·A, clip(r, 1−clip_low, 1+clip_high)·A)`,
 /// `r = π_θ/π_prox`, `w = min(π_prox/μ, tis_cap)`, averaged over generated tokens.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -296,6 +297,15 @@ pub struct RlConfig {
     /// Weight of the entropy bonus (`−entropy_coef · H` in the loss, `H` the full-vocabulary
     /// entropy of the policy at generated tokens). Default `0.0`.
     pub entropy_coef: f64,
+    /// Weight `γ_ptx` of the supervised cross-entropy on demonstrations mixed into every
+    /// optimizer step (InstructGPT's PPO-ptx): `+ ptx_coef · CE_demo`, `CE_demo` the mean
+    /// over the demonstrations' assistant tokens. The learner draws fresh demonstrations from
+    /// the `[sft]` stream (its levels, mistakes and imports) for each update. `0` = off.
+    /// Default `0.0`.
+    pub ptx_coef: f64,
+    /// Demonstration tokens per update when `ptx_coef > 0` (split across the minibatches).
+    /// Default `4096`.
+    pub ptx_tokens: usize,
     /// Multiplier on the model's own balance loss (Switch aux loss and router z-loss, already
     /// weighted by `aux_loss_coef` / `router_z_loss_coef` of the model config). Default `1.0`.
     pub aux_loss_scale: f64,
@@ -340,6 +350,8 @@ impl Default for RlConfig {
             staleness_bound: 4,
             kl_coef: 0.0,
             entropy_coef: 0.0,
+            ptx_coef: 0.0,
+            ptx_tokens: 4096,
             aux_loss_scale: 1.0,
             update_balance_bias: true,
             drop_uninformative_groups: true,
@@ -385,6 +397,7 @@ impl RlConfig {
         for (field, v) in [
             ("kl_coef", self.kl_coef),
             ("entropy_coef", self.entropy_coef),
+            ("ptx_coef", self.ptx_coef),
             ("aux_loss_scale", self.aux_loss_scale),
         ] {
             if !(v.is_finite() && v >= 0.0) {
@@ -402,6 +415,9 @@ impl RlConfig {
         }
         if self.micro_batch_tokens == 0 {
             return Err(bad("micro_batch_tokens", 0, "must be > 0"));
+        }
+        if self.ptx_coef > 0.0 && self.ptx_tokens == 0 {
+            return Err(bad("ptx_tokens", 0, "must be > 0 when ptx_coef > 0"));
         }
         self.optim.validate()
     }

@@ -14,7 +14,12 @@
 //! KL_k3  = min(exp(x) − x − 1, 10),  x = clamp(log π_ref − log π_θ, ±20)   k3_kl
 //! H      = −Σ_v π_θ(v) log π_θ(v)                                  entropy
 //! L      = Σ_i [L_pg − c_H·H + c_KL·KL_k3]_i / N  + c_bal·L_balance  (token-level mean, DAPO)
+//!          + c_ptx · Σ_j −log π_θ(y_j) / N_demo    over demonstration tokens   summed_nll
 //! ```
+//!
+//! The last term (PPO-ptx, InstructGPT arXiv 2203.02155 §3.5) is the SFT loss on
+//! demonstrations mixed into the RL step, off unless `ptx_coef > 0`; SFT uses the same
+//! function.
 //!
 //! Why the decoupled form: actors sample with policies up to `staleness_bound` versions old.
 //! Clipping against `μ` would spend the trust region on staleness the learner did not cause;
@@ -98,6 +103,18 @@ pub fn k3_kl(logp_new_n: &Tensor, logp_ref_n: &Tensor) -> Tensor {
 /// from log-probabilities `[N, V]`; returns `[N]`.
 pub fn entropy(logp_nv: &Tensor) -> Tensor {
     -(logp_nv.exp() * logp_nv).sum_dim_intlist(-1, false, Kind::Float)
+}
+
+/// Summed negative log-likelihood of `targets_n` under `logits_nv` (`[N, V]`, temperature
+/// 1, computed in fp32): `Σ_j −log softmax(logits_j)[target_j]`, scalar. Divided by the
+/// token count it is the SFT cross-entropy.
+pub fn summed_nll(logits_nv: &Tensor, targets_n: &Tensor) -> Tensor {
+    logits_nv
+        .to_kind(Kind::Float)
+        .log_softmax(-1, Kind::Float)
+        .gather(-1, &targets_n.unsqueeze(-1), false)
+        .sum(Kind::Float)
+        .neg()
 }
 
 /// Token-level aggregation: `Σ_i x_i / denom`, scalar. `denom` is the number of generated

@@ -21,7 +21,7 @@
 //!   [`batch::turn_advantages`], [`batch::tokens_from_turns`].
 //! - [`loss`]: each RL loss term as its own function, formulas in the module doc.
 //! - [`rl`]: [`rl::RlTrainer`]`::{new(vs, model, reference, cfg), update(&groups,
-//!   current_version) -> UpdateStats, backward_only(..)}`.
+//!   current_version) -> UpdateStats, update_mixed(.., &demos) (PPO-ptx), backward_only(..)}`.
 //! - The model side: [`MoePolicy::forward_packed`](crate::model::MoePolicy::forward_packed)
 //!   `(tokens, positions, doc_ids, train)` runs packed rows with a block-diagonal causal mask.
 //!

@@ -13,7 +13,10 @@
 //!    detached.
 //! 4. Per micro-batch, the loss of [`super::loss`]:
 //!    `Σ_i [−w·min(r·A, clip(r)·A) − c_H·H + c_KL·KL_k3]_i / N + c_bal·L_balance·(rows/rows_mb)`
-//!    with `N` the generated tokens of the minibatch. Then AdamW, then the router-bias
+//!    with `N` the generated tokens of the minibatch.
+//! 5. With `ptx_coef > 0` and demonstrations given ([`RlTrainer::update_mixed`]), the
+//!    minibatch's share of them adds `c_ptx · Σ_j −log π_θ(y_j) / N_demo` over their
+//!    assistant tokens (PPO-ptx; temperature 1, as in SFT). Then AdamW, then the router-bias
 //!    balance step.
 //!
 //! Log-probs are taken at each trajectory's sampling temperature (`softmax(logits / T)`, as
@@ -25,7 +28,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::batch::{select, Group, Scored};
 use super::config::RlConfig;
 use super::loss::{
-    clip_masks, clipped_surrogate, entropy, importance_ratio, k3_kl, token_sum_over,
+    clip_masks, clipped_surrogate, entropy, importance_ratio, k3_kl, summed_nll, token_sum_over,
     truncated_importance_weight,
 };
 use super::optim::AdamW;
@@ -45,6 +48,10 @@ pub struct UpdateStats {
     pub entropy: f64,
     /// MoE balance loss, mean over micro-batches.
     pub aux_loss: f64,
+    /// Cross-entropy per demonstration token of the PPO-ptx term (0 when off).
+    pub ptx_loss: f64,
+    /// Demonstration tokens trained on by the PPO-ptx term.
+    pub ptx_tokens: usize,
     /// Fraction of tokens with `A < 0` and `r < 1 − clip_low`.
     pub clip_frac_low: f64,
     /// Fraction of tokens with `A > 0` and `r > 1 + clip_high`.
@@ -247,24 +254,38 @@ impl RlTrainer {
         groups: &[Group],
         current_version: u64,
     ) -> Result<UpdateStats, TrainError> {
-        self.run(groups, current_version, true)
+        self.run(groups, current_version, &[], true)
     }
 
-    /// The loss and its backward pass exactly as [`RlTrainer::update`] computes them, but no
-    /// optimizer or balance step: the gradients (of every minibatch, summed) stay in the
-    /// parameters. For tests and diagnostics; `optimizer_steps` is 0.
+    /// [`RlTrainer::update`] with demonstrations for the PPO-ptx term: `demos` (packed rows,
+    /// trained on where their loss mask is set) are split across the minibatches like the
+    /// trajectories. Ignored when `ptx_coef = 0`.
+    pub fn update_mixed(
+        &mut self,
+        groups: &[Group],
+        current_version: u64,
+        demos: &[PackedRow],
+    ) -> Result<UpdateStats, TrainError> {
+        self.run(groups, current_version, demos, true)
+    }
+
+    /// The loss and its backward pass exactly as [`RlTrainer::update_mixed`] computes them,
+    /// but no optimizer or balance step: the gradients (of every minibatch, summed) stay in
+    /// the parameters. For tests and diagnostics; `optimizer_steps` is 0.
     pub fn backward_only(
         &mut self,
         groups: &[Group],
         current_version: u64,
+        demos: &[PackedRow],
     ) -> Result<UpdateStats, TrainError> {
-        self.run(groups, current_version, false)
+        self.run(groups, current_version, demos, false)
     }
 
     fn run(
         &mut self,
         groups: &[Group],
         current_version: u64,
+        demos: &[PackedRow],
         take_steps: bool,
     ) -> Result<UpdateStats, TrainError> {
         self.opt.zero_grad();
@@ -333,12 +354,19 @@ impl RlTrainer {
                     .map(|m| m.iter().map(|_| None).collect())
                     .collect(),
             };
+        // PPO-ptx: each minibatch's share of the demonstrations.
+        let demo_shares: Vec<&[PackedRow]> = if self.cfg.ptx_coef > 0.0 && !demos.is_empty() {
+            demos.chunks(demos.len().div_ceil(minis.len())).collect()
+        } else {
+            Vec::new()
+        };
+        let mut ptx_sum = 0.0f64;
         // Sums over tokens: [pg, kl, entropy, clip_low, clip_high, w, truncated, adv, |adv|].
         let mut sums = [0.0f64; 9];
         let (mut w_max, mut aux_sum, mut n_micro_total) = (0.0f64, 0.0, 0usize);
         let mut grad_norm_sum = 0.0;
         let c = &self.cfg;
-        for (mbs, refs) in minis.iter().zip(&reference_logp) {
+        for (mi, (mbs, refs)) in minis.iter().zip(&reference_logp).enumerate() {
             let n_tokens: usize = mbs.iter().map(|m| m.batch.n_trained).sum();
             let n_rows: usize = mbs.iter().map(|m| m.rows).sum();
             if n_tokens == 0 {
@@ -404,6 +432,23 @@ impl RlTrainer {
                 st.health = out.health;
                 st.tokens += b.n_trained;
             }
+            if let Some(rows) = demo_shares.get(mi) {
+                // L_ptx = c_ptx · Σ_j −log π_θ(y_j) / N_demo over this share's demonstrations.
+                let n_demo: usize = rows.iter().map(PackedRow::trained_tokens).sum();
+                for chunk in micro_batches(rows, PackedRow::len, c.micro_batch_tokens) {
+                    let refs: Vec<&PackedRow> = chunk.iter().collect();
+                    let b = PackedBatch::new(&refs, self.vs.device())?;
+                    if b.n_trained == 0 {
+                        continue;
+                    }
+                    let out = b.forward(&self.model, true)?;
+                    let nll = summed_nll(&b.select(&out.logits_btv), &b.targets_n);
+                    (&nll * (c.ptx_coef / n_demo as f64)).f_backward()?;
+                    ptx_sum += nll.double_value(&[]);
+                    st.ptx_tokens += b.n_trained;
+                    balance.merge(&out.balance);
+                }
+            }
             if !take_steps {
                 grad_norm_sum = self.opt.grad_norm();
                 continue;
@@ -429,6 +474,7 @@ impl RlTrainer {
         st.adv_abs_mean = sums[8] / n;
         st.is_weight_max = w_max;
         st.aux_loss = aux_sum / n_micro_total.max(1) as f64;
+        st.ptx_loss = ptx_sum / st.ptx_tokens.max(1) as f64;
         st.grad_norm = grad_norm_sum / st.optimizer_steps.max(1) as f64;
         st.trajectories_used = fit.len();
         st.total_tokens = fit.iter().map(|s| s.trajectory.len()).sum();

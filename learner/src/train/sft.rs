@@ -7,6 +7,7 @@
 use tch::{nn, Kind, Tensor};
 
 use super::config::SftConfig;
+use super::loss::summed_nll;
 use super::optim::AdamW;
 use super::pack::{first_fit_decreasing, micro_batches, PackedBatch, PackedRow};
 use super::TrainError;
@@ -108,16 +109,6 @@ pub struct SftTrainer {
     tokens_seen: u64,
 }
 
-/// `Σ −log softmax(logits)[target]` over selected positions, as a scalar tensor.
-fn summed_cross_entropy(logits_nv: &Tensor, targets_n: &Tensor) -> Tensor {
-    logits_nv
-        .to_kind(Kind::Float)
-        .log_softmax(-1, Kind::Float)
-        .gather(-1, &targets_n.unsqueeze(-1), false)
-        .sum(Kind::Float)
-        .neg()
-}
-
 impl SftTrainer {
     /// A trainer for `model`, whose parameters live in `vs`.
     pub fn new(vs: nn::VarStore, model: MoePolicy, cfg: SftConfig) -> Result<Self, TrainError> {
@@ -157,7 +148,7 @@ impl SftTrainer {
         for refs in &micro {
             let batch = PackedBatch::new(refs, device)?;
             let out = batch.forward(&self.model, true)?;
-            let ce = summed_cross_entropy(&batch.select(&out.logits_btv), &batch.targets_n);
+            let ce = summed_nll(&batch.select(&out.logits_btv), &batch.targets_n);
             // Token mean over the whole step; the balance loss is averaged over micro-batches.
             // In fp32 whatever the weights' dtype (the logits are upcast above).
             let loss = &ce / n_total as f64 + out.aux_loss.to_kind(Kind::Float) / n_micro as f64;
@@ -194,7 +185,7 @@ impl SftTrainer {
             for refs in self.micro_batches(rows) {
                 let batch = PackedBatch::new(&refs, device)?;
                 let out = batch.forward(&self.model, false)?;
-                ce_sum += summed_cross_entropy(&batch.select(&out.logits_btv), &batch.targets_n)
+                ce_sum += summed_nll(&batch.select(&out.logits_btv), &batch.targets_n)
                     .double_value(&[]);
             }
             Ok(())
