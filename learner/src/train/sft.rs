@@ -4,7 +4,7 @@
 //! (all micro-batches together), plus the model's MoE balance loss. Prompt, user and tool
 //! tokens are context only.
 
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Kind};
 
 use super::config::SftConfig;
 use super::loss::summed_nll;
