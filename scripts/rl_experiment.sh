@@ -16,7 +16,7 @@ cd "$(dirname "$0")/.."
 name=${1:?usage: scripts/rl_experiment.sh NAME [sed-expression ...]}
 shift
 corvid=target/release/corvid
-base=runs/sft-base
+base=${BASE:-runs/sft-base}  # BASE=runs/OTHER starts from another finished SFT run
 [ -x "$corvid" ] || cargo build --release -p corvid
 [ -e "runs/$name" ] && { echo "runs/$name exists; choose another NAME or remove it" >&2; exit 1; }
 

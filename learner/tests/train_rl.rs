@@ -606,7 +606,10 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
 
     assert_eq!(off.ptx_tokens, 0, "ptx_coef = 0 ignores the demonstrations");
     assert_eq!(mixed.ptx_tokens, batch.n_trained);
-    assert!((mixed.ptx_loss - ce.double_value(&[])).abs() < 1e-5, "{mixed:?}");
+    assert!(
+        (mixed.ptx_loss - ce.double_value(&[])).abs() < 1e-5,
+        "{mixed:?}"
+    );
     assert_eq!(plain.tokens, mixed.tokens);
     let grad = |gs: &[(String, Tensor)], name: &str| {
         gs.iter()
@@ -652,5 +655,8 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
             .unwrap();
     }
     let after = sft_loss(&trainer);
-    assert!(after < before - 0.5, "demonstration loss {before} -> {after}");
+    assert!(
+        after < before - 0.5,
+        "demonstration loss {before} -> {after}"
+    );
 }

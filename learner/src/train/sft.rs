@@ -185,8 +185,8 @@ impl SftTrainer {
             for refs in self.micro_batches(rows) {
                 let batch = PackedBatch::new(&refs, device)?;
                 let out = batch.forward(&self.model, false)?;
-                ce_sum += summed_nll(&batch.select(&out.logits_btv), &batch.targets_n)
-                    .double_value(&[]);
+                ce_sum +=
+                    summed_nll(&batch.select(&out.logits_btv), &batch.targets_n).double_value(&[]);
             }
             Ok(())
         })?;
