@@ -721,6 +721,8 @@ impl Trainer {
         if self.cfg.rl.ptx_coef <= 0.0 {
             return Ok(Vec::new());
         }
+        let err =
+            |e: crate::sft_data::SftDataError| LearnerError::Sft(format!("rl.ptx_coef > 0: {e}"));
         let data = match &mut self.ptx_data {
             Some(d) => d,
             None => {
@@ -728,13 +730,12 @@ impl Trainer {
                 sft.batch_tokens = self.cfg.rl.ptx_tokens;
                 sft.layout = SftLayout::Bucket;
                 let families = self.cfg.families()?;
-                let d = SftData::new(&sft, &families)
-                    .map_err(|e| LearnerError::Sft(format!("rl.ptx_coef > 0: {e}")))?;
-                self.ptx_data.insert(d)
+                self.ptx_data
+                    .insert(SftData::new(&sft, &families).map_err(err)?)
             }
         };
         data.step_rows(PTX_STEP_BASE + self.state.rl_step)
-            .map_err(|e| LearnerError::Sft(format!("rl.ptx_coef > 0: {e}")))
+            .map_err(err)
     }
 
     /// A batch with no scored episode (every one `infra_error` or `abandoned`) has nothing to

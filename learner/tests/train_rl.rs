@@ -103,6 +103,18 @@ fn one_step(
     }
 }
 
+/// The gradients held by `vs`, by parameter name (parameters without one left out).
+fn sorted_grads(vs: &nn::VarStore) -> Vec<(String, Tensor)> {
+    let mut g: Vec<(String, Tensor)> = vs
+        .variables()
+        .into_iter()
+        .filter(|(_, v)| v.grad().defined())
+        .map(|(n, v)| (n, v.grad().copy()))
+        .collect();
+    g.sort_by(|x, y| x.0.cmp(&y.0));
+    g
+}
+
 fn rl_config(advantage: AdvantageMode) -> RlConfig {
     RlConfig {
         advantage,
@@ -502,15 +514,7 @@ fn micro_batching_trajectories_of_unequal_length_does_not_change_the_gradient() 
         let st = trainer
             .backward_only(std::slice::from_ref(&group), 0, &[])
             .unwrap();
-        let mut g: Vec<(String, Tensor)> = trainer
-            .var_store()
-            .variables()
-            .into_iter()
-            .filter(|(_, v)| v.grad().defined())
-            .map(|(n, v)| (n, v.grad().copy()))
-            .collect();
-        g.sort_by(|a, b| a.0.cmp(&b.0));
-        (st, g)
+        (st, sorted_grads(trainer.var_store()))
     };
     let (one, g_one) = grads_with(1); // every row its own micro-batch
     let (all, g_all) = grads_with(1 << 20); // one micro-batch, rows padded to 58 tokens
@@ -561,16 +565,6 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
         let (vs, model) = small_model(22);
         checkpoint::load_weights_from_bytes(&vs, &weights).unwrap();
         (vs, model)
-    };
-    let sorted_grads = |vs: &nn::VarStore| {
-        let mut g: Vec<(String, Tensor)> = vs
-            .variables()
-            .into_iter()
-            .filter(|(_, v)| v.grad().defined())
-            .map(|(n, v)| (n, v.grad().copy()))
-            .collect();
-        g.sort_by(|x, y| x.0.cmp(&y.0));
-        g
     };
     let rl_grads = |ptx_coef: f64, demos: &[PackedRow]| {
         let (vs, model) = loaded();

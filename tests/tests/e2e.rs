@@ -336,14 +336,10 @@ fn corvid_run_refuses_an_existing_ablation_folder_before_training() {
 
 /// Waits up to `timeout` for `child` to exit.
 fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
-    let t = Instant::now();
-    loop {
-        if let Some(status) = child.try_wait().expect("polling the child") {
-            return status;
-        }
-        assert!(t.elapsed() < timeout, "not finished after {timeout:?}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
+    wait_for("the child to exit", timeout, || {
+        matches!(child.try_wait(), Ok(Some(_)))
+    });
+    child.wait().expect("the child's exit status")
 }
 
 #[test]

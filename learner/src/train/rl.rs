@@ -437,7 +437,7 @@ impl RlTrainer {
                 let n_demo: usize = rows.iter().map(PackedRow::trained_tokens).sum();
                 for chunk in micro_batches(rows, PackedRow::len, c.micro_batch_tokens) {
                     let refs: Vec<&PackedRow> = chunk.iter().collect();
-                    let b = PackedBatch::new(&refs, self.vs.device())?;
+                    let b = PackedBatch::new(&refs, self.device())?;
                     if b.n_trained == 0 {
                         continue;
                     }
