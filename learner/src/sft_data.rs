@@ -10,7 +10,9 @@
 //!    have seen, with nothing to save but the step.
 //! 2. **Size.** A step draws demonstrations until they hold `batch_tokens` tokens. With
 //!    `layout = "pack"` it packs them first-fit decreasing into rows of `seq_len` and keeps
-//!    at most `batch_tokens / seq_len` rows; with `layout = "bucket"` each is its own row,
+//!    at most `batch_tokens / seq_len` rows; with `layout = "concat"` it bins them the same way
+//!    but joins each row's demonstrations into one causal context (held-out rows: one
+//!    demonstration each, from position 0); with `layout = "bucket"` each is its own row,
 //!    longest first. Demonstrations longer than `seq_len` are dropped and
 //!    counted; a demonstration whose oracle does not pass its checker in the sandbox is never
 //!    trained on (it would teach a wrong answer) and is counted too.
@@ -32,7 +34,7 @@ use crate::episode::{oracle_steps_with, EpisodeFormat, Mistakes};
 use crate::tokenizer::Special;
 use crate::train::config::{SftConfig, SftLayout};
 use crate::train::pack::PackedRow;
-use crate::train::sft::{pack, Example};
+use crate::train::sft::{concat, pack, Example};
 use crate::train::TrainError;
 
 /// Most demonstrations drawn for one step, as a multiple of the rows it needs: a guard
@@ -181,7 +183,7 @@ impl SftData {
         // Pack: rows × seq_len (the rows are then filled first-fit and the surplus dropped);
         // bucket: demonstration tokens, one row each.
         let budget = match self.cfg.layout {
-            SftLayout::Pack => rows * seq_len,
+            SftLayout::Pack | SftLayout::Concat => rows * seq_len,
             SftLayout::Bucket => self.cfg.batch_tokens,
         };
         let mut rng =
@@ -222,6 +224,11 @@ impl SftData {
                 packed.truncate(rows);
                 packed
             }
+            SftLayout::Concat => {
+                let mut joined = concat(&examples, seq_len)?.rows;
+                joined.truncate(rows);
+                joined
+            }
             SftLayout::Bucket => bucket(&examples),
         })
     }
@@ -238,9 +245,11 @@ impl SftData {
                 }
             }
         }
+        // Concat trains later demonstrations at later positions; its held-out loss is measured
+        // the way the policy meets an episode, each from position 0.
         Ok(match self.cfg.layout {
             SftLayout::Pack => pack(&examples, self.cfg.seq_len, Special::Pad.id())?.rows,
-            SftLayout::Bucket => bucket(&examples),
+            SftLayout::Bucket | SftLayout::Concat => bucket(&examples),
         })
     }
 }
@@ -417,6 +426,52 @@ mod tests {
         let held = a.heldout_rows().unwrap();
         assert!(!held.is_empty() && held.len() <= 2 * bucket.heldout_per_level);
         assert!(held.iter().all(|r| r.doc_ids.iter().all(|d| *d == 0)));
+    }
+
+    #[test]
+    fn a_concatenated_step_joins_demonstrations_into_causal_rows() {
+        let concat = SftConfig {
+            layout: SftLayout::Concat,
+            ..cfg()
+        };
+        let mut a = SftData::new(&concat, &Families::default()).unwrap();
+        let rows = a.step_rows(3).unwrap();
+        assert!(!rows.is_empty() && rows.len() <= concat.rows_per_step());
+        let system = i64::from(Special::System.id());
+        let mut joined = 0;
+        for r in &rows {
+            assert!(r.len() <= concat.seq_len && r.trained_tokens() > 0);
+            // One document: positions run on, no padding, no document boundary.
+            assert!(r.doc_ids.iter().all(|d| *d == 0));
+            assert!(r.positions.iter().enumerate().all(|(i, p)| *p == i as i64));
+            let starts: Vec<usize> = (0..r.len()).filter(|&i| r.tokens[i] == system).collect();
+            assert_eq!(
+                starts.first(),
+                Some(&0),
+                "a row starts with a demonstration"
+            );
+            joined += starts.len().saturating_sub(1);
+            // Each demonstration's last token is followed by the next one's first.
+            for &s in &starts[1..] {
+                assert_eq!(r.targets[s - 1], system);
+                assert!(
+                    !r.loss_mask[s - 1],
+                    "the next demonstration's start is not trained"
+                );
+            }
+        }
+        assert!(
+            joined > 0,
+            "rows of 512 hold more than one hops 1-2 demonstration"
+        );
+        // A pure function of the seed and the step, like every layout; held out: one
+        // demonstration per row, from position 0.
+        let mut b = SftData::new(&concat, &Families::default()).unwrap();
+        assert_eq!(b.step_rows(3).unwrap(), rows);
+        let held = a.heldout_rows().unwrap();
+        assert!(held
+            .iter()
+            .all(|r| r.tokens.iter().filter(|t| **t == system).count() == 1));
     }
 
     #[test]

@@ -113,6 +113,12 @@ pub enum SftLayout {
     /// longest, and run the plain causal forward (no `[T, T]` mask, a short row costs only its
     /// own length): faster where attention is computed densely (CPU).
     Bucket,
+    /// Several demonstrations per row of at most `seq_len`, one after another in a single
+    /// causal context (no document mask, positions running on), as GPT pretraining joins
+    /// documents. A policy trained on single short demonstrations breaks down past their
+    /// length (the hops-3 answer turn starts at positions 338-350, past level 2's; session 14
+    /// in BENCHMARKS.md); here later demonstrations are trained at positions up to `seq_len`.
+    Concat,
 }
 
 /// Supervised fine-tuning on oracle demonstrations (and imported transcripts).
@@ -124,7 +130,8 @@ pub struct SftConfig {
     /// Stop once this many trained-on (masked-in) tokens have been seen; `0` = no budget, stop
     /// at `steps`. When both are set the first reached wins. Default `0`.
     pub token_budget: u64,
-    /// Tokens per optimizer step: rows × `seq_len`, padding included, with `layout = "pack"`;
+    /// Tokens per optimizer step: rows × `seq_len`, padding included, with `layout = "pack"`
+    /// or `"concat"` (at most: a concatenated row is not padded);
     /// demonstration tokens with `layout = "bucket"`. Default `8192`.
     pub batch_tokens: usize,
     /// Length of a packed row; examples longer than this are dropped and counted.

@@ -48,21 +48,27 @@ pub struct Packing {
     pub too_long: Vec<usize>,
 }
 
-/// Packs `examples` into rows of `seq_len` tokens (first-fit decreasing), each example a
-/// document with positions from 0. Examples whose `ids` and `mask` differ in length are an
-/// error; examples longer than `seq_len` are left out and listed in [`Packing::too_long`].
-pub fn pack(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<Packing, TrainError> {
-    if let Some((i, e)) = examples
+/// Examples whose `ids` and `mask` differ in length are an error.
+fn check_examples(examples: &[Example]) -> Result<(), TrainError> {
+    match examples
         .iter()
         .enumerate()
         .find(|(_, e)| e.ids.len() != e.mask.len())
     {
-        return Err(TrainError::Data(format!(
+        Some((i, e)) => Err(TrainError::Data(format!(
             "example {i}: {} ids but {} mask entries",
             e.ids.len(),
             e.mask.len()
-        )));
+        ))),
+        None => Ok(()),
     }
+}
+
+/// Packs `examples` into rows of `seq_len` tokens (first-fit decreasing), each example a
+/// document with positions from 0. Examples whose `ids` and `mask` differ in length are an
+/// error; examples longer than `seq_len` are left out and listed in [`Packing::too_long`].
+pub fn pack(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<Packing, TrainError> {
+    check_examples(examples)?;
     let lengths: Vec<usize> = examples.iter().map(|e| e.ids.len()).collect();
     let (bins, too_long) = first_fit_decreasing(&lengths, seq_len);
     let rows = bins
@@ -75,6 +81,34 @@ pub fn pack(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<Packing
                 offset += examples[i].ids.len();
             }
             row
+        })
+        .collect();
+    Ok(Packing { rows, too_long })
+}
+
+/// Concatenates `examples` into rows of at most `seq_len` tokens, as GPT pretraining joins
+/// documents: the examples of a row (chosen first-fit decreasing, then kept in input order)
+/// run one after another as a single causal document, positions running on, no mask
+/// between them, no padding. A later example is trained at the positions the ones before it
+/// leave, so the policy meets its own format far past the length of any one demonstration.
+/// Same errors and `too_long` as [`pack`].
+pub fn concat(examples: &[Example], seq_len: usize) -> Result<Packing, TrainError> {
+    check_examples(examples)?;
+    let lengths: Vec<usize> = examples.iter().map(|e| e.ids.len()).collect();
+    let (bins, too_long) = first_fit_decreasing(&lengths, seq_len);
+    let rows = bins
+        .into_iter()
+        .map(|mut items| {
+            items.sort_unstable();
+            let ids: Vec<u32> = items
+                .iter()
+                .flat_map(|&i| examples[i].ids.clone())
+                .collect();
+            let mask: Vec<bool> = items
+                .iter()
+                .flat_map(|&i| examples[i].mask.clone())
+                .collect();
+            PackedRow::single(&ids, &mask)
         })
         .collect();
     Ok(Packing { rows, too_long })
