@@ -39,10 +39,10 @@ impl Example {
     }
 }
 
-/// The result of [`pack`].
+/// The result of [`pack`] or [`concat`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Packing {
-    /// Rows of length `seq_len`.
+    /// Rows of length `seq_len` ([`pack`]) or at most `seq_len` ([`concat`]).
     pub rows: Vec<PackedRow>,
     /// Indices of the examples longer than `seq_len` (left out).
     pub too_long: Vec<usize>,
@@ -102,11 +102,11 @@ pub fn concat(examples: &[Example], seq_len: usize) -> Result<Packing, TrainErro
             items.sort_unstable();
             let ids: Vec<u32> = items
                 .iter()
-                .flat_map(|&i| examples[i].ids.clone())
+                .flat_map(|&i| examples[i].ids.iter().copied())
                 .collect();
             let mask: Vec<bool> = items
                 .iter()
-                .flat_map(|&i| examples[i].mask.clone())
+                .flat_map(|&i| examples[i].mask.iter().copied())
                 .collect();
             PackedRow::single(&ids, &mask)
         })
