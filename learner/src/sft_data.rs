@@ -180,8 +180,8 @@ impl SftData {
     pub fn step_rows(&mut self, step: u64) -> Result<Vec<PackedRow>, SftDataError> {
         let seq_len = self.cfg.seq_len;
         let rows = self.cfg.rows_per_step();
-        // Pack: rows × seq_len (the rows are then filled first-fit and the surplus dropped);
-        // bucket: demonstration tokens, one row each.
+        // Pack and concat: rows × seq_len (the rows are then filled first-fit and the surplus
+        // dropped); bucket: demonstration tokens, one row each.
         let budget = match self.cfg.layout {
             SftLayout::Pack | SftLayout::Concat => rows * seq_len,
             SftLayout::Bucket => self.cfg.batch_tokens,
@@ -218,19 +218,13 @@ impl SftData {
                 self.cfg.levels
             )));
         }
-        Ok(match self.cfg.layout {
-            SftLayout::Pack => {
-                let mut packed = pack(&examples, seq_len, Special::Pad.id())?.rows;
-                packed.truncate(rows);
-                packed
-            }
-            SftLayout::Concat => {
-                let mut joined = concat(&examples, seq_len)?.rows;
-                joined.truncate(rows);
-                joined
-            }
-            SftLayout::Bucket => bucket(&examples),
-        })
+        let mut binned = match self.cfg.layout {
+            SftLayout::Pack => pack(&examples, seq_len, Special::Pad.id())?.rows,
+            SftLayout::Concat => concat(&examples, seq_len)?.rows,
+            SftLayout::Bucket => return Ok(bucket(&examples)),
+        };
+        binned.truncate(rows);
+        Ok(binned)
     }
 
     /// The held-out rows (rule 3).
