@@ -597,6 +597,10 @@ mod tests {
         for (text, field) in [
             ("unknown_key = 1", "unknown"),
             ("[rl]\ngroup_size = 0", "group_size"),
+            (
+                "[sft]\nlayout = \"concat\"\nconcat_from_step = 5",
+                "concat_from_step",
+            ),
             ("[rl]\ngroup_size = 5000", "rl.group_size"),
             ("[rollout]\nmax_open_groups = 0", "rollout.max_open_groups"),
             ("[tasks]\nfamilies = [\"nope\"]", "tasks.families"),

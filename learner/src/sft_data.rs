@@ -13,7 +13,8 @@
 //!    at most `batch_tokens / seq_len` rows; with `layout = "concat"` it bins them the same way
 //!    but joins each row's demonstrations into one causal context (held-out rows: one
 //!    demonstration each, from position 0); with `layout = "bucket"` each is its own row,
-//!    longest first. Demonstrations longer than `seq_len` are dropped and
+//!    longest first. From step `concat_from_step` on (when set) every step is laid out as
+//!    concat. Demonstrations longer than `seq_len` are dropped and
 //!    counted; a demonstration whose oracle does not pass its checker in the sandbox is never
 //!    trained on (it would teach a wrong answer) and is counted too.
 //! 3. **Held out.** `heldout_per_level` instances per (family, level) with seeds from
@@ -180,9 +181,10 @@ impl SftData {
     pub fn step_rows(&mut self, step: u64) -> Result<Vec<PackedRow>, SftDataError> {
         let seq_len = self.cfg.seq_len;
         let rows = self.cfg.rows_per_step();
+        let layout = self.cfg.layout_at(step);
         // Pack and concat: rows × seq_len (the rows are then filled first-fit and the surplus
         // dropped); bucket: demonstration tokens, one row each.
-        let budget = match self.cfg.layout {
+        let budget = match layout {
             SftLayout::Pack | SftLayout::Concat => rows * seq_len,
             SftLayout::Bucket => self.cfg.batch_tokens,
         };
@@ -218,7 +220,7 @@ impl SftData {
                 self.cfg.levels
             )));
         }
-        let mut binned = match self.cfg.layout {
+        let mut binned = match layout {
             SftLayout::Pack => pack(&examples, seq_len, Special::Pad.id())?.rows,
             SftLayout::Concat => concat(&examples, seq_len)?.rows,
             SftLayout::Bucket => return Ok(bucket(&examples)),
@@ -466,6 +468,32 @@ mod tests {
         assert!(held
             .iter()
             .all(|r| r.tokens.iter().filter(|t| **t == system).count() == 1));
+    }
+
+    #[test]
+    fn concat_from_step_switches_the_layout_of_later_steps_only() {
+        let switch = SftConfig {
+            layout: SftLayout::Bucket,
+            concat_from_step: Some(5),
+            ..cfg()
+        };
+        let bucket = SftConfig {
+            layout: SftLayout::Bucket,
+            ..cfg()
+        };
+        let concat = SftConfig {
+            layout: SftLayout::Concat,
+            ..cfg()
+        };
+        let mut s = SftData::new(&switch, &Families::default()).unwrap();
+        let mut b = SftData::new(&bucket, &Families::default()).unwrap();
+        let mut c = SftData::new(&concat, &Families::default()).unwrap();
+        assert_eq!(s.step_rows(4).unwrap(), b.step_rows(4).unwrap());
+        assert_eq!(s.step_rows(5).unwrap(), c.step_rows(5).unwrap());
+        assert_eq!(s.step_rows(9).unwrap(), c.step_rows(9).unwrap());
+        assert_ne!(s.step_rows(5).unwrap(), b.step_rows(5).unwrap());
+        // Held out: the base layout's rows (bucket), one demonstration each.
+        assert_eq!(s.heldout_rows().unwrap(), b.heldout_rows().unwrap());
     }
 
     #[test]

@@ -93,6 +93,9 @@ pub struct SftRun {
     log: std::fs::File,
     path: PathBuf,
     started: Instant,
+    /// Tokens seen when this process took SFT up (a resumed run's earlier ones), left out
+    /// of the logged rate.
+    tokens_at_start: u64,
 }
 
 impl std::fmt::Debug for SftRun {
@@ -427,9 +430,10 @@ impl Trainer {
     /// The SFT stage's data stream and log, made once per process (`None` once SFT is done
     /// or when the schedule has none).
     pub fn sft_run(&self) -> Result<Option<SftRun>, LearnerError> {
-        if !matches!(self.policy, Some(Policy::Sft(_))) {
+        let Some(Policy::Sft(t)) = &self.policy else {
             return Ok(None);
-        }
+        };
+        let tokens_at_start = t.tokens_seen();
         let families = self.cfg.families()?;
         let data =
             SftData::new(&self.cfg.sft, &families).map_err(|e| LearnerError::Sft(e.to_string()))?;
@@ -448,6 +452,7 @@ impl Trainer {
             log,
             path,
             started: Instant::now(),
+            tokens_at_start,
         }))
     }
 
@@ -486,7 +491,8 @@ impl Trainer {
         };
         run.write(&record)?;
         if step.is_multiple_of(SFT_LOG_EVERY) || step == 1 || heldout_loss.is_some() {
-            let rate = t.tokens_seen() as f64 / run.started.elapsed().as_secs_f64().max(1e-9);
+            let rate = t.tokens_seen().saturating_sub(run.tokens_at_start) as f64
+                / run.started.elapsed().as_secs_f64().max(1e-9);
             tracing::info!(
                 step,
                 loss = format_args!("{:.4}", stats.loss),
@@ -729,6 +735,7 @@ impl Trainer {
                 let mut sft = self.cfg.sft.clone();
                 sft.batch_tokens = self.cfg.rl.ptx_tokens;
                 sft.layout = SftLayout::Bucket;
+                sft.concat_from_step = None;
                 let families = self.cfg.families()?;
                 self.ptx_data
                     .insert(SftData::new(&sft, &families).map_err(err)?)
