@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # RL-only experiments from the demo's SFT policy, as in
 # docs/bench/raw/experiments-2026-12-01-s10.md: the demo config with some lines changed, RL for
-# its [run] budget, no ablation, held-out evaluation of hops level 3 only (200 episodes).
+# its [run] budget, no ablation, held-out evaluation from hops level 3 up to the frontier
+# reached (200 episodes per level).
 #
 #   scripts/rl_experiment.sh NAME ['sed expression applied to configs/demo.toml' ...]
 #   scripts/rl_experiment.sh lr5 's/^lr = 3e-5 /lr = 5e-5 /'
@@ -42,4 +43,4 @@ sed "${args[@]}" configs/demo.toml > "$config"
 cp -r "$base" "runs/$name"
 rm -rf "runs/$name/store" runs/"$name"/spool-*
 "$corvid" run --config "$config" --name "$name" --no-ablation > "runs/$name.log" 2>&1
-grep "hops/3" "runs/$name.log"
+grep -E "hops/[0-9]" "runs/$name.log"
