@@ -735,6 +735,7 @@ impl Trainer {
                 let mut sft = self.cfg.sft.clone();
                 sft.batch_tokens = self.cfg.rl.ptx_tokens;
                 sft.layout = SftLayout::Bucket;
+                // Its steps are numbered from PTX_STEP_BASE, past any switch to concat.
                 sft.concat_from_step = None;
                 let families = self.cfg.families()?;
                 self.ptx_data
