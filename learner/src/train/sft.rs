@@ -48,29 +48,33 @@ pub struct Packing {
     pub too_long: Vec<usize>,
 }
 
-/// Examples whose `ids` and `mask` differ in length are an error.
-fn check_examples(examples: &[Example]) -> Result<(), TrainError> {
-    match examples
+/// Bins `examples` first-fit decreasing by length into rows of at most `seq_len` tokens:
+/// `(example indices per row, indices of the examples longer than seq_len)`. Examples whose
+/// `ids` and `mask` differ in length are an error.
+fn bin_examples(
+    examples: &[Example],
+    seq_len: usize,
+) -> Result<(Vec<Vec<usize>>, Vec<usize>), TrainError> {
+    if let Some((i, e)) = examples
         .iter()
         .enumerate()
         .find(|(_, e)| e.ids.len() != e.mask.len())
     {
-        Some((i, e)) => Err(TrainError::Data(format!(
+        return Err(TrainError::Data(format!(
             "example {i}: {} ids but {} mask entries",
             e.ids.len(),
             e.mask.len()
-        ))),
-        None => Ok(()),
+        )));
     }
+    let lengths: Vec<usize> = examples.iter().map(|e| e.ids.len()).collect();
+    Ok(first_fit_decreasing(&lengths, seq_len))
 }
 
 /// Packs `examples` into rows of `seq_len` tokens (first-fit decreasing), each example a
 /// document with positions from 0. Examples whose `ids` and `mask` differ in length are an
 /// error; examples longer than `seq_len` are left out and listed in [`Packing::too_long`].
 pub fn pack(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<Packing, TrainError> {
-    check_examples(examples)?;
-    let lengths: Vec<usize> = examples.iter().map(|e| e.ids.len()).collect();
-    let (bins, too_long) = first_fit_decreasing(&lengths, seq_len);
+    let (bins, too_long) = bin_examples(examples, seq_len)?;
     let rows = bins
         .into_iter()
         .map(|items| {
@@ -93,9 +97,7 @@ pub fn pack(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<Packing
 /// leave, so the policy meets its own format far past the length of any one demonstration.
 /// Same errors and `too_long` as [`pack`].
 pub fn concat(examples: &[Example], seq_len: usize) -> Result<Packing, TrainError> {
-    check_examples(examples)?;
-    let lengths: Vec<usize> = examples.iter().map(|e| e.ids.len()).collect();
-    let (bins, too_long) = first_fit_decreasing(&lengths, seq_len);
+    let (bins, too_long) = bin_examples(examples, seq_len)?;
     let rows = bins
         .into_iter()
         .map(|mut items| {
