@@ -18,6 +18,7 @@ name=${1:?usage: scripts/rl_experiment.sh NAME [sed-expression ...]}
 shift
 corvid=target/release/corvid
 base=${BASE:-runs/sft-base}  # BASE=runs/OTHER starts from another finished SFT run
+config_in=${CONFIG:-configs/demo.toml}  # CONFIG=FILE edits another config
 [ -x "$corvid" ] || cargo build --release -p corvid
 [ -e "runs/$name" ] && { echo "runs/$name exists; choose another NAME or remove it" >&2; exit 1; }
 
@@ -39,7 +40,7 @@ fi
 args=(-e 's/^eval_levels = .*/eval_levels = "3..3"/' -e 's/^prometheus = .*/prometheus = ""/')
 for e in "$@"; do args+=(-e "$e"); done
 config="runs/$name.toml"
-sed "${args[@]}" configs/demo.toml > "$config"
+sed "${args[@]}" "$config_in" > "$config"
 cp -r "$base" "runs/$name"
 rm -rf "runs/$name/store" runs/"$name"/spool-*
 "$corvid" run --config "$config" --name "$name" --no-ablation > "runs/$name.log" 2>&1

@@ -36,6 +36,7 @@ fn perturb(vs: &nn::VarStore) {
             if name.contains("cross_layer")
                 || name.contains("e_score_correction_bias")
                 || name.contains("kv_shift_proj")
+                || name.contains("q_shift_proj")
             {
                 let r = t.randn_like() * 0.5;
                 t.copy_(&r);
@@ -137,6 +138,24 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
                 latent_token_shift: true,
                 latent_shift_taps: 2,
                 cla_factor: 2,
+                ..base.clone()
+            },
+        ),
+        (
+            "latent and query token shift, 2 taps",
+            ModelConfig {
+                latent_token_shift: true,
+                latent_shift_taps: 2,
+                query_token_shift: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "latent and query token shift, low-rank q",
+            ModelConfig {
+                latent_token_shift: true,
+                query_token_shift: true,
+                q_lora_rank: Some(16),
                 ..base.clone()
             },
         ),
@@ -453,6 +472,17 @@ fn param_counts_match_created_variables() {
         ModelConfig {
             latent_token_shift: true,
             latent_shift_taps: 3,
+            ..small_cfg()
+        },
+        ModelConfig {
+            latent_token_shift: true,
+            query_token_shift: true,
+            ..small_cfg()
+        },
+        ModelConfig {
+            latent_token_shift: true,
+            query_token_shift: true,
+            q_lora_rank: Some(16),
             ..small_cfg()
         },
     ] {

@@ -28,6 +28,16 @@ pub struct Latent {
     pub k_pe_btr: Tensor,
 }
 
+/// A layer's input for some tokens: `x [B, T, d]` and, with a token shift, each token's
+/// input `k` tokens back within its sequence, `x_prev[k - 1]` (zeros before a sequence start).
+#[derive(Clone, Copy, Debug)]
+pub struct LayerInput<'a> {
+    /// The normalised layer input.
+    pub x_btd: &'a Tensor,
+    /// Earlier inputs, one per tap; empty without a shift.
+    pub x_prev: &'a [Tensor],
+}
+
 /// The attention core of [`Mla::forward_absorbed_lens`] (decoding one token per row).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DecodeCore {
@@ -87,6 +97,9 @@ enum LatentSource {
 #[derive(Debug)]
 pub struct Mla {
     q: QueryProj,
+    /// `query_token_shift`: the previous token's input into the query (into the low-rank
+    /// query's first projection when there is one), zero-initialised.
+    q_shift_proj: Option<Linear>,
     latent: LatentSource,
     kv_b_proj: Linear,
     o_proj: Linear,
@@ -113,6 +126,13 @@ impl Mla {
                 b: Linear::new(&p / "q_b_proj", r, h * qk, std),
             },
         };
+        let q_shift_proj = cfg.query_token_shift.then(|| {
+            let out = match cfg.q_lora_rank {
+                None => h * qk,
+                Some(r) => r,
+            };
+            Linear::zeros(&p / "q_shift_proj", d, out)
+        });
         let latent = if cfg.owns_latent(layer) {
             LatentSource::Own {
                 kv_a_proj: Linear::new(
@@ -147,6 +167,7 @@ impl Mla {
         let o_std = std / (2.0 * cfg.num_hidden_layers as f64).sqrt();
         Mla {
             q,
+            q_shift_proj,
             latent,
             kv_b_proj: Linear::new(
                 &p / "kv_b_proj",
@@ -208,12 +229,23 @@ impl Mla {
         Some(Latent { c_kv_btc, k_pe_btr })
     }
 
-    /// Query heads: `(q_nope [B, T, H, n], q_pe [B, T, H, r])`, RoPE applied.
-    fn query(&self, x_btd: &Tensor, pos_bt: &Tensor, rope: &Rope) -> (Tensor, Tensor) {
+    /// Query heads: `(q_nope [B, T, H, n], q_pe [B, T, H, r])`, RoPE applied. `x_prev[0]`
+    /// is each token's previous input, read only with `query_token_shift`.
+    fn query(
+        &self,
+        x_btd: &Tensor,
+        x_prev: &[Tensor],
+        pos_bt: &Tensor,
+        rope: &Rope,
+    ) -> (Tensor, Tensor) {
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
+        let shift = |y: Tensor| match (&self.q_shift_proj, x_prev.first()) {
+            (Some(proj), Some(prev_btd)) => y + proj.forward(prev_btd),
+            _ => y,
+        };
         let q = match &self.q {
-            QueryProj::Full(l) => l.forward(x_btd),
-            QueryProj::LowRank { a, norm, b } => b.forward(&norm.forward(&a.forward(x_btd))),
+            QueryProj::Full(l) => shift(l.forward(x_btd)),
+            QueryProj::LowRank { a, norm, b } => b.forward(&norm.forward(&shift(a.forward(x_btd)))),
         };
         let q_bthk = q.view([b, t, self.n_heads, self.nope + self.rope]);
         let q_nope = q_bthk.narrow(3, 0, self.nope);
@@ -244,15 +276,16 @@ impl Mla {
     /// plain causal attention.
     pub fn forward_full(
         &self,
-        x_btd: &Tensor,
+        input: LayerInput<'_>,
         latent: &Latent,
         pos_bt: &Tensor,
         rope: &Rope,
         mask_b1tt: Option<&Tensor>,
     ) -> Tensor {
+        let LayerInput { x_btd, x_prev } = input;
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
         let (h, n, r, v) = (self.n_heads, self.nope, self.rope, self.v);
-        let (q_nope, q_pe) = self.query(x_btd, pos_bt, rope);
+        let (q_nope, q_pe) = self.query(x_btd, x_prev, pos_bt, rope);
         let q_bhtk = Tensor::cat(&[q_nope, q_pe], 3).transpose(1, 2);
         let kv_bthk = self
             .kv_b_proj
@@ -293,17 +326,18 @@ impl Mla {
     /// otherwise. Never materialises per-head keys or values for the cache.
     pub fn forward_absorbed(
         &self,
-        x_btd: &Tensor,
+        input: LayerInput<'_>,
         pos_bt: &Tensor,
         rope: &Rope,
         c_kv_bsc: &Tensor,
         k_pe_bsr: &Tensor,
         bias_bts: &Tensor,
     ) -> Tensor {
+        let LayerInput { x_btd, x_prev } = input;
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
         let (h, n, v, c) = (self.n_heads, self.nope, self.v, self.c);
         let s = c_kv_bsc.size()[1];
-        let (q_nope, q_pe) = self.query(x_btd, pos_bt, rope);
+        let (q_nope, q_pe) = self.query(x_btd, x_prev, pos_bt, rope);
         let w_hkc = self.kv_b_proj.weight.view([h, n + v, c]);
         let w_uk_hnc = w_hkc.narrow(1, 0, n);
         let w_uv_hvc = w_hkc.narrow(1, n, v);
@@ -336,12 +370,13 @@ impl Mla {
     /// cache slots `0..lens[b]`, the form the CUDA kernel takes.
     pub fn forward_absorbed_lens(
         &self,
-        x_btd: &Tensor,
+        input: LayerInput<'_>,
         pos_bt: &Tensor,
         rope: &Rope,
         cache: CacheRows<'_>,
         core: DecodeCore,
     ) -> Result<Tensor, CudaError> {
+        let LayerInput { x_btd, x_prev } = input;
         let (b, t, _) = x_btd.size3()?;
         if t != 1 {
             return Err(CudaError::Input(format!(
@@ -349,7 +384,7 @@ impl Mla {
             )));
         }
         let (h, n, v, c) = (self.n_heads, self.nope, self.v, self.c);
-        let (q_nope, q_pe) = self.query(x_btd, pos_bt, rope);
+        let (q_nope, q_pe) = self.query(x_btd, x_prev, pos_bt, rope);
         let w_hkc = self.kv_b_proj.weight.view([h, n + v, c]);
         let w_uk_hnc = w_hkc.narrow(1, 0, n);
         let w_uv_hvc = w_hkc.narrow(1, n, v);

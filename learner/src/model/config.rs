@@ -138,6 +138,13 @@ pub struct ModelConfig {
     /// so one key can carry a short n-gram such as `": "` before a value to copy. Decoding
     /// caches that many inputs per row and latent layer.
     pub latent_shift_taps: i64,
+    /// Token shift into the query ("smeared queries"): each head's query also sees the
+    /// previous token's layer input through a zero-initialised projection. With smeared keys
+    /// alone a first-layer query knows only its own token, so copying a path with a doubled
+    /// letter (`mm3`) finds two keys that follow an `m` and may take the wrong one; a query
+    /// that also knows the token before it tells them apart. Needs `latent_token_shift` (the
+    /// previous input is the one the latent shift caches) and `cla_factor = 1`.
+    pub query_token_shift: bool,
     /// CLA factor: this many adjacent layers share one latent cache (1 = no sharing).
     pub cla_factor: i64,
     /// RoPE base.
@@ -215,6 +222,7 @@ impl ModelConfig {
             cross_layer_residual: true,
             latent_token_shift: false,
             latent_shift_taps: 1,
+            query_token_shift: false,
             cla_factor: 1,
             rope_theta: 10_000.0,
             rope_scaling: RopeScaling::None,
@@ -291,6 +299,7 @@ impl ModelConfig {
             cross_layer_residual: true,
             latent_token_shift: false,
             latent_shift_taps: 1,
+            query_token_shift: false,
             cla_factor: 1,
             max_position_embeddings: 262_144,
             first_k_dense_replace: 1,
@@ -330,6 +339,7 @@ impl ModelConfig {
             cross_layer_residual: true,
             latent_token_shift: false,
             latent_shift_taps: 1,
+            query_token_shift: false,
             cla_factor: 1,
             max_position_embeddings: 65_536,
             first_k_dense_replace: 1,
@@ -402,6 +412,13 @@ impl ModelConfig {
                 "latent_shift_taps",
                 self.latent_shift_taps.to_string(),
                 "must be 1 to 4",
+            );
+        }
+        if self.query_token_shift && (!self.latent_token_shift || self.cla_factor != 1) {
+            return bad(
+                "query_token_shift",
+                "true".into(),
+                "needs latent_token_shift = true and cla_factor = 1 (the query reads the previous input the latent shift caches)",
             );
         }
         if let Some(r) = self.q_lora_rank {
@@ -550,6 +567,12 @@ impl ModelConfig {
             None => h * (nope + rope) * d,
             Some(r) => r * d + r + h * (nope + rope) * r,
         };
+        let q_shift = match (self.query_token_shift, self.q_lora_rank) {
+            (false, _) => 0,
+            (true, None) => h * (nope + rope) * d,
+            (true, Some(r)) => r * d,
+        };
+        let q = q + q_shift;
         let gate = match self.attn_gate {
             AttnGate::None => 0,
             AttnGate::Headwise => h * d,
@@ -668,6 +691,22 @@ mod tests {
             msg.contains("moe_intermediate_size") && msg.contains("130"),
             "{msg}"
         );
+        // The query shift reads the input the latent shift caches: without it, refused.
+        for cfg in [
+            ModelConfig {
+                query_token_shift: true,
+                ..ModelConfig::tiny()
+            },
+            ModelConfig {
+                query_token_shift: true,
+                latent_token_shift: true,
+                cla_factor: 2,
+                ..ModelConfig::tiny()
+            },
+        ] {
+            let msg = cfg.validate().unwrap_err().to_string();
+            assert!(msg.contains("query_token_shift"), "{msg}");
+        }
     }
 
     #[test]

@@ -19,6 +19,9 @@
 //!   by content; `latent_shift_taps` (1–4, the demo uses 2) reaches that many tokens back,
 //!   each tap through its own projection, so a key can also carry the marker before a value.
 //!   The cache then also keeps each row's last `taps` inputs per latent layer.
+//!   `query_token_shift` does the same for the query with the previous input ("smeared
+//!   queries"), so a first-layer query knows the two tokens it copies after and a doubled
+//!   letter no longer matches two keys.
 //! - [`checkpoint`] saves and loads safetensors plus `config.json`, and turns the weights into
 //!   bytes and back for streaming to actors.
 //! - [`precision`] casts the weights to bf16 for CUDA with the routers kept in fp32

@@ -8,7 +8,7 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
-use super::attention::{CacheRows, DecodeCore, Latent, Mla};
+use super::attention::{CacheRows, DecodeCore, Latent, LayerInput, Mla};
 use super::balance::{updated_bias, LayerBalanceStats};
 use super::cache::KvCache;
 use super::config::{ModelConfig, RopeScaling};
@@ -344,9 +344,13 @@ impl MoePolicy {
                 latent = Some(own);
             }
             let lat = latent.as_ref().expect("layer 0 always owns a latent");
+            let input = LayerInput {
+                x_btd: &h,
+                x_prev: &h_prev,
+            };
             let a = blk
                 .attn
-                .forward_full(&h, lat, pos_bt, &self.rope, mask_b1tt);
+                .forward_full(input, lat, pos_bt, &self.rope, mask_b1tt);
             let mixed = match &blk.cross {
                 Some(c) => c.forward(&mut state, &a),
                 None => a.shallow_clone(),
@@ -525,11 +529,15 @@ impl MoePolicy {
                 if let Some(lat) = blk.attn.latent(&h, &h_prev, &rope_pos_bt, &self.rope) {
                     cache.write(slot, &pos_bt, &lat.c_kv_btc, &lat.k_pe_btr);
                 }
+                let input = LayerInput {
+                    x_btd: &h,
+                    x_prev: &h_prev,
+                };
                 let c_kv_bsc = cache.c_kv[slot].narrow(1, 0, s);
                 let k_pe_bsr = cache.k_pe[slot].narrow(1, 0, s);
                 let a = match &lens_core {
                     Some((core, lens_b)) => blk.attn.forward_absorbed_lens(
-                        &h,
+                        input,
                         &rope_pos_bt,
                         &self.rope,
                         CacheRows {
@@ -540,7 +548,7 @@ impl MoePolicy {
                         *core,
                     )?,
                     None => blk.attn.forward_absorbed(
-                        &h,
+                        input,
                         &rope_pos_bt,
                         &self.rope,
                         &c_kv_bsc,
