@@ -229,15 +229,11 @@ impl Mla {
         Some(Latent { c_kv_btc, k_pe_btr })
     }
 
-    /// Query heads: `(q_nope [B, T, H, n], q_pe [B, T, H, r])`, RoPE applied. `x_prev[0]`
-    /// is each token's previous input, read only with `query_token_shift`.
-    fn query(
-        &self,
-        x_btd: &Tensor,
-        x_prev: &[Tensor],
-        pos_bt: &Tensor,
-        rope: &Rope,
-    ) -> (Tensor, Tensor) {
+    /// Query heads: `(q_nope [B, T, H, n], q_pe [B, T, H, r])`, RoPE applied. With
+    /// `query_token_shift` the previous input `x_prev[0]` is added through `q_shift_proj`
+    /// (validation makes every such layer also shift its latent, so `x_prev` is there).
+    fn query(&self, input: LayerInput<'_>, pos_bt: &Tensor, rope: &Rope) -> (Tensor, Tensor) {
+        let LayerInput { x_btd, x_prev } = input;
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
         let shift = |y: Tensor| match (&self.q_shift_proj, x_prev.first()) {
             (Some(proj), Some(prev_btd)) => y + proj.forward(prev_btd),
@@ -282,10 +278,10 @@ impl Mla {
         rope: &Rope,
         mask_b1tt: Option<&Tensor>,
     ) -> Tensor {
-        let LayerInput { x_btd, x_prev } = input;
+        let x_btd = input.x_btd;
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
         let (h, n, r, v) = (self.n_heads, self.nope, self.rope, self.v);
-        let (q_nope, q_pe) = self.query(x_btd, x_prev, pos_bt, rope);
+        let (q_nope, q_pe) = self.query(input, pos_bt, rope);
         let q_bhtk = Tensor::cat(&[q_nope, q_pe], 3).transpose(1, 2);
         let kv_bthk = self
             .kv_b_proj
@@ -333,11 +329,11 @@ impl Mla {
         k_pe_bsr: &Tensor,
         bias_bts: &Tensor,
     ) -> Tensor {
-        let LayerInput { x_btd, x_prev } = input;
+        let x_btd = input.x_btd;
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
         let (h, n, v, c) = (self.n_heads, self.nope, self.v, self.c);
         let s = c_kv_bsc.size()[1];
-        let (q_nope, q_pe) = self.query(x_btd, x_prev, pos_bt, rope);
+        let (q_nope, q_pe) = self.query(input, pos_bt, rope);
         let w_hkc = self.kv_b_proj.weight.view([h, n + v, c]);
         let w_uk_hnc = w_hkc.narrow(1, 0, n);
         let w_uv_hvc = w_hkc.narrow(1, n, v);
@@ -376,7 +372,7 @@ impl Mla {
         cache: CacheRows<'_>,
         core: DecodeCore,
     ) -> Result<Tensor, CudaError> {
-        let LayerInput { x_btd, x_prev } = input;
+        let x_btd = input.x_btd;
         let (b, t, _) = x_btd.size3()?;
         if t != 1 {
             return Err(CudaError::Input(format!(
@@ -384,7 +380,7 @@ impl Mla {
             )));
         }
         let (h, n, v, c) = (self.n_heads, self.nope, self.v, self.c);
-        let (q_nope, q_pe) = self.query(x_btd, x_prev, pos_bt, rope);
+        let (q_nope, q_pe) = self.query(input, pos_bt, rope);
         let w_hkc = self.kv_b_proj.weight.view([h, n + v, c]);
         let w_uk_hnc = w_hkc.narrow(1, 0, n);
         let w_uv_hvc = w_hkc.narrow(1, n, v);
