@@ -6,7 +6,10 @@
 #
 #   scripts/rl_experiment.sh NAME ['sed expression applied to configs/demo.toml' ...]
 #   scripts/rl_experiment.sh lr5 's/^lr = 3e-5 /lr = 5e-5 /'
+#   CONFIG=runs/s15c.toml BASE=runs/sftb8c768 scripts/rl_experiment.sh kl0 's/^kl_coef = 0.05 /kl_coef = 0.0 /'
 #
+# CONFIG (default configs/demo.toml) is the config edited; BASE (default runs/sft-base) the
+# finished SFT run copied. A BASE that does not exist yet is trained first, from CONFIG.
 # The first call trains the demo's SFT once into runs/sft-base (~11 minutes on 2 cores) and
 # every later call starts from a copy of it. Prints the evaluation lines; the run is in
 # runs/NAME (metrics/metrics.jsonl, store/, report.json). Run one at a time: the RL budget is
@@ -23,10 +26,10 @@ config_in=${CONFIG:-configs/demo.toml}  # CONFIG=FILE edits another config
 [ -e "runs/$name" ] && { echo "runs/$name exists; choose another NAME or remove it" >&2; exit 1; }
 
 if [ ! -f "$base/ref/config.json" ]; then
-  echo "training the demo's SFT into $base (once)" >&2
+  echo "training the SFT of $config_in into $base (once)" >&2
   mkdir -p "$base"
   sed -e 's/^run_name = .*/run_name = "sft-base"/' -e 's/^prometheus = .*/prometheus = ""/' \
-    configs/demo.toml > "$base.toml"
+    "$config_in" > "$base.toml"
   "$corvid" learner --config "$base.toml" --run-dir "$base" > "$base.log" 2>&1 &
   pid=$!
   until grep -q "sft finished" "$base.log"; do
