@@ -5,7 +5,8 @@
 //! # Rules
 //!
 //! 1. **Stream.** The examples of SFT step `k` are a pure function of `(sft.seed, k)`: each
-//!    is a (family, level) drawn uniformly from `sft.levels` and an instance seed below
+//!    is a (family, level) drawn uniformly from `sft.levels` (and, from step
+//!    `sft.late_levels_from_step` on, `sft.late_levels`) and an instance seed below
 //!    `sft.heldout_seed_base`. A resumed SFT stage therefore sees exactly the data it would
 //!    have seen, with nothing to save but the step.
 //! 2. **Size.** A step draws demonstrations until they hold `batch_tokens` tokens. With
@@ -82,7 +83,8 @@ pub struct DropCounts {
 pub struct SftData {
     env: TaskEnv,
     format: EpisodeFormat,
-    pairs: Vec<(Box<dyn TaskFamily>, u32)>,
+    /// (family, level, first step that draws it).
+    pairs: Vec<(Box<dyn TaskFamily>, u32, u64)>,
     imported: Vec<Example>,
     cfg: SftConfig,
     dropped: DropCounts,
@@ -96,7 +98,7 @@ impl std::fmt::Debug for SftData {
                 &self
                     .pairs
                     .iter()
-                    .map(|(f, l)| format!("{}/{l}", f.name()))
+                    .map(|(f, l, from)| format!("{}/{l} from step {from}", f.name()))
                     .collect::<Vec<_>>(),
             )
             .field("dropped", &self.dropped)
@@ -109,16 +111,18 @@ impl SftData {
     /// own sandbox.
     pub fn new(cfg: &SftConfig, families: &Families) -> Result<Self, SftDataError> {
         let mut pairs = Vec::new();
-        for (name, levels) in &cfg.levels {
+        let early = cfg.levels.iter().map(|l| ("levels", l, 0));
+        let late = (cfg.late_levels.iter()).map(|l| ("late_levels", l, cfg.late_levels_from_step));
+        for (field, (name, levels), from) in early.chain(late) {
             for &level in levels {
                 let family = families.get(name)?;
                 if level == 0 || level > family.levels() {
                     return Err(SftDataError::Empty(format!(
-                        "sft.levels.{name} has level {level}; {name} has levels 1..={}",
+                        "sft.{field}.{name} has level {level}; {name} has levels 1..={}",
                         family.levels()
                     )));
                 }
-                pairs.push((family, level));
+                pairs.push((family, level, from));
             }
         }
         let format = EpisodeFormat::default();
@@ -128,9 +132,9 @@ impl SftData {
             tracing::info!(path = %path.display(), transcripts = file.len(), "SFT import read");
             imported.extend(file);
         }
-        if pairs.is_empty() && imported.is_empty() {
+        if !pairs.iter().any(|p| p.2 == 0) && imported.is_empty() {
             return Err(SftDataError::Empty(
-                "sft.levels names no (family, level) and sft.import no transcript".into(),
+                "sft.levels names no (family, level) to train on from step 0 (late_levels join later) and sft.import no transcript".into(),
             ));
         }
         let sandbox = Sandbox::builder()
@@ -160,7 +164,7 @@ impl SftData {
         seed: u64,
         mistakes: bool,
     ) -> Result<Option<Example>, SftDataError> {
-        let (family, level) = &self.pairs[pair];
+        let (family, level, _) = &self.pairs[pair];
         let task = family.instance(*level, seed)?;
         let mistakes = Mistakes {
             rate: if mistakes { self.cfg.mistake_rate } else { 0.0 },
@@ -190,19 +194,22 @@ impl SftData {
         };
         let mut rng =
             SplitMix64::derive(self.cfg.seed ^ step.wrapping_mul(0x9e37_79b9), "sft-step");
+        let active: Vec<usize> = (0..self.pairs.len())
+            .filter(|&i| self.pairs[i].2 <= step)
+            .collect();
         let (mut examples, mut tokens, mut draws) = (Vec::new(), 0usize, 0usize);
         while tokens < budget {
             draws += 1;
             if draws > MAX_DRAWS_PER_ROW * rows {
                 break;
             }
-            let slots = self.pairs.len() + usize::from(!self.imported.is_empty());
-            let pair = rng.below(slots as u64) as usize;
+            let slots = active.len() + usize::from(!self.imported.is_empty());
+            let slot = rng.below(slots as u64) as usize;
             let seed = rng.below(self.cfg.heldout_seed_base.max(1));
-            let e = if pair == self.pairs.len() {
+            let e = if slot == active.len() {
                 self.imported[seed as usize % self.imported.len()].clone()
             } else {
-                match self.example(pair, seed, step >= self.cfg.mistakes_from_step)? {
+                match self.example(active[slot], seed, step >= self.cfg.mistakes_from_step)? {
                     Some(e) => e,
                     None => continue,
                 }
@@ -494,6 +501,53 @@ mod tests {
         assert_ne!(s.step_rows(5).unwrap(), b.step_rows(5).unwrap());
         // Held out: the base layout's rows (bucket), one demonstration each.
         assert_eq!(s.heldout_rows().unwrap(), b.heldout_rows().unwrap());
+    }
+
+    #[test]
+    fn late_levels_join_at_their_step_and_leave_earlier_steps_unchanged() {
+        let late = SftConfig {
+            late_levels: BTreeMap::from([("hops".to_string(), vec![3])]),
+            late_levels_from_step: 5,
+            seq_len: 1024,
+            ..cfg_bucket()
+        };
+        let plain = SftConfig {
+            seq_len: 1024,
+            ..cfg_bucket()
+        };
+        // Calls per demonstration (`<tool_call>` targets in a row: one demonstration each).
+        let calls = |rows: &[PackedRow]| -> Vec<usize> {
+            let open = i64::from(Special::ToolCallOpen.id());
+            (rows.iter())
+                .map(|r| r.targets.iter().filter(|t| **t == open).count())
+                .collect()
+        };
+        let mut a = SftData::new(&late, &Families::default()).unwrap();
+        let mut b = SftData::new(&plain, &Families::default()).unwrap();
+        for step in 0..5 {
+            let rows = a.step_rows(step).unwrap();
+            assert_eq!(rows, b.step_rows(step).unwrap(), "step {step}");
+            // hops 1 and 2: one or two reads, then the answer.
+            assert!(calls(&rows).iter().all(|&c| c == 2 || c == 3));
+        }
+        let mut hops3 = 0;
+        for step in 5..15 {
+            hops3 += calls(&a.step_rows(step).unwrap())
+                .iter()
+                .filter(|&&c| c == 4)
+                .count();
+        }
+        assert!(hops3 > 0, "no hops 3 demonstration from step 5 on");
+        // Held out: every level, the late ones included, from the start.
+        let held = a.heldout_rows().unwrap();
+        assert_eq!(calls(&held).iter().filter(|&&c| c == 4).count(), 2);
+        // A late-only stream has nothing to train on before its step.
+        let only_late = SftConfig {
+            levels: BTreeMap::new(),
+            ..late
+        };
+        let err = SftData::new(&only_late, &Families::default()).unwrap_err();
+        assert!(err.to_string().contains("sft.levels names no"), "{err}");
     }
 
     #[test]

@@ -151,6 +151,15 @@ pub struct SftConfig {
     /// Task levels to draw demonstrations from, per family, e.g. `{ hops = [1, 2] }`.
     /// Default `{ hops = [1, 2] }`.
     pub levels: BTreeMap<String, Vec<u32>>,
+    /// Levels per family that join `levels` from step `late_levels_from_step` on, e.g.
+    /// `{ hops = [3] }`. A from-scratch policy learns to copy later when long demonstrations
+    /// with filler are in the mix from step 0 (held-out loss 0.28 at step 900 with hops 3 and
+    /// ~80 bytes of filler per file from the start, 0.10 with hops 1-2 alone on the same
+    /// machine; BENCHMARKS.md, "Session 17"), so a run can add them once it copies. Their
+    /// held-out examples are in the held-out loss from step 0. Default empty.
+    pub late_levels: BTreeMap<String, Vec<u32>>,
+    /// First step that also draws from `late_levels`. Default `0`.
+    pub late_levels_from_step: u64,
     /// Seed of the training example stream (instance seeds are drawn from it). Default `0`.
     pub seed: u64,
     /// Held-out examples per (family, level) for the held-out loss. Default `32`.
@@ -194,6 +203,8 @@ impl Default for SftConfig {
             concat_from_step: None,
             micro_batch_tokens: 8192,
             levels: BTreeMap::from([("hops".to_string(), vec![1, 2])]),
+            late_levels: BTreeMap::new(),
+            late_levels_from_step: 0,
             seed: 0,
             heldout_per_level: 32,
             heldout_seed_base: 1 << 40,
@@ -240,6 +251,27 @@ impl SftConfig {
                 format!("{:?}", self.levels),
                 "levels start at 1",
             ));
+        }
+        if self.late_levels.values().any(|l| l.contains(&0)) {
+            return Err(bad(
+                "late_levels",
+                format!("{:?}", self.late_levels),
+                "levels start at 1",
+            ));
+        }
+        for (family, late) in &self.late_levels {
+            let early = self
+                .levels
+                .get(family)
+                .map(Vec::as_slice)
+                .unwrap_or_default();
+            if let Some(l) = late.iter().find(|l| early.contains(l)) {
+                return Err(bad(
+                    "late_levels",
+                    format!("{family} level {l}"),
+                    "is in `levels` too: name each level in one of them",
+                ));
+            }
         }
         if !(0.0..1.0).contains(&self.mistake_rate) {
             return Err(bad("mistake_rate", self.mistake_rate, "must be in [0, 1)"));
@@ -483,5 +515,20 @@ mod tests {
         }
         assert!(RlConfig::default().validate().is_ok());
         assert!(SftConfig::default().validate().is_ok());
+    }
+
+    #[test]
+    fn late_levels_must_be_new_levels() {
+        let sft: SftConfig =
+            toml::from_str("late_levels = { hops = [3] }\nlate_levels_from_step = 800\n").unwrap();
+        assert_eq!(sft.late_levels["hops"], vec![3]);
+        assert!(sft.validate().is_ok());
+        for late in ["{ hops = [2] }", "{ hops = [0] }"] {
+            let sft: SftConfig = toml::from_str(&format!("late_levels = {late}")).unwrap();
+            match sft.validate() {
+                Err(TrainError::Config { field, .. }) => assert_eq!(field, "late_levels", "{late}"),
+                other => panic!("{late}: expected a late_levels error, got {other:?}"),
+            }
+        }
     }
 }
