@@ -245,19 +245,10 @@ impl SftConfig {
                 "must be at least seq_len (one row)",
             ));
         }
-        if self.levels.values().any(|l| l.contains(&0)) {
-            return Err(bad(
-                "levels",
-                format!("{:?}", self.levels),
-                "levels start at 1",
-            ));
-        }
-        if self.late_levels.values().any(|l| l.contains(&0)) {
-            return Err(bad(
-                "late_levels",
-                format!("{:?}", self.late_levels),
-                "levels start at 1",
-            ));
+        for (field, levels) in [("levels", &self.levels), ("late_levels", &self.late_levels)] {
+            if levels.values().any(|l| l.contains(&0)) {
+                return Err(bad(field, format!("{levels:?}"), "levels start at 1"));
+            }
         }
         for (family, late) in &self.late_levels {
             let early = self
