@@ -144,6 +144,9 @@ pub struct RunState {
     /// Trained-on SFT tokens seen (the SFT token budget counts them).
     #[serde(default)]
     pub sft_tokens: u64,
+    /// The latest SFT held-out loss (`sft.heldout_loss_target` compares it).
+    #[serde(default)]
+    pub sft_heldout_loss: Option<f64>,
     /// RL updates done.
     pub rl_step: u64,
     /// Latest published policy version (the weights in this checkpoint are this version).
@@ -421,6 +424,7 @@ mod tests {
             stage: Stage::Rl,
             sft_step: 5,
             sft_tokens: 100,
+            sft_heldout_loss: None,
             rl_step: 3,
             policy_version: 4,
             read_cursor: 17,

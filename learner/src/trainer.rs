@@ -248,6 +248,7 @@ impl Trainer {
                     },
                     sft_step: 0,
                     sft_tokens: 0,
+                    sft_heldout_loss: None,
                     rl_step: 0,
                     policy_version: 0,
                     read_cursor: 0,
@@ -269,6 +270,9 @@ impl Trainer {
                     t.optimizer_mut().load_state(opt)?;
                 }
                 t.set_tokens_seen(state.sft_tokens);
+                if let Some(loss) = state.sft_heldout_loss {
+                    t.record_heldout_loss(loss);
+                }
                 Policy::Sft(Box::new(t))
             }
             Stage::Rl => {
@@ -352,6 +356,7 @@ impl Trainer {
         s.dispenser = self.shared.control.dispenser.state();
         if let Some(Policy::Sft(t)) = &self.policy {
             s.sft_tokens = t.tokens_seen();
+            s.sft_heldout_loss = t.heldout_loss();
         }
         s
     }
@@ -478,6 +483,9 @@ impl Trainer {
         } else {
             None
         };
+        if let Some(loss) = heldout_loss {
+            t.record_heldout_loss(loss);
+        }
         let record = SftRecord {
             step,
             loss: stats.loss,
@@ -510,15 +518,30 @@ impl Trainer {
     /// Ends SFT: the final held-out loss, then the weights become the frozen reference
     /// policy (`ref/`) and pass to a fresh RL trainer.
     pub fn finish_sft(&mut self, run: &mut SftRun) -> Result<(), LearnerError> {
-        if let Some(Policy::Sft(t)) = &self.policy {
+        if let Some(Policy::Sft(t)) = self.policy.as_mut() {
             let heldout_loss = run.heldout_loss(t)?;
+            if let Some(loss) = heldout_loss {
+                t.record_heldout_loss(loss);
+            }
+            let target = self.cfg.sft.heldout_loss_target;
+            let reached = t.reached_heldout_target();
             tracing::info!(
                 steps = self.state.sft_step,
                 tokens = t.tokens_seen(),
                 heldout_loss = ?heldout_loss,
+                heldout_loss_target = ?target,
                 dropped = ?run.data.dropped(),
                 "sft finished"
             );
+            if let (Some(target), false) = (target, reached) {
+                tracing::warn!(
+                    target,
+                    heldout_loss = ?heldout_loss,
+                    steps = self.state.sft_step,
+                    "sft reached its step cap before the held-out loss target; RL starts from \
+                     a policy that may not copy yet (raise sft.steps)"
+                );
+            }
         }
         self.sft_to_rl()
     }
@@ -552,6 +575,7 @@ impl Trainer {
             return Ok(());
         };
         self.state.sft_tokens = t.tokens_seen();
+        self.state.sft_heldout_loss = t.heldout_loss();
         let (vs, model) = t.into_parts();
         write_policy(&self.paths.reference, &vs, &self.model_cfg)?;
         self.state.reference_policy = Some(self.paths.reference.clone());

@@ -559,6 +559,71 @@ fn sft_resumed_mid_stage_continues_exactly_then_hands_over_to_rl() {
     assert_eq!(shared.control.policies.latest_version(), 1);
 }
 
+/// The held-out losses `sft.jsonl` logged, by step.
+fn logged_heldout(dir: &Path) -> Vec<(u64, f64)> {
+    std::fs::read_to_string(dir.join("run/metrics/sft.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .filter_map(|l| Some((l["step"].as_u64()?, l["heldout_loss"].as_f64()?)))
+        .collect()
+}
+
+#[test]
+fn sft_stops_at_the_heldout_loss_target_and_a_resumed_run_stays_stopped() {
+    tch::set_num_threads(1);
+    let six_steps = |dir: &Path, target: Option<f64>| {
+        let mut cfg = sft_config(dir);
+        cfg.sft.steps = 6;
+        cfg.sft.optim.warmup_steps = 0;
+        cfg.sft.heldout_loss_target = target;
+        cfg.validate().unwrap();
+        cfg
+    };
+    // Without a target: all six steps, held-out losses at 2, 4 and 6.
+    let free = tempfile::tempdir().unwrap();
+    let (mut a, _shared) = open_with(six_steps(free.path(), None), false);
+    let mut run = a.sft_run().unwrap().unwrap();
+    while a.sft_step(&mut run).unwrap() {}
+    assert_eq!(a.state().sft_step, 6);
+    let losses = logged_heldout(free.path());
+    assert_eq!(losses.iter().map(|l| l.0).collect::<Vec<_>>(), [2, 4, 6]);
+    let (at2, at4) = (losses[0].1, losses[1].1);
+    assert!(
+        at4 < at2,
+        "held-out loss did not fall from step 2 to 4: {losses:?}"
+    );
+
+    // A target between the losses at steps 2 and 4: the stream is the same, so SFT stops
+    // after step 4, and a run resumed from a checkpoint there takes no further step.
+    let target = (at2 + at4) / 2.0;
+    let dir = tempfile::tempdir().unwrap();
+    let (mut b, _shared) = open_with(six_steps(dir.path(), Some(target)), false);
+    let mut run = b.sft_run().unwrap().unwrap();
+    let mut steps = 0;
+    while b.sft_step(&mut run).unwrap() {
+        steps += 1;
+    }
+    assert_eq!(steps, 4, "target {target} (losses {losses:?})");
+    assert_eq!(b.state().sft_heldout_loss, Some(at4));
+    b.checkpoint().unwrap();
+    let stopped = b.weights().unwrap();
+    drop((run, b, _shared));
+
+    let (mut c, _shared) = open_with(six_steps(dir.path(), Some(target)), true);
+    assert_eq!(c.state().stage, corvid_learner::checkpoint::Stage::Sft);
+    let mut run = c.sft_run().unwrap().unwrap();
+    assert!(
+        !c.sft_step(&mut run).unwrap(),
+        "the resumed run took a step"
+    );
+    assert_eq!(c.state().sft_step, 4);
+    assert!(c.weights().unwrap() == stopped);
+    c.finish_sft(&mut run).unwrap();
+    assert_eq!(c.state().stage, corvid_learner::checkpoint::Stage::Rl);
+    assert!(c.state().sft_heldout_loss.unwrap() <= target);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_learner_process_checkpoints_on_stop_and_resumes() {
     tch::set_num_threads(1);

@@ -74,6 +74,7 @@ fn run_state() -> RunState {
         stage: Stage::Sft,
         sft_step: 0,
         sft_tokens: 0,
+        sft_heldout_loss: None,
         rl_step: 0,
         policy_version: 0,
         read_cursor: 0,

@@ -169,6 +169,14 @@ pub struct SftConfig {
     pub heldout_seed_base: u64,
     /// Steps between held-out evaluations (`0` = only at the end). Default `100`.
     pub eval_every: u64,
+    /// Stop SFT at the first held-out evaluation whose loss is at or below this, with
+    /// `steps` (or `token_budget`) as the cap. The step at which a from-scratch policy
+    /// learns to copy differs between machines for the same example stream (libtorch's
+    /// kernels round differently: held-out loss 0.005 at step 1,000 on one 2-core machine,
+    /// 0.093 on another; BENCHMARKS.md, "Session 17"), so a target, not a step count, makes
+    /// RL start from the same kind of policy everywhere. Needs `eval_every > 0`.
+    /// Default none (run to `steps`).
+    pub heldout_loss_target: Option<f64>,
     /// JSONL files of chat transcripts with tool calls to train on as well, one
     /// `{"messages": [...]}` object per line in the OpenAI format (what `corvid replay export
     /// --format chat` writes). Each step draws from them as from one more (family, level)
@@ -209,6 +217,7 @@ impl Default for SftConfig {
             heldout_per_level: 32,
             heldout_seed_base: 1 << 40,
             eval_every: 100,
+            heldout_loss_target: None,
             import: Vec::new(),
             mistake_rate: 0.0,
             mistakes_from_step: 0,
@@ -261,6 +270,18 @@ impl SftConfig {
                     "late_levels",
                     format!("{family} level {l}"),
                     "is in `levels` too: name each level in one of them",
+                ));
+            }
+        }
+        if let Some(target) = self.heldout_loss_target {
+            if !(target.is_finite() && target > 0.0) {
+                return Err(bad("heldout_loss_target", target, "must be a loss > 0"));
+            }
+            if self.eval_every == 0 {
+                return Err(bad(
+                    "heldout_loss_target",
+                    target,
+                    "needs eval_every > 0: with 0 the held-out loss is only measured at the end",
                 ));
             }
         }
@@ -519,6 +540,27 @@ mod tests {
             match sft.validate() {
                 Err(TrainError::Config { field, .. }) => assert_eq!(field, "late_levels", "{late}"),
                 other => panic!("{late}: expected a late_levels error, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_heldout_loss_target_must_be_a_positive_loss_measured_during_sft() {
+        let sft: SftConfig = toml::from_str("heldout_loss_target = 0.01").unwrap();
+        assert_eq!(sft.heldout_loss_target, Some(0.01));
+        assert!(sft.validate().is_ok());
+        for bad_toml in [
+            "heldout_loss_target = 0.0",
+            "heldout_loss_target = -1.0",
+            "heldout_loss_target = nan",
+            "heldout_loss_target = 0.01\neval_every = 0",
+        ] {
+            let sft: SftConfig = toml::from_str(bad_toml).unwrap();
+            match sft.validate() {
+                Err(TrainError::Config { field, .. }) => {
+                    assert_eq!(field, "heldout_loss_target", "{bad_toml}")
+                }
+                other => panic!("{bad_toml}: expected a heldout_loss_target error, got {other:?}"),
             }
         }
     }

@@ -143,6 +143,8 @@ pub struct SftTrainer {
     opt: AdamW,
     cfg: SftConfig,
     tokens_seen: u64,
+    /// The latest held-out loss measured ([`SftTrainer::record_heldout_loss`]).
+    heldout_loss: Option<f64>,
 }
 
 impl SftTrainer {
@@ -156,6 +158,7 @@ impl SftTrainer {
             opt,
             cfg,
             tokens_seen: 0,
+            heldout_loss: None,
         })
     }
 
@@ -229,10 +232,31 @@ impl SftTrainer {
         Ok(ce_sum / n_total as f64)
     }
 
-    /// Whether the configured stopping rule (`steps` or `token_budget`) is reached.
+    /// Whether a stopping rule is reached: `steps`, `token_budget`, or
+    /// `heldout_loss_target` ([`SftTrainer::reached_heldout_target`]).
     pub fn done(&self) -> bool {
         (self.cfg.steps > 0 && self.opt.step_count() >= self.cfg.steps)
             || (self.cfg.token_budget > 0 && self.tokens_seen >= self.cfg.token_budget)
+            || self.reached_heldout_target()
+    }
+
+    /// Whether the latest held-out loss is at or below `heldout_loss_target`.
+    pub fn reached_heldout_target(&self) -> bool {
+        matches!(
+            (self.heldout_loss, self.cfg.heldout_loss_target),
+            (Some(loss), Some(target)) if loss <= target
+        )
+    }
+
+    /// Records a held-out loss measured on the current weights (restore a checkpoint's the
+    /// same way), for `heldout_loss_target`.
+    pub fn record_heldout_loss(&mut self, loss: f64) {
+        self.heldout_loss = Some(loss);
+    }
+
+    /// The latest held-out loss recorded.
+    pub fn heldout_loss(&self) -> Option<f64> {
+        self.heldout_loss
     }
 
     /// Trained-on tokens seen so far (restore with [`SftTrainer::set_tokens_seen`]).
