@@ -135,6 +135,8 @@ struct RunRecord {
     level_tokens: BTreeMap<String, BTreeMap<String, usize>>,
     ablation: BTreeMap<String, Option<f64>>,
     ablation_frontier_level: BTreeMap<String, u32>,
+    /// `[sft] heldout_loss_target`, so the report can say whether SFT reached it.
+    sft_heldout_loss_target: Option<f64>,
 }
 
 /// Ctrl-C / SIGTERM count, set by a signal thread.
@@ -930,6 +932,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         level_tokens,
         ablation: ablation_figures,
         ablation_frontier_level: ablation_frontier,
+        sft_heldout_loss_target: cfg.sft.heldout_loss_target,
     };
     let path = run_dir.join("run.json");
     std::fs::write(&path, serde_json::to_string_pretty(&record)?)

@@ -269,10 +269,15 @@ fn training(h: &mut String, r: &Report) {
             .collect::<Vec<_>>()
             .join(", ")
     };
+    let sft_stop = match (t.sft_heldout_loss_target, t.sft_reached_target) {
+        (Some(target), Some(true)) => format!(" (stopped at the held-out loss target {target})"),
+        (Some(target), _) => format!(" (step cap; held-out loss target {target} not reached)"),
+        (None, _) => String::new(),
+    };
     let _ = writeln!(
         h,
         "<h2>Training</h2>\n<table>\
-         <tr><td class=\"l\">SFT steps</td><td>{}</td></tr>\
+         <tr><td class=\"l\">SFT steps</td><td>{}{}</td></tr>\
          <tr><td class=\"l\">final SFT loss (train / held-out)</td><td>{} / {}</td></tr>\
          <tr><td class=\"l\">RL updates</td><td>{}</td></tr>\
          <tr><td class=\"l\">last policy version</td><td>{}</td></tr>\
@@ -286,6 +291,7 @@ fn training(h: &mut String, r: &Report) {
          <tr><td class=\"l\">mean staleness (versions)</td><td>{}</td></tr>\
          </table>",
         t.sft_steps,
+        esc(&sft_stop),
         num(t.sft_final_loss, 4),
         num(t.sft_final_eval_loss, 4),
         t.rl_updates,

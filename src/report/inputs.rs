@@ -459,6 +459,9 @@ pub struct RunInfo {
     /// Goal targets.
     #[serde(deserialize_with = "lenient")]
     pub goals: GoalTargets,
+    /// `[sft] heldout_loss_target` of the run's config, if it set one.
+    #[serde(deserialize_with = "lenient")]
+    pub sft_heldout_loss_target: Option<f64>,
 }
 
 impl RunInfo {

@@ -157,6 +157,11 @@ pub struct Training {
     pub sft_final_loss: Option<f64>,
     /// Last held-out SFT loss.
     pub sft_final_eval_loss: Option<f64>,
+    /// `[sft] heldout_loss_target`, when the run set one.
+    pub sft_heldout_loss_target: Option<f64>,
+    /// Whether the last held-out loss logged reached that target (none without a target or
+    /// a held-out loss). `false` means SFT stopped at its step cap instead.
+    pub sft_reached_target: Option<bool>,
 }
 
 /// One chart written with the report.
@@ -394,6 +399,18 @@ pub fn build(run_dir: &Path, inputs: &Inputs) -> Report {
     let facts = run_facts(run_dir, &run);
     let goals = goals(&headline, &facts, &run);
     let training = training(inputs);
+    if let (Some(false), Some(target)) = (
+        training.sft_reached_target,
+        training.sft_heldout_loss_target,
+    ) {
+        notes.push(format!(
+            "SFT stopped at its step cap ({} steps) with held-out loss {:.4}, above its target \
+             {target}: RL started from a policy that had not learnt its demonstrations as \
+             well as the config asks (raise [sft] steps)",
+            training.sft_steps,
+            training.sft_final_eval_loss.unwrap_or(f64::NAN),
+        ));
+    }
     notes.extend(absent_metric_keys(&inputs.updates, &inputs.sft));
 
     Report {
@@ -683,6 +700,8 @@ fn training(inputs: &Inputs) -> Training {
     let last = u.last();
     let tail = &u[u.len().saturating_sub(10)..];
     let (expert_load_updates, expert_load) = expert_load(u);
+    let final_eval_loss = inputs.sft.iter().rev().find_map(|s| s.eval_loss);
+    let target = inputs.run.as_ref().and_then(|r| r.sft_heldout_loss_target);
     Training {
         rl_updates: u.len(),
         last_update: last.and_then(|l| l.update),
@@ -710,7 +729,9 @@ fn training(inputs: &Inputs) -> Training {
         expert_load,
         sft_steps: inputs.sft.len(),
         sft_final_loss: inputs.sft.iter().rev().find_map(|s| s.loss),
-        sft_final_eval_loss: inputs.sft.iter().rev().find_map(|s| s.eval_loss),
+        sft_final_eval_loss: final_eval_loss,
+        sft_heldout_loss_target: target,
+        sft_reached_target: target.zip(final_eval_loss).map(|(t, l)| l <= t),
     }
 }
 

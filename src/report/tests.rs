@@ -304,6 +304,41 @@ fn goal_targets_come_from_run_json_when_given() {
 }
 
 #[test]
+fn the_report_says_whether_sft_reached_its_heldout_loss_target() {
+    // The run's last held-out loss is 3.5 / 20 = 0.175.
+    for (target, reached) in [
+        (Some(0.2), Some(true)),
+        (Some(0.1), Some(false)),
+        (None, None),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        finished_run(dir.path());
+        let mut run = run_json(Some(18));
+        run["sft_heldout_loss_target"] = json!(target);
+        put_json(dir.path(), "run.json", &run);
+        write(dir.path()).unwrap();
+        let r = report_json(dir.path());
+        assert_eq!(
+            r["training"]["sft_reached_target"],
+            json!(reached),
+            "{target:?}"
+        );
+        let noted = r["notes"].as_array().unwrap().iter().any(|n| {
+            n.as_str()
+                .unwrap()
+                .contains("SFT stopped at its step cap (20 steps)")
+        });
+        assert_eq!(noted, reached == Some(false), "{target:?}: {}", r["notes"]);
+        let html = std::fs::read_to_string(dir.path().join("report.html")).unwrap();
+        assert_eq!(
+            html.contains("not reached"),
+            reached == Some(false),
+            "{target:?}"
+        );
+    }
+}
+
+#[test]
 fn interrupted_run_without_rl_eval_reports_what_is_missing() {
     let dir = tempfile::tempdir().unwrap();
     finished_run(dir.path());
