@@ -539,7 +539,7 @@ impl Trainer {
                     heldout_loss = ?heldout_loss,
                     steps = self.state.sft_step,
                     "sft reached its step cap before the held-out loss target; RL starts from \
-                     a policy that may not copy yet (raise sft.steps)"
+                     a policy short of it (raise sft.steps)"
                 );
             }
         }

@@ -171,10 +171,10 @@ pub struct SftConfig {
     pub eval_every: u64,
     /// Stop SFT at the first held-out evaluation whose loss is at or below this, with
     /// `steps` (or `token_budget`) as the cap. The step at which a from-scratch policy
-    /// learns to copy differs between machines for the same example stream (libtorch's
-    /// kernels round differently: held-out loss 0.005 at step 1,000 on one 2-core machine,
-    /// 0.093 on another; BENCHMARKS.md, "Session 17"), so a target, not a step count, makes
-    /// RL start from the same kind of policy everywhere. Needs `eval_every > 0`.
+    /// learns to copy differs between machines for the same example stream (their float
+    /// results differ: held-out loss 0.005 at step 1,000 on one 2-core machine, 0.093 on
+    /// another; BENCHMARKS.md, "Session 18"), so a target, not a step count, makes RL start
+    /// from the same kind of policy everywhere. Needs `eval_every > 0`.
     /// Default none (run to `steps`).
     pub heldout_loss_target: Option<f64>,
     /// JSONL files of chat transcripts with tool calls to train on as well, one
