@@ -90,6 +90,9 @@ pub struct SftRecord {
 pub struct SftRun {
     data: SftData,
     heldout: Option<Vec<PackedRow>>,
+    /// The SFT step this process last measured the held-out loss at, and the loss, so the
+    /// end of SFT does not measure the same weights again.
+    measured: Option<(u64, f64)>,
     log: std::fs::File,
     path: PathBuf,
     started: Instant,
@@ -454,6 +457,7 @@ impl Trainer {
         Ok(Some(SftRun {
             data,
             heldout: None,
+            measured: None,
             log,
             path,
             started: Instant::now(),
@@ -485,6 +489,7 @@ impl Trainer {
         };
         if let Some(loss) = heldout_loss {
             t.record_heldout_loss(loss);
+            run.measured = Some((step, loss));
         }
         let record = SftRecord {
             step,
@@ -519,7 +524,10 @@ impl Trainer {
     /// policy (`ref/`) and pass to a fresh RL trainer.
     pub fn finish_sft(&mut self, run: &mut SftRun) -> Result<(), LearnerError> {
         if let Some(Policy::Sft(t)) = self.policy.as_mut() {
-            let heldout_loss = run.heldout_loss(t)?;
+            let heldout_loss = match run.measured {
+                Some((step, loss)) if step == self.state.sft_step => Some(loss),
+                _ => run.heldout_loss(t)?,
+            };
             if let Some(loss) = heldout_loss {
                 t.record_heldout_loss(loss);
             }
