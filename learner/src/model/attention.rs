@@ -17,6 +17,7 @@ use tch::{nn, Kind, Tensor};
 use super::config::{AttnGate, ModelConfig};
 use super::cuda::{CudaError, MlaDecode, MlaKernel};
 use super::layers::{Linear, RmsNorm};
+use super::mla_cpu;
 use super::rope::Rope;
 
 /// A layer's latent for some tokens: what the cache stores.
@@ -47,6 +48,10 @@ pub enum DecodeCore {
     /// device. Gives the same numbers as `forward_absorbed` (tested), so it checks the
     /// length-based masking the kernel uses.
     Reference,
+    /// The fused CPU core ([`mla_cpu::decode`]): one pass per row over its visible slots,
+    /// without BLAS repacking the cache for every row; fp32 CPU tensors (other dtypes or
+    /// devices take [`DecodeCore::Reference`]). The default for models on the CPU.
+    Cpu,
 }
 
 /// The cached rows one decode step attends to: the layer's latent cache `c_kv [B, S, c]`,
@@ -398,6 +403,8 @@ impl Mla {
         let o_lat_bhc = match core {
             DecodeCore::Kernel(kernel) => problem.run(kernel)?,
             DecodeCore::Reference => problem.reference(None)?,
+            DecodeCore::Cpu if mla_cpu::supports(&problem) => mla_cpu::decode(&problem)?,
+            DecodeCore::Cpu => problem.reference(None)?,
         };
         let o_bthv = Tensor::einsum(
             "bthc,hvc->bthv",

@@ -69,6 +69,7 @@ pub mod cuda;
 pub mod experts;
 pub mod health;
 pub mod layers;
+pub mod mla_cpu;
 #[allow(clippy::module_inception)]
 pub mod model;
 pub mod moe;

@@ -97,7 +97,8 @@ pub struct MoePolicy {
     rope: Rope,
     device: Device,
     /// Decode steps (one token per row) through [`Mla::forward_absorbed_lens`] with this
-    /// core; `None`: the matmul path of `forward_absorbed` for every append.
+    /// core; `None`: the matmul path of `forward_absorbed` for every append. New models on
+    /// the CPU take [`DecodeCore::Cpu`], others `None`.
     decode_core: Option<DecodeCore>,
 }
 
@@ -153,7 +154,7 @@ impl MoePolicy {
                 vs.device(),
             ),
             device: vs.device(),
-            decode_core: None,
+            decode_core: (vs.device() == Device::Cpu).then_some(DecodeCore::Cpu),
         })
     }
 
@@ -171,8 +172,9 @@ impl MoePolicy {
     }
 
     /// Chooses how decode steps (appends of one token per row) attend: `Some(core)` routes
-    /// them through [`Mla::forward_absorbed_lens`] (the custom CUDA kernel, or its ATen
-    /// reference); `None` (the default) keeps the matmul path.
+    /// them through [`Mla::forward_absorbed_lens`] (the custom CUDA kernel, the fused CPU
+    /// core, or their ATen reference); `None` keeps the matmul path. The default is
+    /// `Some(DecodeCore::Cpu)` for a model on the CPU and `None` elsewhere.
     pub fn set_decode_core(&mut self, core: Option<DecodeCore>) {
         self.decode_core = core;
     }
@@ -499,16 +501,18 @@ impl MoePolicy {
             });
             // Attend over the slots in use only, not the cache's spare capacity.
             let s = max_len + t;
-            let key_s = Tensor::arange(s, (Kind::Int64, self.device)).view([1, 1, s]);
-            let visible_bts = key_s.le_tensor(&pos_bt.unsqueeze(-1));
-            let kind = self.embed_vd.kind();
-            let bias_bts = Tensor::zeros([b, t, s], (kind, self.device))
-                .masked_fill(&visible_bts.logical_not(), f64::NEG_INFINITY);
             // Decode steps through the chosen core see slots 0..=pos, as the bias does.
             let lens_core = match self.decode_core {
                 Some(core) if t == 1 => Some((core, (pos_bt.select(1, 0) + 1).clamp_max(s))),
                 _ => None,
             };
+            // The matmul path's mask: 0 for visible keys, −inf past each token's position.
+            let bias_bts = lens_core.is_none().then(|| {
+                let key_s = Tensor::arange(s, (Kind::Int64, self.device)).view([1, 1, s]);
+                let visible_bts = key_s.le_tensor(&pos_bt.unsqueeze(-1));
+                Tensor::zeros([b, t, s], (self.embed_vd.kind(), self.device))
+                    .masked_fill(&visible_bts.logical_not(), f64::NEG_INFINITY)
+            });
             let mut x = self.embed(tokens_bt, b, t);
             let mut state = CrossLayerState::new();
             for (i, blk) in self.blocks.iter().enumerate() {
@@ -553,7 +557,7 @@ impl MoePolicy {
                         &self.rope,
                         &c_kv_bsc,
                         &k_pe_bsr,
-                        &bias_bts,
+                        bias_bts.as_ref().expect("the matmul path has its mask"),
                     ),
                 };
                 let mixed = match &blk.cross {

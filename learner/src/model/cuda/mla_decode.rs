@@ -41,14 +41,14 @@ fn tc_smem_bytes(c: i64, r: i64) -> i64 {
 
 /// Sizes read off validated inputs.
 #[derive(Clone, Copy, Debug)]
-struct Dims {
-    b: i64,
-    h: i64,
-    s: i64,
-    c: i64,
-    r: i64,
-    kind: Kind,
-    device: Device,
+pub(crate) struct Dims {
+    pub(crate) b: i64,
+    pub(crate) h: i64,
+    pub(crate) s: i64,
+    pub(crate) c: i64,
+    pub(crate) r: i64,
+    pub(crate) kind: Kind,
+    pub(crate) device: Device,
 }
 
 /// One decode-attention problem: per row `b` and head `h`,
@@ -76,7 +76,7 @@ fn size_str(t: &Tensor) -> String {
 
 impl MlaDecode<'_> {
     /// Checks shapes, dtypes and devices; names the first bad argument.
-    fn dims(&self) -> Result<Dims, CudaError> {
+    pub(crate) fn dims(&self) -> Result<Dims, CudaError> {
         let bad = |msg: String| Err(CudaError::Input(format!("mla_decode: {msg}")));
         let q = self.q_lat_bhc;
         let Ok((b, h, c)) = q.size3() else {
