@@ -685,60 +685,116 @@ fn eval_levels(
     Ok((first, last.max(reached)))
 }
 
-fn eval_stage(
-    stage: &str,
-    checkpoint: Option<PathBuf>,
-    model_config: Option<PathBuf>,
+/// Evaluates one stage's policy on the levels `levels` (one job of the evaluation queue).
+fn eval_job(
+    job: &EvalJob,
     run_dir: &Path,
     run: &RunSection,
     pack: Option<PathBuf>,
     store: Arc<TrajectoryStore>,
 ) -> Result<EvalResult> {
-    let max_new_tokens = run.eval_max_new_tokens;
-    let out = run_dir.join("eval").join(format!("{stage}.json"));
     let args = EvalArgs {
-        random_init: checkpoint.is_none(),
-        checkpoint,
+        random_init: job.checkpoint.is_none(),
+        checkpoint: job.checkpoint.clone(),
         model_preset: "tiny".into(),
-        model_config,
+        model_config: job.model_config.clone(),
         family: run.eval_family.clone(),
         pack,
-        levels: super::eval::parse_levels(&run.eval_levels).map_err(anyhow::Error::msg)?,
+        levels: (job.level, job.level),
         episodes: run.eval_episodes,
         k: 1,
         temperature: 0.0,
         top_p: 1.0,
-        max_new_tokens,
+        max_new_tokens: run.eval_max_new_tokens,
         seed: 1 << 62,
         concurrency: run.eval_concurrency,
         threads: 1,
         store: run_dir.join("eval").join("store"),
-        label: Some(stage.to_string()),
+        label: Some(job.stage.clone()),
         json: true,
-        out: Some(out.clone()),
-        stage: stage.to_string(),
+        out: None,
+        stage: job.stage.clone(),
     };
-    eprintln!(
-        "[eval] {stage}: {} held-out episodes per level of {} {}",
-        run.eval_episodes, run.eval_family, run.eval_levels
-    );
-    let r =
-        evaluate_into(&args, store).with_context(|| format!("evaluating the {stage} policy"))?;
-    std::fs::write(&out, serde_json::to_string_pretty(&r)?)
-        .with_context(|| format!("writing {}", out.display()))?;
+    let r = evaluate_into(&args, store)
+        .with_context(|| format!("evaluating the {} policy at level {}", job.stage, job.level))?;
     for f in &r.families {
         for l in &f.levels {
             eprintln!(
-                "[eval] {stage:<8} {}/{}: success {}",
+                "[eval] {:<8} {}/{}: success {} ({:.0} s)",
+                job.stage,
                 f.family,
                 l.level,
                 l.success_rate
                     .map(|s| format!("{:.1}%", 100.0 * s))
-                    .unwrap_or_else(|| "n/a".into())
+                    .unwrap_or_else(|| "n/a".into()),
+                r.wall_s
             );
         }
     }
     Ok(r)
+}
+
+/// One job of the evaluation queue: a stage's policy on one level.
+#[derive(Clone, Debug)]
+struct EvalJob {
+    stage: String,
+    /// The policy; `None`: a fresh random initialisation of `model_config`.
+    checkpoint: Option<PathBuf>,
+    model_config: Option<PathBuf>,
+    level: u32,
+}
+
+/// The jobs for `stages` on levels `first..=last`, longest first, so that workers taking
+/// them in order finish close together: the random policy's episodes run to the turn and
+/// context limits (several times an episode of a trained policy), and higher levels are
+/// longer.
+fn eval_jobs(
+    stages: &[(String, Option<PathBuf>, Option<PathBuf>)],
+    (first, last): (u32, u32),
+) -> Vec<EvalJob> {
+    let mut jobs: Vec<EvalJob> = stages
+        .iter()
+        .flat_map(|(stage, checkpoint, model_config)| {
+            (first..=last).map(move |level| EvalJob {
+                stage: stage.clone(),
+                checkpoint: checkpoint.clone(),
+                model_config: model_config.clone(),
+                level,
+            })
+        })
+        .collect();
+    jobs.sort_by_key(|j| (j.checkpoint.is_some(), std::cmp::Reverse(j.level)));
+    jobs
+}
+
+/// One stage's result from its per-level parts: levels in order; `wall_s` is the sum of the
+/// parts' (the time this stage's evaluation took, whichever worker ran it) and the token
+/// rate is over that sum.
+fn merge_stage(mut parts: Vec<EvalResult>) -> Result<EvalResult> {
+    parts.sort_by_key(|p| {
+        p.families
+            .first()
+            .and_then(|f| f.levels.first())
+            .map(|l| l.level)
+    });
+    let mut merged = parts
+        .first()
+        .cloned()
+        .context("a stage with no evaluated level")?;
+    let generated: f64 = parts
+        .iter()
+        .map(|p| p.generated_tokens_per_s * p.wall_s)
+        .sum();
+    merged.wall_s = parts.iter().map(|p| p.wall_s).sum();
+    merged.generated_tokens_per_s = generated / merged.wall_s.max(1e-9);
+    for fam in &mut merged.families {
+        fam.levels = parts
+            .iter()
+            .flat_map(|p| p.families.iter().filter(|f| f.family == fam.family))
+            .flat_map(|f| f.levels.iter().cloned())
+            .collect();
+    }
+    Ok(merged)
 }
 
 /// Success at `level` of the evaluated family.
@@ -856,42 +912,48 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let mut evals: BTreeMap<String, EvalResult> = BTreeMap::new();
     if stop.load(Ordering::SeqCst) < 2 {
         // (stage, checkpoint, model config for a random init)
-        let mut jobs: Vec<(String, Option<PathBuf>, Option<PathBuf>)> = vec![
+        let mut stages: Vec<(String, Option<PathBuf>, Option<PathBuf>)> = vec![
             ("random".into(), None, Some(model_json.clone())),
             ("sft".into(), Some(run_dir.join("ref")), None),
         ];
         if let Some(ck) = latest_checkpoint(&run_dir) {
-            jobs.push(("rl".into(), Some(ck), None));
+            stages.push(("rl".into(), Some(ck), None));
         }
         if let Some((_, _, dir)) = &ablation_cfg {
             if let Some(ck) = latest_checkpoint(dir) {
-                jobs.push(("ablation-grpo".into(), Some(ck), None));
+                stages.push(("ablation-grpo".into(), Some(ck), None));
             }
         }
+        for (stage, _, _) in &stages {
+            eprintln!(
+                "[eval] {stage}: {} held-out episodes per level of {} {first}..{last}",
+                run.eval_episodes, run.eval_family
+            );
+        }
         let store = open_store(&run_dir.join("eval").join("store"))?;
-        let queue = Mutex::new(jobs.into_iter());
+        let queue = Mutex::new(eval_jobs(&stages, (first, last)).into_iter());
         let results = Mutex::new(Vec::new());
         std::thread::scope(|scope| {
             for _ in 0..run.eval_workers.max(1) {
                 scope.spawn(|| loop {
-                    let Some((stage, ck, model)) = queue.lock().expect("eval queue").next() else {
+                    let Some(job) = queue.lock().expect("eval queue").next() else {
                         break;
                     };
-                    let r = eval_stage(
-                        &stage,
-                        ck,
-                        model,
-                        &run_dir,
-                        &eval_run,
-                        eval_pack.cloned(),
-                        store.clone(),
-                    );
-                    results.lock().expect("eval results").push((stage, r));
+                    let r = eval_job(&job, &run_dir, &eval_run, eval_pack.cloned(), store.clone());
+                    results.lock().expect("eval results").push((job.stage, r));
                 });
             }
         });
+        let mut parts: BTreeMap<String, Vec<EvalResult>> = BTreeMap::new();
         for (stage, r) in results.into_inner().expect("eval results") {
-            evals.insert(stage, r?);
+            parts.entry(stage).or_default().push(r?);
+        }
+        for (stage, p) in parts {
+            let r = merge_stage(p)?;
+            let out = run_dir.join("eval").join(format!("{stage}.json"));
+            std::fs::write(&out, serde_json::to_string_pretty(&r)?)
+                .with_context(|| format!("writing {}", out.display()))?;
+            evals.insert(stage, r);
         }
         store.flush_sync().context("flushing the eval store")?;
     }
@@ -963,6 +1025,92 @@ mod eval_levels_tests {
         assert_eq!(eval_levels("1..3", "search", &[&f(6)]).unwrap(), (1, 3));
         let err = eval_levels("3..1", "hops", &[]).unwrap_err().to_string();
         assert!(err.contains("eval_levels"), "{err}");
+    }
+
+    #[test]
+    fn evaluation_jobs_run_the_random_policy_and_the_long_levels_first() {
+        let stages = vec![
+            (
+                "random".to_string(),
+                None,
+                Some(PathBuf::from("model.json")),
+            ),
+            ("sft".to_string(), Some(PathBuf::from("ref")), None),
+            ("rl".to_string(), Some(PathBuf::from("ckpt")), None),
+        ];
+        let order: Vec<(String, u32)> = eval_jobs(&stages, (1, 3))
+            .into_iter()
+            .map(|j| (j.stage, j.level))
+            .collect();
+        let want = [
+            ("random", 3),
+            ("random", 2),
+            ("random", 1),
+            ("sft", 3),
+            ("rl", 3),
+            ("sft", 2),
+            ("rl", 2),
+            ("sft", 1),
+            ("rl", 1),
+        ];
+        assert_eq!(
+            order,
+            want.map(|(s, l)| (s.to_string(), l)).to_vec(),
+            "every (stage, level) once, longest first"
+        );
+    }
+
+    #[test]
+    fn a_stage_evaluated_level_by_level_is_reported_as_one_result() {
+        use crate::cmd::eval::{FamilyResult, LevelResult};
+        let part = |level: u32, wall_s: f64, tok_s: f64| EvalResult {
+            stage: "sft".into(),
+            checkpoint: "runs/x/ref".into(),
+            policy_version: 0,
+            episodes_per_level: 200,
+            k: 1,
+            temperature: 0.0,
+            seed: 1 << 62,
+            store: "runs/x/eval/store".into(),
+            families: vec![FamilyResult {
+                family: "hops".into(),
+                levels: vec![LevelResult {
+                    level,
+                    episodes: 200,
+                    success_rate: Some(level as f64 / 10.0),
+                    tool_call_parse_rate: None,
+                    tool_call_success_rate: None,
+                    multi_step_completion: None,
+                    failure_recovery_rate: None,
+                    pass_at_k: None,
+                    pass_hat_k: None,
+                    mean_turns: 2.0,
+                    mean_tokens: 100.0 * level as f64,
+                    excluded: 0,
+                    terminations: BTreeMap::new(),
+                }],
+            }],
+            wall_s,
+            generated_tokens_per_s: tok_s,
+        };
+        // Finished out of order, as two workers return them.
+        let m = merge_stage(vec![
+            part(3, 30.0, 1000.0),
+            part(1, 10.0, 2000.0),
+            part(2, 20.0, 1500.0),
+        ])
+        .unwrap();
+        let levels: Vec<(u32, Option<f64>)> = m.families[0]
+            .levels
+            .iter()
+            .map(|l| (l.level, l.success_rate))
+            .collect();
+        assert_eq!(levels, vec![(1, Some(0.1)), (2, Some(0.2)), (3, Some(0.3))]);
+        assert_eq!(m.families.len(), 1);
+        assert!((m.wall_s - 60.0).abs() < 1e-9);
+        // (30·1000 + 10·2000 + 20·1500) tokens over 60 s.
+        assert!((m.generated_tokens_per_s - 80_000.0 / 60.0).abs() < 1e-9);
+        assert!(merge_stage(Vec::new()).is_err());
     }
 
     #[test]
