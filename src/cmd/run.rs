@@ -13,7 +13,8 @@
 //!    then the learner (it checkpoints). The ablation runs the same way on its copy.
 //! 4. **Evaluation** in this process on held-out seeds: the random initial policy, the SFT
 //!    reference, the RL result (and the ablation's), `eval/<stage>.json`, episodes stored
-//!    in `eval/store`.
+//!    in `eval/store`. `eval_workers` threads take one job per stage and level from a queue
+//!    (the random policy's and the longest levels first), each decoding on one core.
 //! 5. **Report**: `run.json`, then `report.json`, `report.html` and the plots.
 //!
 //! Children run in their own process groups, so Ctrl-C reaches only this process, which then
@@ -905,10 +906,6 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         &run.eval_family,
         &[&main.frontier, &ablation_frontier],
     )?;
-    let eval_run = RunSection {
-        eval_levels: format!("{first}..{last}"),
-        ..run.clone()
-    };
     let mut evals: BTreeMap<String, EvalResult> = BTreeMap::new();
     if stop.load(Ordering::SeqCst) < 2 {
         // (stage, checkpoint, model config for a random init)
@@ -939,7 +936,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                     let Some(job) = queue.lock().expect("eval queue").next() else {
                         break;
                     };
-                    let r = eval_job(&job, &run_dir, &eval_run, eval_pack.cloned(), store.clone());
+                    let r = eval_job(&job, &run_dir, &run, eval_pack.cloned(), store.clone());
                     results.lock().expect("eval results").push((job.stage, r));
                 });
             }
