@@ -13,8 +13,10 @@
 //!    then the learner (it checkpoints). The ablation runs the same way on its copy.
 //! 4. **Evaluation** in this process on held-out seeds: the random initial policy, the SFT
 //!    reference, the RL result (and the ablation's), `eval/<stage>.json`, episodes stored
-//!    in `eval/store`. `eval_workers` threads take one job per stage and level from a queue
-//!    (the random policy's and the longest levels first), each decoding on one core.
+//!    in `eval/store`. The random policy is one initialisation drawn with the config's
+//!    `seed` and saved to `eval/random-init/`, so every level evaluates the same weights.
+//!    `eval_workers` threads take one job per stage and level from a queue (the random
+//!    policy's and the longest levels first), each decoding on one core.
 //! 5. **Report**: `run.json`, then `report.json`, `report.html` and the plots.
 //!
 //! Children run in their own process groups, so Ctrl-C reaches only this process, which then
@@ -35,6 +37,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use corvid_learner::config::LearnerConfig;
+use corvid_learner::model::{checkpoint, ModelConfig, MoePolicy};
 use corvid_learner::store::TrajectoryStore;
 use serde::{Deserialize, Serialize};
 
@@ -686,7 +689,7 @@ fn eval_levels(
     Ok((first, last.max(reached)))
 }
 
-/// Evaluates one stage's policy on the levels `levels` (one job of the evaluation queue).
+/// Evaluates one stage's policy on one level (one job of the evaluation queue).
 fn eval_job(
     job: &EvalJob,
     run_dir: &Path,
@@ -695,10 +698,10 @@ fn eval_job(
     store: Arc<TrajectoryStore>,
 ) -> Result<EvalResult> {
     let args = EvalArgs {
-        random_init: job.checkpoint.is_none(),
-        checkpoint: job.checkpoint.clone(),
+        random_init: false,
+        checkpoint: Some(job.checkpoint.clone()),
         model_preset: "tiny".into(),
-        model_config: job.model_config.clone(),
+        model_config: None,
         family: run.eval_family.clone(),
         pack,
         levels: (job.level, job.level),
@@ -739,33 +742,42 @@ fn eval_job(
 #[derive(Clone, Debug)]
 struct EvalJob {
     stage: String,
-    /// The policy; `None`: a fresh random initialisation of `model_config`.
-    checkpoint: Option<PathBuf>,
-    model_config: Option<PathBuf>,
+    /// The policy's checkpoint folder (weights and `config.json`).
+    checkpoint: PathBuf,
     level: u32,
 }
 
-/// The jobs for `stages` on levels `first..=last`, longest first, so that workers taking
-/// them in order finish close together: the random policy's episodes run to the turn and
-/// context limits (several times an episode of a trained policy), and higher levels are
-/// longer.
-fn eval_jobs(
-    stages: &[(String, Option<PathBuf>, Option<PathBuf>)],
-    (first, last): (u32, u32),
-) -> Vec<EvalJob> {
+/// The stage name of the random initial policy.
+const RANDOM_STAGE: &str = "random";
+
+/// The jobs for `stages` (name, checkpoint) on levels `first..=last`, longest first, so that
+/// workers taking them in order finish close together: the random policy's episodes run to the
+/// turn and context limits (several times an episode of a trained policy), and higher levels
+/// are longer.
+fn eval_jobs(stages: &[(String, PathBuf)], (first, last): (u32, u32)) -> Vec<EvalJob> {
     let mut jobs: Vec<EvalJob> = stages
         .iter()
-        .flat_map(|(stage, checkpoint, model_config)| {
+        .flat_map(|(stage, checkpoint)| {
             (first..=last).map(move |level| EvalJob {
                 stage: stage.clone(),
                 checkpoint: checkpoint.clone(),
-                model_config: model_config.clone(),
                 level,
             })
         })
         .collect();
-    jobs.sort_by_key(|j| (j.checkpoint.is_some(), std::cmp::Reverse(j.level)));
+    jobs.sort_by_key(|j| (j.stage != RANDOM_STAGE, std::cmp::Reverse(j.level)));
     jobs
+}
+
+/// Saves a fresh initialisation of `model`, drawn with `seed`, as a checkpoint in `dir`: the
+/// random baseline, so that every level evaluates the same weights and its episodes can be
+/// replayed against them.
+fn save_random_init(model: &ModelConfig, seed: u64, dir: &Path) -> Result<()> {
+    tch::manual_seed(seed as i64);
+    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    MoePolicy::new(&vs.root(), model).context("initialising the random baseline")?;
+    checkpoint::save(&vs, model, dir)
+        .with_context(|| format!("saving the random baseline to {}", dir.display()))
 }
 
 /// One stage's result from its per-level parts: levels in order; `wall_s` is the sum of the
@@ -908,20 +920,22 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     )?;
     let mut evals: BTreeMap<String, EvalResult> = BTreeMap::new();
     if stop.load(Ordering::SeqCst) < 2 {
-        // (stage, checkpoint, model config for a random init)
-        let mut stages: Vec<(String, Option<PathBuf>, Option<PathBuf>)> = vec![
-            ("random".into(), None, Some(model_json.clone())),
-            ("sft".into(), Some(run_dir.join("ref")), None),
+        let random_dir = run_dir.join("eval").join("random-init");
+        save_random_init(&cfg.model.resolve()?, cfg.seed, &random_dir)?;
+        // (stage, checkpoint)
+        let mut stages: Vec<(String, PathBuf)> = vec![
+            (RANDOM_STAGE.into(), random_dir),
+            ("sft".into(), run_dir.join("ref")),
         ];
         if let Some(ck) = latest_checkpoint(&run_dir) {
-            stages.push(("rl".into(), Some(ck), None));
+            stages.push(("rl".into(), ck));
         }
         if let Some((_, _, dir)) = &ablation_cfg {
             if let Some(ck) = latest_checkpoint(dir) {
-                stages.push(("ablation-grpo".into(), Some(ck), None));
+                stages.push(("ablation-grpo".into(), ck));
             }
         }
-        for (stage, _, _) in &stages {
+        for (stage, _) in &stages {
             eprintln!(
                 "[eval] {stage}: {} held-out episodes per level of {} {first}..{last}",
                 run.eval_episodes, run.eval_family
@@ -1027,13 +1041,9 @@ mod eval_levels_tests {
     #[test]
     fn evaluation_jobs_run_the_random_policy_and_the_long_levels_first() {
         let stages = vec![
-            (
-                "random".to_string(),
-                None,
-                Some(PathBuf::from("model.json")),
-            ),
-            ("sft".to_string(), Some(PathBuf::from("ref")), None),
-            ("rl".to_string(), Some(PathBuf::from("ckpt")), None),
+            ("sft".to_string(), PathBuf::from("ref")),
+            ("rl".to_string(), PathBuf::from("ckpt")),
+            ("random".to_string(), PathBuf::from("eval/random-init")),
         ];
         let order: Vec<(String, u32)> = eval_jobs(&stages, (1, 3))
             .into_iter()

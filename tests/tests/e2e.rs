@@ -412,6 +412,16 @@ eval_workers = 1
             serde_json::from_str(&read(&r.join(format!("eval/{stage}.json")))).expect(stage);
         assert!(e.is_object(), "{stage}");
     }
+    // The random baseline is one saved initialisation, evaluated at every level.
+    let random: serde_json::Value =
+        serde_json::from_str(&read(&r.join("eval/random.json"))).expect("random");
+    assert!(
+        random["checkpoint"]
+            .as_str()
+            .is_some_and(|c| c.ends_with("eval/random-init")),
+        "{random}"
+    );
+    assert!(r.join("eval/random-init/model.safetensors").exists());
     let run_json: serde_json::Value =
         serde_json::from_str(&read(&r.join("run.json"))).expect("run.json");
     assert_eq!(run_json["interrupted"], true);
