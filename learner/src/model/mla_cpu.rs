@@ -23,7 +23,7 @@
 
 use tch::{Device, Kind, Tensor};
 
-use super::cuda::{CudaError, MlaDecode};
+use super::cuda::{slot_rows, CudaError, MlaDecode};
 
 /// Rows, heads, slots and widths of one problem, read off validated inputs.
 #[derive(Clone, Copy, Debug)]
@@ -64,17 +64,8 @@ pub fn decode(problem: &MlaDecode<'_>) -> Result<Tensor, CudaError> {
             r: d.r as usize,
         },
     );
-    // Each slot's `c` (or `r`) values contiguous; rows may be strided (a narrowed cache).
-    let slots = |t: &Tensor, w: i64| -> Tensor {
-        let st = t.stride();
-        if st[2] == 1 && (st[1] == w || t.size()[1] <= 1) && st[0] >= 0 {
-            t.shallow_clone()
-        } else {
-            t.contiguous()
-        }
-    };
-    let c_kv = slots(problem.c_kv_bsc, d.c);
-    let k_pe = slots(problem.k_pe_bsr, d.r);
+    let c_kv = slot_rows(problem.c_kv_bsc, d.c);
+    let k_pe = slot_rows(problem.k_pe_bsr, d.r);
     let q_lat = problem.q_lat_bhc.contiguous();
     let q_pe = problem.q_pe_bhr.contiguous();
     let lens: Vec<i64> = Vec::try_from(problem.lens_b.to_kind(Kind::Int64))?;
@@ -159,6 +150,44 @@ struct Inputs<'a> {
     scale: f32,
 }
 
+/// One row's visible slots and its queries.
+struct RowView<'a> {
+    /// Visible slots.
+    n: usize,
+    /// `[n, c]` latents.
+    ckv: &'a [f32],
+    /// `[n, r]` RoPE keys.
+    kpe: &'a [f32],
+    /// `[H, c]` latent queries.
+    q_lat: &'a [f32],
+    /// `[H, r]` RoPE queries.
+    q_pe: &'a [f32],
+}
+
+impl<'a> Inputs<'a> {
+    /// Row `row`'s inputs; `None` when it sees no slot (its output stays zero, as the
+    /// reference's).
+    #[inline(always)]
+    fn row(&self, row: usize) -> Option<RowView<'a>> {
+        let Shape { h, s, c, r } = self.shape;
+        let n = self.lens[row].clamp(0, s as i64) as usize;
+        if n == 0 {
+            return None;
+        }
+        Some(RowView {
+            n,
+            ckv: &self.c_kv[row * self.strides.c_kv..][..n * c],
+            kpe: if r == 0 {
+                &[]
+            } else {
+                &self.k_pe[row * self.strides.k_pe..][..n * r]
+            },
+            q_lat: &self.q_lat[row * h * c..][..h * c],
+            q_pe: &self.q_pe[row * h * r..][..h * r],
+        })
+    }
+}
+
 /// Computes rows `first..` into `out` (whole rows of `[H, c]`): with AVX2 and FMA when the
 /// CPU has them and the widths allow (`c % 16 == 0`, `r % 8 == 0`), else portable code.
 fn run_rows(inp: &Inputs<'_>, first: usize, out: &mut [f32]) {
@@ -173,22 +202,19 @@ fn run_rows(inp: &Inputs<'_>, first: usize, out: &mut [f32]) {
 
 /// The per-row computation in portable code.
 fn rows_body(inp: &Inputs<'_>, first: usize, out: &mut [f32]) {
-    let Shape { h, s, c, r } = inp.shape;
+    let Shape { h, c, r, .. } = inp.shape;
     let mut scores: Vec<f32> = Vec::new();
     for (i, out_row) in out.chunks_exact_mut(h * c).enumerate() {
-        let row = first + i;
-        let n = inp.lens[row].clamp(0, s as i64) as usize;
-        if n == 0 {
-            continue; // zeros, as the reference
-        }
-        let ckv = &inp.c_kv[row * inp.strides.c_kv..][..n * c];
-        let kpe = if r == 0 {
-            &[][..]
-        } else {
-            &inp.k_pe[row * inp.strides.k_pe..][..n * r]
+        let Some(RowView {
+            n,
+            ckv,
+            kpe,
+            q_lat,
+            q_pe,
+        }) = inp.row(first + i)
+        else {
+            continue;
         };
-        let q_lat = &inp.q_lat[row * h * c..][..h * c];
-        let q_pe = &inp.q_pe[row * h * r..][..h * r];
         // score[h, s], head-major.
         scores.clear();
         scores.resize(h * n, 0.0);
@@ -312,7 +338,7 @@ fn exp_nonpositive(x: f32) -> f32 {
 mod avx2 {
     use std::arch::x86_64::*;
 
-    use super::{softmax_in_place, Inputs, Shape};
+    use super::{softmax_in_place, Inputs, RowView, Shape};
 
     /// Whether the CPU and the widths allow this kernel.
     pub(super) fn usable(sh: &Shape) -> bool {
@@ -328,36 +354,18 @@ mod avx2 {
     /// The CPU must have AVX2 and FMA, and `usable(&inp.shape)` must hold.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn rows(inp: &Inputs<'_>, first: usize, out: &mut [f32]) {
-        let Shape { h, s, c, r } = inp.shape;
+        let Shape { h, c, r, .. } = inp.shape;
         let mut scores: Vec<f32> = Vec::new();
         for (i, out_row) in out.chunks_exact_mut(h * c).enumerate() {
-            let row = first + i;
-            let n = inp.lens[row].clamp(0, s as i64) as usize;
-            if n == 0 {
+            let Some(v) = inp.row(first + i) else {
                 continue;
-            }
-            let ckv = &inp.c_kv[row * inp.strides.c_kv..][..n * c];
-            let kpe = if r == 0 {
-                &[][..]
-            } else {
-                &inp.k_pe[row * inp.strides.k_pe..][..n * r]
             };
-            let q_lat = &inp.q_lat[row * h * c..][..h * c];
-            let q_pe = &inp.q_pe[row * h * r..][..h * r];
+            let (n, ckv) = (v.n, v.ckv);
             scores.clear();
             scores.resize(h * n, 0.0);
             let mut h0 = 0;
             while h0 < h {
-                let g = &Group {
-                    h0,
-                    n,
-                    c,
-                    r,
-                    q_lat,
-                    q_pe,
-                    ckv,
-                    kpe,
-                };
+                let g = &Group { h0, c, r, v: &v };
                 // SAFETY (all four): slices are bounds-checked by construction (`Group`).
                 match h - h0 {
                     1 => unsafe { scores_group::<1>(g, inp.scale, &mut scores) },
@@ -385,30 +393,26 @@ mod avx2 {
     }
 
     /// One row's inputs for heads `h0..h0 + HN`.
-    struct Group<'a> {
+    struct Group<'a, 'b> {
         h0: usize,
-        n: usize,
         c: usize,
         r: usize,
-        q_lat: &'a [f32],
-        q_pe: &'a [f32],
-        ckv: &'a [f32],
-        kpe: &'a [f32],
+        v: &'b RowView<'a>,
     }
 
     /// `scores[(h0 + j) · n + slot] = scale · (q_lat[h0 + j] · c_kv[slot] + q_pe[h0 + j] ·
     /// k_pe[slot])` for `j < HN` and every slot.
     #[target_feature(enable = "avx2,fma")]
-    unsafe fn scores_group<const HN: usize>(g: &Group<'_>, scale: f32, scores: &mut [f32]) {
-        let (n, c, r) = (g.n, g.c, g.r);
-        assert!(g.q_lat.len() >= (g.h0 + HN) * c && g.q_pe.len() >= (g.h0 + HN) * r);
-        assert!(g.ckv.len() >= n * c && g.kpe.len() >= n * r);
+    unsafe fn scores_group<const HN: usize>(g: &Group<'_, '_>, scale: f32, scores: &mut [f32]) {
+        let (v, n, c, r) = (g.v, g.v.n, g.c, g.r);
+        assert!(v.q_lat.len() >= (g.h0 + HN) * c && v.q_pe.len() >= (g.h0 + HN) * r);
+        assert!(v.ckv.len() >= n * c && v.kpe.len() >= n * r);
         assert!(scores.len() >= (g.h0 + HN) * n);
-        let ql = g.q_lat.as_ptr().add(g.h0 * c);
-        let qp = g.q_pe.as_ptr().add(g.h0 * r);
+        let ql = v.q_lat.as_ptr().add(g.h0 * c);
+        let qp = v.q_pe.as_ptr().add(g.h0 * r);
         for slot in 0..n {
-            let key = g.ckv.as_ptr().add(slot * c);
-            let kp = g.kpe.as_ptr().add(slot * r);
+            let key = v.ckv.as_ptr().add(slot * c);
+            let kp = v.kpe.as_ptr().add(slot * r);
             let mut acc = [_mm256_setzero_ps(); 4];
             for k in (0..c).step_by(8) {
                 let kv = _mm256_loadu_ps(key.add(k));

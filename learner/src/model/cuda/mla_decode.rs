@@ -74,6 +74,18 @@ fn size_str(t: &Tensor) -> String {
     format!("{:?}", t.size())
 }
 
+/// `t [B, S, w]` with each slot's `w` values contiguous and the slots of a row one after
+/// another: `t` itself when it already is (the batch may be strided, as in a narrowed cache),
+/// else a contiguous copy. Both decode cores read the cache this way.
+pub(crate) fn slot_rows(t: &Tensor, w: i64) -> Tensor {
+    let st = t.stride();
+    if st[2] == 1 && (st[1] == w || t.size()[1] <= 1) && st[0] >= 0 {
+        t.shallow_clone()
+    } else {
+        t.contiguous()
+    }
+}
+
 impl MlaDecode<'_> {
     /// Checks shapes, dtypes and devices; names the first bad argument.
     pub(crate) fn dims(&self) -> Result<Dims, CudaError> {
@@ -247,17 +259,8 @@ impl MlaDecode<'_> {
         if d.b == 0 || d.h == 0 || d.c == 0 {
             return Ok(kernel);
         }
-        // Slots must be contiguous rows; the batch may be strided (a narrowed cache).
-        let rows = |t: &Tensor, w: i64| -> Tensor {
-            let st = t.stride();
-            if st[2] == 1 && (st[1] == w || t.size()[1] <= 1) {
-                t.shallow_clone()
-            } else {
-                t.contiguous()
-            }
-        };
-        let c_kv = rows(self.c_kv_bsc, d.c);
-        let k_pe = rows(self.k_pe_bsr, d.r);
+        let c_kv = slot_rows(self.c_kv_bsc, d.c);
+        let k_pe = slot_rows(self.k_pe_bsr, d.r);
         let q_lat = self.q_lat_bhc.contiguous();
         let q_pe = self.q_pe_bhr.contiguous();
         let lens = self.lens_b.f_to_kind(Kind::Int)?.contiguous();

@@ -32,6 +32,7 @@ mod mla_decode;
 mod moe_dispatch;
 pub mod runtime;
 
+pub(crate) use mla_decode::slot_rows;
 pub use mla_decode::{MlaDecode, MlaKernel};
 pub use moe_dispatch::DispatchPlan;
 pub use runtime::{availability, compile_all};
