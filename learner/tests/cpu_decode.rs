@@ -9,47 +9,8 @@ use corvid_learner::model::mla_cpu;
 use corvid_learner::model::{DecodeCore, ModelConfig, MoePolicy};
 use tch::{nn, Device, Kind, Tensor};
 
-fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
-        .abs()
-        .max()
-        .double_value(&[])
-}
-
-/// One random problem: `b` rows of `cap` cache slots, of which the first `s` are passed
-/// (a narrowed cache, as the model passes it), and `lens` visible slots per row.
-struct Problem {
-    q_lat: Tensor,
-    q_pe: Tensor,
-    c_kv: Tensor,
-    k_pe: Tensor,
-    lens: Tensor,
-}
-
-impl Problem {
-    fn new(h: i64, s: i64, cap: i64, c: i64, r: i64, lens: &[i64]) -> Self {
-        let b = lens.len() as i64;
-        let f = (Kind::Float, Device::Cpu);
-        Problem {
-            q_lat: Tensor::randn([b, h, c], f),
-            q_pe: Tensor::randn([b, h, r], f),
-            c_kv: Tensor::randn([b, cap, c], f).narrow(1, 0, s),
-            k_pe: Tensor::randn([b, cap, r], f).narrow(1, 0, s),
-            lens: Tensor::from_slice(lens),
-        }
-    }
-
-    fn decode(&self, scale: f64) -> MlaDecode<'_> {
-        MlaDecode {
-            q_lat_bhc: &self.q_lat,
-            q_pe_bhr: &self.q_pe,
-            c_kv_bsc: &self.c_kv,
-            k_pe_bsr: &self.k_pe,
-            lens_b: &self.lens,
-            scale,
-        }
-    }
-}
+mod common;
+use common::{max_abs, DecodeInputs};
 
 #[test]
 fn the_cpu_core_equals_the_aten_reference_on_every_shape() {
@@ -70,10 +31,10 @@ fn the_cpu_core_equals_the_aten_reference_on_every_shape() {
         for &(h, s, cap, c, r) in &shapes {
             // Rows: empty, one slot, partial, full, and a length past the slots (clamped).
             let lens = [0, 1, s / 2, s, s + 5];
-            let p = Problem::new(h, s, cap, c, r, &lens);
+            let p = DecodeInputs::new(h, s, cap, c, r, &lens, Kind::Float);
             let scale = 1.0 / ((c + r) as f64).sqrt();
-            let want = p.decode(scale).reference(None).unwrap();
-            let got = mla_cpu::decode(&p.decode(scale)).unwrap();
+            let want = p.problem(scale).reference(None).unwrap();
+            let got = mla_cpu::decode(&p.problem(scale)).unwrap();
             assert_eq!(got.size(), [lens.len() as i64, h, c]);
             let d = max_abs(&got, &want);
             assert!(
@@ -89,30 +50,30 @@ fn the_cpu_core_equals_the_aten_reference_on_every_shape() {
 
 #[test]
 fn the_cpu_core_refuses_what_it_cannot_compute_by_name() {
-    let p = Problem::new(2, 5, 5, 16, 8, &[5, 3]);
+    let p = DecodeInputs::new(2, 5, 5, 16, 8, &[5, 3], Kind::Float);
     let f64_q = p.q_lat.to_kind(Kind::Double);
     let wrong = MlaDecode {
         q_lat_bhc: &f64_q,
-        ..p.decode(1.0)
+        ..p.problem(1.0)
     };
     assert!(!mla_cpu::supports(&wrong));
     let err = mla_cpu::decode(&wrong).unwrap_err().to_string();
     assert!(err.contains("q_pe is Float but q_lat is Double"), "{err}");
-    let f64_all = Problem {
+    let f64_all = DecodeInputs {
         q_lat: p.q_lat.to_kind(Kind::Double),
         q_pe: p.q_pe.to_kind(Kind::Double),
         c_kv: p.c_kv.to_kind(Kind::Double),
         k_pe: p.k_pe.to_kind(Kind::Double),
         lens: p.lens.shallow_clone(),
     };
-    let err = mla_cpu::decode(&f64_all.decode(1.0))
+    let err = mla_cpu::decode(&f64_all.problem(1.0))
         .unwrap_err()
         .to_string();
     assert!(err.contains("float32 on the CPU"), "{err}");
     let short_lens = Tensor::from_slice(&[1i64]);
     let err = mla_cpu::decode(&MlaDecode {
         lens_b: &short_lens,
-        ..p.decode(1.0)
+        ..p.problem(1.0)
     })
     .unwrap_err()
     .to_string();

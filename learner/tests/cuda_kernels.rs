@@ -12,6 +12,9 @@ use corvid_learner::model::precision::{cast_weights, is_router_param};
 use corvid_learner::model::{DecodeCore, ExpertDispatch, ModelConfig, MoePolicy};
 use tch::{nn, Device, Kind, Tensor};
 
+mod common;
+use common::{max_abs, DecodeInputs};
+
 fn small_cfg() -> ModelConfig {
     ModelConfig {
         hidden_size: 32,
@@ -30,46 +33,6 @@ fn small_cfg() -> ModelConfig {
     }
 }
 
-fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
-    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
-        .abs()
-        .max()
-        .double_value(&[])
-}
-
-/// Inputs of one decode-attention problem on `dev`.
-struct Mla {
-    q_lat: Tensor,
-    q_pe: Tensor,
-    c_kv: Tensor,
-    k_pe: Tensor,
-    lens: Tensor,
-}
-
-impl Mla {
-    fn new(b: i64, h: i64, s: i64, c: i64, r: i64, lens: &[i64], kind: Kind) -> Self {
-        let dev = Device::Cpu;
-        Mla {
-            q_lat: Tensor::randn([b, h, c], (kind, dev)),
-            q_pe: Tensor::randn([b, h, r], (kind, dev)),
-            c_kv: Tensor::randn([b, s, c], (kind, dev)),
-            k_pe: Tensor::randn([b, s, r], (kind, dev)),
-            lens: Tensor::from_slice(lens),
-        }
-    }
-
-    fn problem(&self) -> MlaDecode<'_> {
-        MlaDecode {
-            q_lat_bhc: &self.q_lat,
-            q_pe_bhr: &self.q_pe,
-            c_kv_bsc: &self.c_kv,
-            k_pe_bsr: &self.k_pe,
-            lens_b: &self.lens,
-            scale: 0.25,
-        }
-    }
-}
-
 fn input_error(r: Result<Tensor, CudaError>) -> String {
     match r {
         Err(CudaError::Input(msg)) => msg,
@@ -79,8 +42,8 @@ fn input_error(r: Result<Tensor, CudaError>) -> String {
 
 #[test]
 fn mla_decode_refuses_cpu_tensors() {
-    let m = Mla::new(2, 4, 10, 32, 16, &[10, 3], Kind::Float);
-    let msg = input_error(m.problem().run(MlaKernel::Auto));
+    let m = DecodeInputs::new(4, 10, 10, 32, 16, &[10, 3], Kind::Float);
+    let msg = input_error(m.problem(0.25).run(MlaKernel::Auto));
     assert!(
         msg.contains("Cpu") && msg.contains("need CUDA tensors"),
         "{msg}"
@@ -89,12 +52,12 @@ fn mla_decode_refuses_cpu_tensors() {
 
 #[test]
 fn mla_decode_names_the_bad_argument() {
-    let m = Mla::new(2, 4, 10, 32, 16, &[10, 3], Kind::Float);
+    let m = DecodeInputs::new(4, 10, 10, 32, 16, &[10, 3], Kind::Float);
     let q_pe = Tensor::randn([2, 5, 16], (Kind::Float, Device::Cpu));
     let msg = input_error(
         MlaDecode {
             q_pe_bhr: &q_pe,
-            ..m.problem()
+            ..m.problem(0.25)
         }
         .run(MlaKernel::Auto),
     );
@@ -104,7 +67,7 @@ fn mla_decode_names_the_bad_argument() {
     let msg = input_error(
         MlaDecode {
             c_kv_bsc: &c_kv,
-            ..m.problem()
+            ..m.problem(0.25)
         }
         .run(MlaKernel::Auto),
     );
@@ -114,7 +77,7 @@ fn mla_decode_names_the_bad_argument() {
     let msg = input_error(
         MlaDecode {
             lens_b: &lens,
-            ..m.problem()
+            ..m.problem(0.25)
         }
         .run(MlaKernel::Auto),
     );
@@ -123,22 +86,22 @@ fn mla_decode_names_the_bad_argument() {
         "{msg}"
     );
 
-    let m64 = Mla::new(2, 4, 10, 32, 16, &[10, 3], Kind::Double);
-    let msg = input_error(m64.problem().run(MlaKernel::Auto));
+    let m64 = DecodeInputs::new(4, 10, 10, 32, 16, &[10, 3], Kind::Double);
+    let msg = input_error(m64.problem(0.25).run(MlaKernel::Auto));
     assert!(msg.contains("float32 or bfloat16"), "{msg}");
 
     let k_pe = m.k_pe.to_kind(Kind::BFloat16);
     let msg = input_error(
         MlaDecode {
             k_pe_bsr: &k_pe,
-            ..m.problem()
+            ..m.problem(0.25)
         }
         .run(MlaKernel::Auto),
     );
     assert!(msg.contains("k_pe is BFloat16"), "{msg}");
 
     let out = Tensor::zeros([2, 4, 31], (Kind::Float, Device::Cpu));
-    let err = m.problem().run_into(&out, MlaKernel::Auto).unwrap_err();
+    let err = m.problem(0.25).run_into(&out, MlaKernel::Auto).unwrap_err();
     assert!(err.to_string().contains("out must be"), "{err}");
 }
 
@@ -146,8 +109,8 @@ fn mla_decode_names_the_bad_argument() {
 #[test]
 fn mla_reference_matches_the_formula() {
     tch::manual_seed(3);
-    let m = Mla::new(3, 2, 9, 8, 4, &[9, 4, 0], Kind::Double);
-    let out = m.problem().reference(None).unwrap();
+    let m = DecodeInputs::new(2, 9, 9, 8, 4, &[9, 4, 0], Kind::Double);
+    let out = m.problem(0.25).reference(None).unwrap();
     for b in 0..3i64 {
         let len = [9, 4, 0][b as usize];
         for h in 0..2i64 {

@@ -868,12 +868,10 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     } else {
         None
     };
+    let model = cfg.model.resolve()?;
     let model_json = run_dir.join("model.json");
-    std::fs::write(
-        &model_json,
-        serde_json::to_string_pretty(&cfg.model.resolve()?)?,
-    )
-    .with_context(|| format!("writing {}", model_json.display()))?;
+    std::fs::write(&model_json, serde_json::to_string_pretty(&model)?)
+        .with_context(|| format!("writing {}", model_json.display()))?;
     eprintln!("[run] {name}: run folder {}", run_dir.display());
 
     let mut stages = BTreeMap::new();
@@ -921,7 +919,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let mut evals: BTreeMap<String, EvalResult> = BTreeMap::new();
     if stop.load(Ordering::SeqCst) < 2 {
         let random_dir = run_dir.join("eval").join("random-init");
-        save_random_init(&cfg.model.resolve()?, cfg.seed, &random_dir)?;
+        save_random_init(&model, cfg.seed, &random_dir)?;
         // (stage, checkpoint)
         let mut stages: Vec<(String, PathBuf)> = vec![
             (RANDOM_STAGE.into(), random_dir),

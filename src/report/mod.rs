@@ -399,18 +399,17 @@ pub fn build(run_dir: &Path, inputs: &Inputs) -> Report {
     let facts = run_facts(run_dir, &run);
     let goals = goals(&headline, &facts, &run);
     let training = training(inputs);
-    if let (Some(target), Some(loss)) = (
+    if let (Some(false), Some(target), Some(loss)) = (
+        training.sft_reached_target,
         training.sft_heldout_loss_target,
         training.sft_final_eval_loss,
     ) {
-        if loss > target {
-            notes.push(format!(
-                "SFT stopped at its step cap ({} steps) with held-out loss {loss:.4}, above its \
-                 target {target}: RL started from a policy that had not learnt its \
-                 demonstrations as well as the config asks (raise [sft] steps)",
-                training.sft_steps,
-            ));
-        }
+        notes.push(format!(
+            "SFT stopped at its step cap ({} steps) with held-out loss {loss:.4}, above its \
+             target {target}: RL started from a policy that had not learnt its \
+             demonstrations as well as the config asks (raise [sft] steps)",
+            training.sft_steps,
+        ));
     }
     notes.extend(absent_metric_keys(&inputs.updates, &inputs.sft));
 
