@@ -72,6 +72,12 @@ pub struct ModelSection {
     pub file: Option<PathBuf>,
     /// Field overrides applied on top of the preset or file, e.g. `num_hidden_layers = 2`.
     pub overrides: toml::Table,
+    /// A policy folder (`config.json` + `model.safetensors`: another run's `ref/`, a
+    /// checkpoint, `corvid export` output) whose weights replace the random initialisation of
+    /// a fresh run. Its config must be the one this section resolves to. A resumed run takes
+    /// its weights from its checkpoint and ignores this. With `[schedule] sft = false`, RL
+    /// starts from these weights and they are also the KL reference. Default none.
+    pub init: Option<PathBuf>,
 }
 
 impl Default for ModelSection {
@@ -80,6 +86,7 @@ impl Default for ModelSection {
             preset: "tiny".into(),
             file: None,
             overrides: toml::Table::new(),
+            init: None,
         }
     }
 }

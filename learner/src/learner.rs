@@ -527,7 +527,7 @@ pub async fn run(
 }
 
 /// The fields in which two model configs differ, as `field: checkpoint X, config Y`.
-fn model_differences(checkpoint: &ModelConfig, config: &ModelConfig) -> String {
+pub(crate) fn model_differences(checkpoint: &ModelConfig, config: &ModelConfig) -> String {
     let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (
         serde_json::to_value(checkpoint),
         serde_json::to_value(config),

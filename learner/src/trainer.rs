@@ -19,7 +19,7 @@
 //! is a pure function of the step ([`crate::sft_data`]).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -36,7 +36,7 @@ use crate::learner::{io_err, LearnerError, RunPaths, Shared, StopReason, Summary
 use crate::metrics::{
     CurriculumFigures, LayerHealth, MetricsSink, Rate, ServiceFigures, SpikeDetector, UpdateRecord,
 };
-use crate::model::checkpoint::weights_to_bytes;
+use crate::model::checkpoint::{weights_to_bytes, WEIGHTS_FILE};
 use crate::model::precision::weight_kind_for;
 use crate::model::{ModelConfig, MoePolicy};
 use crate::sft_data::SftData;
@@ -203,6 +203,23 @@ pub fn build_model(
     Ok((vs, model))
 }
 
+/// Replaces the random initialisation in `vs` with the weights of the policy folder `dir`
+/// (`[model] init`), whose `config.json` must equal `model_cfg`.
+fn load_init(dir: &Path, model_cfg: &ModelConfig, vs: &nn::VarStore) -> Result<(), LearnerError> {
+    let init_cfg = crate::model::checkpoint::load_config(dir)?;
+    if &init_cfg != model_cfg {
+        return Err(LearnerError::RunDir(format!(
+            "model.init {} holds a different model config than [model] in the config file ({})",
+            dir.display(),
+            crate::learner::model_differences(&init_cfg, model_cfg)
+        )));
+    }
+    let path = dir.join(WEIGHTS_FILE);
+    let bytes = std::fs::read(&path).map_err(io_err("reading", &path))?;
+    crate::model::checkpoint::load_weights_from_bytes(vs, &bytes)?;
+    Ok(())
+}
+
 impl Trainer {
     /// Builds the policy (on the calling thread, which must be the one that trains) and the
     /// trainer's state, fresh or from `restored`.
@@ -240,32 +257,44 @@ impl Trainer {
                 );
                 (r.state, Some(r.optimizer))
             }
-            None => (
-                RunState {
-                    format: STATE_FORMAT,
-                    seq: 0,
-                    stage: if cfg.schedule.sft {
-                        Stage::Sft
-                    } else {
-                        Stage::Rl
+            None => {
+                if let Some(dir) = &cfg.model.init {
+                    load_init(dir, &model_cfg, &vs)?;
+                    tracing::info!(init = %dir.display(), "initial weights loaded");
+                }
+                (
+                    RunState {
+                        format: STATE_FORMAT,
+                        seq: 0,
+                        stage: if cfg.schedule.sft {
+                            Stage::Sft
+                        } else {
+                            Stage::Rl
+                        },
+                        sft_step: 0,
+                        sft_tokens: 0,
+                        sft_heldout_loss: None,
+                        rl_step: 0,
+                        policy_version: 0,
+                        read_cursor: 0,
+                        pending: Vec::new(),
+                        rng: SplitMix64::derive(cfg.seed, "learner"),
+                        dispenser: shared.control.dispenser.state(),
+                        spikes: SpikeDetector::new(m.spike_k, m.spike_window, m.spike_min_samples),
+                        totals: Totals::default(),
+                        reference_policy: None,
+                        saved_unix_ms: 0,
                     },
-                    sft_step: 0,
-                    sft_tokens: 0,
-                    sft_heldout_loss: None,
-                    rl_step: 0,
-                    policy_version: 0,
-                    read_cursor: 0,
-                    pending: Vec::new(),
-                    rng: SplitMix64::derive(cfg.seed, "learner"),
-                    dispenser: shared.control.dispenser.state(),
-                    spikes: SpikeDetector::new(m.spike_k, m.spike_window, m.spike_min_samples),
-                    totals: Totals::default(),
-                    reference_policy: None,
-                    saved_unix_ms: 0,
-                },
-                None,
-            ),
+                    None,
+                )
+            }
         };
+        let mut state = state;
+        // A fresh run without SFT: its starting weights are the KL reference.
+        if state.stage == Stage::Rl && state.reference_policy.is_none() {
+            write_policy(&paths.reference, &vs, &model_cfg)?;
+            state.reference_policy = Some(paths.reference.clone());
+        }
         let policy = match state.stage {
             Stage::Sft => {
                 let mut t = SftTrainer::new(vs, model, cfg.sft.clone())?;

@@ -360,6 +360,67 @@ fn a_resume_with_another_model_is_refused_naming_what_differs() {
     );
 }
 
+/// The config that `dir/run` was started with, with `seed` and, when given, `[model] init`.
+fn config_with_init(dir: &Path, seed: u64, init: Option<&Path>) -> LearnerConfig {
+    let mut text = std::fs::read_to_string(dir.join("run/config.toml"))
+        .unwrap()
+        .replace("seed = 3", &format!("seed = {seed}"));
+    if let Some(init) = init {
+        text = text.replace(
+            "[model]\n",
+            &format!("[model]\ninit = \"{}\"\n", init.display()),
+        );
+    }
+    LearnerConfig::from_toml(&text).unwrap()
+}
+
+#[test]
+fn a_fresh_run_with_model_init_starts_from_that_policy_and_keeps_it_as_reference() {
+    // The policy to start from: a run with seed 3, its starting weights in ref/.
+    let src = tempfile::tempdir().unwrap();
+    let (a, shared) = open(src.path(), false);
+    let want = a.weights().unwrap();
+    drop((a, shared));
+    let policy = src.path().join("run/ref");
+    assert!(policy.join("model.safetensors").exists());
+
+    // Seed 4 alone draws other weights, so equality below comes from the init.
+    let other = tempfile::tempdir().unwrap();
+    let mut cfg = config_with_init(src.path(), 4, None);
+    cfg.run_dir = Some(other.path().join("run"));
+    let (b, shared) = open_with(cfg, false);
+    assert_ne!(b.weights().unwrap(), want);
+    drop((b, shared));
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config_with_init(src.path(), 4, Some(&policy));
+    cfg.run_dir = Some(dir.path().join("run"));
+    let (c, shared) = open_with(cfg, false);
+    assert_eq!(c.weights().unwrap(), want);
+    let reference = std::fs::read(dir.path().join("run/ref/model.safetensors")).unwrap();
+    assert_eq!(
+        reference,
+        std::fs::read(policy.join("model.safetensors")).unwrap()
+    );
+    drop((c, shared));
+
+    // A policy of another shape is refused, naming the field.
+    let bad = tempfile::tempdir().unwrap();
+    let mut cfg = config_with_init(src.path(), 4, Some(&policy));
+    cfg.run_dir = Some(bad.path().join("run"));
+    cfg.model
+        .overrides
+        .insert("num_hidden_layers".into(), 3.into());
+    let p = prepare(cfg, false).unwrap();
+    let err = Trainer::new(p.cfg, p.paths, p.model_config, p.shared, p.restored)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("model.init") && err.contains("num_hidden_layers: checkpoint 2, config 3"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_resume_takes_the_curriculum_settings_from_the_config_and_the_progress_from_the_checkpoint() {
     let dir = tempfile::tempdir().unwrap();

@@ -562,14 +562,18 @@ fn rl_phase(
         run.rl_minutes,
         run_dir.display()
     );
+    // After SFT the learner resumes from its checkpoint; a run without SFT starts fresh.
+    let mut args = vec![
+        "learner".to_string(),
+        "--config".into(),
+        learner_cfg.display().to_string(),
+    ];
+    if has_checkpoint(run_dir) {
+        args.push("--resume".into());
+    }
     let mut learner = Proc::spawn(
         &format!("learner ({label})"),
-        &[
-            "learner".into(),
-            "--config".into(),
-            learner_cfg.display().to_string(),
-            "--resume".into(),
-        ],
+        &args,
         &run_dir.join(format!("learner-{label}.log")),
         true,
     )?;
@@ -875,10 +879,17 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     eprintln!("[run] {name}: run folder {}", run_dir.display());
 
     let mut stages = BTreeMap::new();
-    stages.insert(
-        "sft_s".to_string(),
-        sft_phase(&learner_cfg, &run_dir, &run, &stop)?,
-    );
+    let sft_s = if cfg.schedule.sft {
+        sft_phase(&learner_cfg, &run_dir, &run, &stop)?
+    } else {
+        let from = match &cfg.model.init {
+            Some(dir) => dir.display().to_string(),
+            None => "a random initialisation".into(),
+        };
+        eprintln!("[run] [schedule] sft = false: RL starts from {from} (also its KL reference)");
+        0.0
+    };
+    stages.insert("sft_s".to_string(), sft_s);
 
     // The ablation starts from an exact copy of the stopped SFT run.
     let mut ablation_cfg = None;
