@@ -9,7 +9,8 @@
 #   CONFIG=runs/s15c.toml BASE=runs/sftb8c768 scripts/rl_experiment.sh kl0 's/^kl_coef = 0.05 /kl_coef = 0.0 /'
 #
 # CONFIG (default configs/demo.toml) is the config edited; BASE (default runs/sft-base) the
-# finished SFT run copied. A BASE that does not exist yet is trained first, from CONFIG.
+# finished SFT run whose policy (BASE/ref) RL starts from, through `[model] init` with
+# `[schedule] sft = false`. A BASE that does not exist yet is trained first, from CONFIG.
 # The first call trains the demo's SFT once into runs/sft-base (~11 minutes on 2 cores) and
 # every later call starts from a copy of it. Prints the evaluation lines; the run is in
 # runs/NAME (metrics/metrics.jsonl, store/, report.json). Run one at a time: the RL budget is
@@ -40,11 +41,11 @@ if [ ! -f "$base/ref/config.json" ]; then
   wait "$pid" || true
 fi
 
-args=(-e 's/^eval_levels = .*/eval_levels = "3..3"/' -e 's/^prometheus = .*/prometheus = ""/')
+args=(-e 's/^eval_levels = .*/eval_levels = "3..3"/' -e 's/^prometheus = .*/prometheus = ""/'
+  -e 's/^sft = true /sft = false /' -e "s|^\\[model\\]\$|[model]\\ninit = \"$base/ref\"|")
 for e in "$@"; do args+=(-e "$e"); done
 config="runs/$name.toml"
 sed "${args[@]}" "$config_in" > "$config"
-cp -r "$base" "runs/$name"
-rm -rf "runs/$name/store" runs/"$name"/spool-*
+grep -q "^init = \"$base/ref\"" "$config" || { echo "$config: no [model] table to set init in" >&2; exit 1; }
 "$corvid" run --config "$config" --name "$name" --no-ablation > "runs/$name.log" 2>&1
 grep -E "hops/[0-9]" "runs/$name.log"

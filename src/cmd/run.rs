@@ -363,6 +363,20 @@ fn has_checkpoint(run_dir: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// The RL learner's arguments: after SFT it resumes from the run's checkpoint; a run without
+/// SFT (`[schedule] sft = false`) starts fresh.
+fn rl_learner_args(learner_cfg: &Path, run_dir: &Path) -> Vec<String> {
+    let mut args = vec![
+        "learner".to_string(),
+        "--config".into(),
+        learner_cfg.display().to_string(),
+    ];
+    if has_checkpoint(run_dir) {
+        args.push("--resume".into());
+    }
+    args
+}
+
 /// Newest run checkpoint folder.
 fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
     std::fs::read_dir(run_dir.join("ckpt"))
@@ -562,18 +576,9 @@ fn rl_phase(
         run.rl_minutes,
         run_dir.display()
     );
-    // After SFT the learner resumes from its checkpoint; a run without SFT starts fresh.
-    let mut args = vec![
-        "learner".to_string(),
-        "--config".into(),
-        learner_cfg.display().to_string(),
-    ];
-    if has_checkpoint(run_dir) {
-        args.push("--resume".into());
-    }
     let mut learner = Proc::spawn(
         &format!("learner ({label})"),
-        &args,
+        &rl_learner_args(learner_cfg, run_dir),
         &run_dir.join(format!("learner-{label}.log")),
         true,
     )?;
@@ -1045,6 +1050,21 @@ mod eval_levels_tests {
         assert_eq!(eval_levels("1..3", "search", &[&f(6)]).unwrap(), (1, 3));
         let err = eval_levels("3..1", "hops", &[]).unwrap_err().to_string();
         assert!(err.contains("eval_levels"), "{err}");
+    }
+
+    #[test]
+    fn the_rl_learner_resumes_only_a_run_with_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = dir.path().join("learner.toml");
+        let args = rl_learner_args(&cfg, dir.path());
+        assert!(!args.contains(&"--resume".to_string()), "{args:?}");
+        std::fs::create_dir_all(dir.path().join("ckpt").join("00000003")).unwrap();
+        let args = rl_learner_args(&cfg, dir.path());
+        assert_eq!(
+            args.last().map(String::as_str),
+            Some("--resume"),
+            "{args:?}"
+        );
     }
 
     #[test]
