@@ -73,7 +73,7 @@ pub struct ModelSection {
     /// Field overrides applied on top of the preset or file, e.g. `num_hidden_layers = 2`.
     pub overrides: toml::Table,
     /// A policy folder (`config.json` + `model.safetensors`: another run's `ref/`, a
-    /// checkpoint, `corvid export` output) whose weights replace the random initialisation of
+    /// run checkpoint, `eval/random-init/`) whose weights replace the random initialisation of
     /// a fresh run. Its config must be the one this section resolves to. A resumed run takes
     /// its weights from its checkpoint and ignores this. With `[schedule] sft = false`, RL
     /// starts from these weights and they are also the KL reference. Default none.

@@ -583,6 +583,24 @@ fn rl_phase(
         true,
     )?;
     let token = run_dir.join("token");
+    // A run without SFT meets its learner for the first time here: the actors need the token
+    // file that the learner writes as it starts.
+    let waiting = Instant::now();
+    while !token.exists() {
+        if let Some(status) = learner.exit_status() {
+            bail!(
+                "the {label} learner exited ({status}) before writing its token file; see {}",
+                run_dir.join(format!("learner-{label}.log")).display()
+            );
+        }
+        if waiting.elapsed() > Duration::from_secs(120) {
+            bail!(
+                "the learner wrote no token file {} within 120 s",
+                token.display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
     let url = format!("http://127.0.0.1:{port}");
     let mut actors = Vec::new();
     for i in 0..run.actors {
@@ -638,6 +656,15 @@ fn rl_phase(
             }
         }
         actors.retain_mut(|a| a.alive());
+        if actors.is_empty() && run.actors > 0 {
+            // Nothing can roll out any more: stop rather than spend the budget waiting.
+            learner.stop(Duration::from_secs(180));
+            bail!(
+                "every {label} actor exited after {:.0} s; see {}/actor-{label}-*.log",
+                t.elapsed().as_secs_f64(),
+                run_dir.display()
+            );
+        }
         std::thread::sleep(Duration::from_millis(500));
     }
     eprintln!("[{label}] stopping: actors first, then the learner (it checkpoints)");

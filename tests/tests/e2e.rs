@@ -444,3 +444,65 @@ eval_workers = 1
         .expect("stdout");
     assert!(stdout.trim_end().ends_with("report.html"), "{stdout}");
 }
+
+#[test]
+fn corvid_run_without_sft_starts_rl_from_model_init_and_evaluates_it_as_the_sft_stage() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    // The policy to start from: the run's model with weights drawn from another seed.
+    let cfg = corvid_learner::config::LearnerConfig::from_toml(CONFIG).expect("config");
+    let model = cfg.model.resolve().expect("model config");
+    let (vs, _) =
+        corvid_learner::trainer::build_model(&model, tch::Device::Cpu, tch::Kind::Float, 77)
+            .expect("model");
+    let init = d.join("init");
+    corvid_learner::checkpoint::write_policy(&init, &vs, &model).expect("init policy");
+
+    let config = CONFIG
+        .replace("[model]\n", "[model]\ninit = \"init\"\n")
+        .replace("[schedule]\n", "[schedule]\nsft = false\n")
+        .replace("max_updates = 3", "max_updates = 2")
+        + r#"
+[run]
+actors = 1
+actor_concurrency = 2
+rl_minutes = 5.0
+eval_family = "hops"
+eval_levels = "1..1"
+eval_episodes = 2
+eval_concurrency = 2
+eval_max_new_tokens = 16
+eval_workers = 1
+ablation = ""
+"#;
+    std::fs::write(d.join("run.toml"), config).expect("config");
+    let out = Command::new(corvid())
+        .args(["run", "--config", "run.toml", "--name", "n"])
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .output()
+        .expect("corvid run");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "corvid run failed: {log}");
+    let r = d.join("runs/n");
+    // No SFT ran; the learner started fresh from the init, which is also the reference.
+    assert!(log.contains("sft = false: RL starts from init"), "{log}");
+    assert!(!r.join("learner.log").exists());
+    assert!(read(&r.join("learner-rl.log")).contains("initial weights loaded"));
+    assert_eq!(
+        std::fs::read(r.join("ref/model.safetensors")).expect("ref"),
+        std::fs::read(init.join("model.safetensors")).expect("init")
+    );
+    let run_json: serde_json::Value =
+        serde_json::from_str(&read(&r.join("run.json"))).expect("run.json");
+    assert_eq!(run_json["stages"]["sft_s"], 0.0);
+    assert_eq!(read(&r.join("metrics/metrics.jsonl")).lines().count(), 2);
+    let sft: serde_json::Value =
+        serde_json::from_str(&read(&r.join("eval/sft.json"))).expect("eval/sft.json");
+    assert!(
+        sft["checkpoint"]
+            .as_str()
+            .is_some_and(|c| c.ends_with("ref")),
+        "{sft}"
+    );
+}
