@@ -239,7 +239,13 @@ impl Trainer {
         let (vs, model) = build_model(&model_cfg, device, kind, cfg.seed)?;
         tracing::info!(?device, weights = ?kind, routers = "Float", "policy built");
         let m = &cfg.metrics;
-        let (state, optimizer) = match restored {
+        if restored.is_none() {
+            if let Some(dir) = &cfg.model.init {
+                load_init(dir, &model_cfg, &vs)?;
+                tracing::info!(init = %dir.display(), "initial weights loaded");
+            }
+        }
+        let (mut state, optimizer) = match restored {
             Some(r) => {
                 r.load_weights(&vs)?;
                 let dropped = MetricsSink::truncate_after(&paths.metrics, r.state.rl_step)
@@ -257,40 +263,33 @@ impl Trainer {
                 );
                 (r.state, Some(r.optimizer))
             }
-            None => {
-                if let Some(dir) = &cfg.model.init {
-                    load_init(dir, &model_cfg, &vs)?;
-                    tracing::info!(init = %dir.display(), "initial weights loaded");
-                }
-                (
-                    RunState {
-                        format: STATE_FORMAT,
-                        seq: 0,
-                        stage: if cfg.schedule.sft {
-                            Stage::Sft
-                        } else {
-                            Stage::Rl
-                        },
-                        sft_step: 0,
-                        sft_tokens: 0,
-                        sft_heldout_loss: None,
-                        rl_step: 0,
-                        policy_version: 0,
-                        read_cursor: 0,
-                        pending: Vec::new(),
-                        rng: SplitMix64::derive(cfg.seed, "learner"),
-                        dispenser: shared.control.dispenser.state(),
-                        spikes: SpikeDetector::new(m.spike_k, m.spike_window, m.spike_min_samples),
-                        totals: Totals::default(),
-                        reference_policy: None,
-                        saved_unix_ms: 0,
+            None => (
+                RunState {
+                    format: STATE_FORMAT,
+                    seq: 0,
+                    stage: if cfg.schedule.sft {
+                        Stage::Sft
+                    } else {
+                        Stage::Rl
                     },
-                    None,
-                )
-            }
+                    sft_step: 0,
+                    sft_tokens: 0,
+                    sft_heldout_loss: None,
+                    rl_step: 0,
+                    policy_version: 0,
+                    read_cursor: 0,
+                    pending: Vec::new(),
+                    rng: SplitMix64::derive(cfg.seed, "learner"),
+                    dispenser: shared.control.dispenser.state(),
+                    spikes: SpikeDetector::new(m.spike_k, m.spike_window, m.spike_min_samples),
+                    totals: Totals::default(),
+                    reference_policy: None,
+                    saved_unix_ms: 0,
+                },
+                None,
+            ),
         };
-        let mut state = state;
-        // A fresh run without SFT: its starting weights are the KL reference.
+        // RL without SFT before it: the starting weights are the KL reference.
         if state.stage == Stage::Rl && state.reference_policy.is_none() {
             write_policy(&paths.reference, &vs, &model_cfg)?;
             state.reference_policy = Some(paths.reference.clone());
@@ -622,8 +621,8 @@ impl Trainer {
         Ok(())
     }
 
-    /// Starts the RL stage: writes the reference policy if SFT did not, and publishes the
-    /// current version (1 on a fresh run; the checkpoint's on resume).
+    /// Starts the RL stage: publishes the current version (1 on a fresh run; the checkpoint's
+    /// on resume). The reference policy exists by now ([`Trainer::new`] or SFT wrote it).
     fn enter_rl(&mut self) -> Result<(), LearnerError> {
         if self.published {
             return Ok(());
@@ -632,10 +631,6 @@ impl Trainer {
             return Err(LearnerError::RunDir(
                 "RL cannot start before SFT has finished".into(),
             ));
-        }
-        if self.state.reference_policy.is_none() {
-            write_policy(&self.paths.reference, self.policy().vs(), &self.model_cfg)?;
-            self.state.reference_policy = Some(self.paths.reference.clone());
         }
         if self.state.policy_version == 0 {
             self.state.policy_version = 1;

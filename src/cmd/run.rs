@@ -595,7 +595,7 @@ fn rl_phase(
         }
         if waiting.elapsed() > Duration::from_secs(120) {
             bail!(
-                "the learner wrote no token file {} within 120 s",
+                "the {label} learner wrote no token file {} within 120 s",
                 token.display()
             );
         }
