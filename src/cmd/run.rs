@@ -37,8 +37,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use corvid_learner::config::LearnerConfig;
-use corvid_learner::model::{checkpoint, ModelConfig, MoePolicy};
+use corvid_learner::model::{checkpoint, ModelConfig};
 use corvid_learner::store::TrajectoryStore;
+use corvid_learner::trainer::build_model;
 use serde::{Deserialize, Serialize};
 
 use super::eval::{evaluate_into, open_store, EvalArgs, EvalResult};
@@ -805,13 +806,12 @@ fn eval_jobs(stages: &[(String, PathBuf)], (first, last): (u32, u32)) -> Vec<Eva
     jobs
 }
 
-/// Saves a fresh initialisation of `model`, drawn with `seed`, as a checkpoint in `dir`: the
-/// random baseline, so that every level evaluates the same weights and its episodes can be
-/// replayed against them.
+/// Saves a fresh initialisation of `model`, drawn with `seed` as the learner draws its own,
+/// as a checkpoint in `dir`: the random baseline, so that every level evaluates the same
+/// weights and its episodes can be replayed against them.
 fn save_random_init(model: &ModelConfig, seed: u64, dir: &Path) -> Result<()> {
-    tch::manual_seed(seed as i64);
-    let vs = tch::nn::VarStore::new(tch::Device::Cpu);
-    MoePolicy::new(&vs.root(), model).context("initialising the random baseline")?;
+    let (vs, _) = build_model(model, tch::Device::Cpu, tch::Kind::Float, seed)
+        .context("initialising the random baseline")?;
     checkpoint::save(&vs, model, dir)
         .with_context(|| format!("saving the random baseline to {}", dir.display()))
 }

@@ -121,6 +121,11 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
+/// A JSON file the run wrote; panics naming the file when it is missing or does not parse.
+fn read_json(p: &Path) -> serde_json::Value {
+    serde_json::from_str(&read(p)).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
 /// Trajectory ids the actor logged as acknowledged by the learner.
 fn acked_ids(log: &str) -> Vec<String> {
     log.lines()
@@ -395,8 +400,7 @@ eval_workers = 1
     let rl_steps: Vec<u64> = ckpts
         .iter()
         .map(|p| {
-            let s: serde_json::Value =
-                serde_json::from_str(&read(&p.join("state.json"))).expect("state.json");
+            let s = read_json(&p.join("state.json"));
             s["rl_step"].as_u64().expect("rl_step")
         })
         .collect();
@@ -408,13 +412,11 @@ eval_workers = 1
 
     // It still evaluated every stage and wrote the report.
     for stage in ["random", "sft", "rl"] {
-        let e: serde_json::Value =
-            serde_json::from_str(&read(&r.join(format!("eval/{stage}.json")))).expect(stage);
+        let e = read_json(&r.join(format!("eval/{stage}.json")));
         assert!(e.is_object(), "{stage}");
     }
     // The random baseline is one saved initialisation, evaluated at every level.
-    let random: serde_json::Value =
-        serde_json::from_str(&read(&r.join("eval/random.json"))).expect("random");
+    let random = read_json(&r.join("eval/random.json"));
     assert!(
         random["checkpoint"]
             .as_str()
@@ -422,11 +424,9 @@ eval_workers = 1
         "{random}"
     );
     assert!(r.join("eval/random-init/model.safetensors").exists());
-    let run_json: serde_json::Value =
-        serde_json::from_str(&read(&r.join("run.json"))).expect("run.json");
+    let run_json = read_json(&r.join("run.json"));
     assert_eq!(run_json["interrupted"], true);
-    let report: serde_json::Value =
-        serde_json::from_str(&read(&r.join("report.json"))).expect("report.json");
+    let report = read_json(&r.join("report.json"));
     for key in ["random", "sft", "rl"] {
         let v = &report["success"][key];
         assert!(v.is_number(), "success.{key} = {v}");
@@ -493,12 +493,10 @@ ablation = ""
         std::fs::read(r.join("ref/model.safetensors")).expect("ref"),
         std::fs::read(init.join("model.safetensors")).expect("init")
     );
-    let run_json: serde_json::Value =
-        serde_json::from_str(&read(&r.join("run.json"))).expect("run.json");
+    let run_json = read_json(&r.join("run.json"));
     assert_eq!(run_json["stages"]["sft_s"], 0.0);
     assert_eq!(read(&r.join("metrics/metrics.jsonl")).lines().count(), 2);
-    let sft: serde_json::Value =
-        serde_json::from_str(&read(&r.join("eval/sft.json"))).expect("eval/sft.json");
+    let sft = read_json(&r.join("eval/sft.json"));
     assert!(
         sft["checkpoint"]
             .as_str()
