@@ -235,6 +235,34 @@ pub fn write_policy(
     sync_dir(dir)
 }
 
+/// The learner's state of the checkpoint in `dir` (`state.json`), or `None` for a folder
+/// without one, such as a policy folder written by [`write_policy`] (`ref/`). Reads only the
+/// small state file, for tools that want a checkpoint's counters without its tensors.
+pub fn read_state(dir: &Path) -> Result<Option<RunState>, CheckpointError> {
+    let path = dir.join(STATE_FILE);
+    match std::fs::read(&path) {
+        Ok(bytes) => parse_state(&path, &bytes).map(Some),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(io(&path)(e)),
+    }
+}
+
+/// Parses `state.json` read from `path`, refusing another [`STATE_FORMAT`].
+fn parse_state(path: &Path, bytes: &[u8]) -> Result<RunState, CheckpointError> {
+    let corrupt = |reason: String| CheckpointError::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let state: RunState = serde_json::from_slice(bytes).map_err(|e| corrupt(e.to_string()))?;
+    if state.format != STATE_FORMAT {
+        return Err(corrupt(format!(
+            "format {} but this learner reads format {STATE_FORMAT}",
+            state.format
+        )));
+    }
+    Ok(state)
+}
+
 /// The `ckpt/` folder of a run.
 #[derive(Debug, Clone)]
 pub struct CheckpointDir {
@@ -390,17 +418,7 @@ impl CheckpointDir {
             .map_err(|e| corrupt(CURRICULUM_FILE, e.to_string()))?;
         let curriculum = Curriculum::load(&curriculum_text)
             .map_err(|e| corrupt(CURRICULUM_FILE, e.to_string()))?;
-        let state: RunState = serde_json::from_slice(&read(STATE_FILE)?)
-            .map_err(|e| corrupt(STATE_FILE, e.to_string()))?;
-        if state.format != STATE_FORMAT {
-            return Err(corrupt(
-                STATE_FILE,
-                format!(
-                    "format {} but this learner reads format {STATE_FORMAT}",
-                    state.format
-                ),
-            ));
-        }
+        let state = parse_state(&dir.join(STATE_FILE), &read(STATE_FILE)?)?;
         Ok(Restored {
             dir: dir.to_path_buf(),
             model_config,
@@ -510,5 +528,29 @@ mod tests {
         assert!(leftovers.is_empty(), "{leftovers:?}");
         let r = CheckpointDir::load(&ck.latest().unwrap().unwrap()).unwrap();
         assert_eq!(r.state.read_cursor, 99);
+    }
+
+    #[test]
+    fn read_state_reads_a_checkpoint_and_finds_none_in_a_policy_folder() {
+        let dir = tempfile::tempdir().unwrap();
+        let ckpt = dir.path().join("00000001");
+        std::fs::create_dir_all(&ckpt).unwrap();
+        // A policy folder (`ref/`, an export) has no state.
+        assert_eq!(read_state(&ckpt).unwrap(), None);
+        let st = state();
+        let path = ckpt.join(STATE_FILE);
+        std::fs::write(&path, serde_json::to_vec(&st).unwrap()).unwrap();
+        assert_eq!(read_state(&ckpt).unwrap(), Some(st.clone()));
+        // Another format and bad JSON are refused, naming the file.
+        let other = RunState {
+            format: STATE_FORMAT + 1,
+            ..st
+        };
+        std::fs::write(&path, serde_json::to_vec(&other).unwrap()).unwrap();
+        let e = read_state(&ckpt).unwrap_err().to_string();
+        assert!(e.contains("state.json") && e.contains("format"), "{e}");
+        std::fs::write(&path, b"{ not json").unwrap();
+        let e = read_state(&ckpt).unwrap_err().to_string();
+        assert!(e.contains("state.json"), "{e}");
     }
 }

@@ -356,7 +356,12 @@ fn load_policy(args: &EvalArgs) -> Result<(LoadedPolicy, String)> {
         .with_context(|| format!("reading the model config of checkpoint {}", dir.display()))?;
     let path = dir.join(checkpoint::WEIGHTS_FILE);
     let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let policy = LoadedPolicy::from_bytes(&cfg, device, &bytes, 0)
+    // A run checkpoint knows which policy version its weights are; a policy folder (`ref/`,
+    // an export) does not, and is recorded as version 0.
+    let version = corvid_learner::checkpoint::read_state(dir)
+        .with_context(|| format!("reading the state of checkpoint {}", dir.display()))?
+        .map_or(0, |s| s.policy_version);
+    let policy = LoadedPolicy::from_bytes(&cfg, device, &bytes, version)
         .with_context(|| format!("loading the weights of {}", dir.display()))?;
     Ok((policy, dir.display().to_string()))
 }

@@ -424,6 +424,15 @@ eval_workers = 1
         "{random}"
     );
     assert!(r.join("eval/random-init/model.safetensors").exists());
+    // The RL evaluation names the policy version of the checkpoint it loaded (SFT published
+    // version 1, so a version of 0 would mean the checkpoint's state was not read).
+    let rl = read_json(&r.join("eval/rl.json"));
+    // (relative to the run's working directory, unless absolute)
+    let rl_ckpt = d.join(rl["checkpoint"].as_str().expect("rl checkpoint"));
+    let state = read_json(&rl_ckpt.join("state.json"));
+    assert!(state["policy_version"].as_u64() >= Some(1), "{state}");
+    assert_eq!(rl["policy_version"], state["policy_version"], "{rl}");
+    assert_eq!(random["policy_version"], 0, "{random}");
     let run_json = read_json(&r.join("run.json"));
     assert_eq!(run_json["interrupted"], true);
     let report = read_json(&r.join("report.json"));
@@ -503,4 +512,96 @@ ablation = ""
             .is_some_and(|c| c.ends_with("ref")),
         "{sft}"
     );
+}
+
+/// Pids of the processes whose working directory is `dir` and whose command line holds `word`
+/// (Linux `/proc`): the children `corvid run` started in a test's own folder.
+fn pids_in(dir: &Path, word: &str) -> Vec<i32> {
+    let dir = dir.canonicalize().expect("canonical dir");
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        let cwd = std::fs::read_link(entry.path().join("cwd")).ok();
+        let cmdline = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        if cwd.as_deref() == Some(dir.as_path()) && cmdline.contains(word) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+#[test]
+fn corvid_run_stops_the_rl_phase_when_every_actor_has_exited() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    // Start from a saved policy without SFT, so the actors come up at once.
+    let cfg = corvid_learner::config::LearnerConfig::from_toml(CONFIG).expect("config");
+    let model = cfg.model.resolve().expect("model config");
+    let (vs, _) =
+        corvid_learner::trainer::build_model(&model, tch::Device::Cpu, tch::Kind::Float, 5)
+            .expect("model");
+    corvid_learner::checkpoint::write_policy(&d.join("init"), &vs, &model).expect("init");
+    let config = CONFIG
+        .replace("[model]\n", "[model]\ninit = \"init\"\n")
+        .replace("[schedule]\n", "[schedule]\nsft = false\n")
+        .replace("max_updates = 3", "max_updates = 0")
+        + r#"
+[run]
+actors = 2
+actor_concurrency = 2
+rl_minutes = 30.0
+eval_family = "hops"
+eval_levels = "1..1"
+eval_episodes = 2
+ablation = ""
+"#;
+    std::fs::write(d.join("run.toml"), config).expect("config");
+    let log = std::fs::File::create(d.join("run.log")).expect("log");
+    let mut run = Kid(Command::new(corvid())
+        .args(["run", "--config", "run.toml", "--name", "a"])
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawning corvid run"));
+    let mut actors = Vec::new();
+    wait_for("both actors", Duration::from_secs(120), || {
+        actors = pids_in(d, "--learner");
+        actors.len() == 2
+    });
+    for pid in &actors {
+        let killed = Command::new("kill")
+            .args(["-KILL", &pid.to_string()])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+    }
+    // The run notices, stops its learner and fails, instead of waiting out 30 minutes.
+    let status = wait_exit(&mut run.0, Duration::from_secs(240));
+    let log = read(&d.join("run.log"));
+    assert!(
+        !status.success(),
+        "corvid run succeeded without actors: {log}"
+    );
+    assert!(log.contains("every rl actor exited"), "{log}");
+    assert!(
+        pids_in(d, "learner").is_empty(),
+        "the learner outlived the run: {log}"
+    );
+    // The learner was stopped cleanly: it checkpointed on the way out.
+    let ckpts = std::fs::read_dir(d.join("runs/a/ckpt"))
+        .expect("ckpt dir")
+        .flatten()
+        .filter(|e| e.path().join("state.json").exists())
+        .count();
+    assert!(ckpts >= 1, "{log}");
+    assert!(!d.join("runs/a/eval").join("rl.json").exists(), "{log}");
 }
