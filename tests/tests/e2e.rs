@@ -2,7 +2,9 @@
 //! on a tiny config for a few RL updates. One actor is SIGKILLed mid-run. Asserts that
 //! trajectories are stored, the policy version advanced, metrics were written, every
 //! trajectory the killed actor saw acknowledged is in the store, and `corvid replay` lists,
-//! shows and exports them.
+//! shows and exports them. The `corvid run` tests drive the whole command as a user does:
+//! Ctrl-C mid-RL, a run started from a saved policy without SFT, a refused ablation folder, and
+//! an RL phase that loses every actor.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -425,9 +427,9 @@ eval_workers = 1
     );
     assert!(r.join("eval/random-init/model.safetensors").exists());
     // The RL evaluation names the policy version of the checkpoint it loaded (SFT published
-    // version 1, so a version of 0 would mean the checkpoint's state was not read).
+    // version 1, so a version of 0 would mean the checkpoint's state was not read). Its path
+    // is relative to the run's working directory.
     let rl = read_json(&r.join("eval/rl.json"));
-    // (relative to the run's working directory, unless absolute)
     let rl_ckpt = d.join(rl["checkpoint"].as_str().expect("rl checkpoint"));
     let state = read_json(&rl_ckpt.join("state.json"));
     assert!(state["policy_version"].as_u64() >= Some(1), "{state}");
@@ -454,18 +456,25 @@ eval_workers = 1
     assert!(stdout.trim_end().ends_with("report.html"), "{stdout}");
 }
 
+/// Writes `d/init`, a policy folder of [`CONFIG`]'s model with weights drawn from `seed`, for
+/// `[model] init = "init"`.
+fn write_init_policy(d: &Path, seed: u64) -> PathBuf {
+    let cfg = corvid_learner::config::LearnerConfig::from_toml(CONFIG).expect("config");
+    let model = cfg.model.resolve().expect("model config");
+    let (vs, _) =
+        corvid_learner::trainer::build_model(&model, tch::Device::Cpu, tch::Kind::Float, seed)
+            .expect("model");
+    let init = d.join("init");
+    corvid_learner::checkpoint::write_policy(&init, &vs, &model).expect("init policy");
+    init
+}
+
 #[test]
 fn corvid_run_without_sft_starts_rl_from_model_init_and_evaluates_it_as_the_sft_stage() {
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
     // The policy to start from: the run's model with weights drawn from another seed.
-    let cfg = corvid_learner::config::LearnerConfig::from_toml(CONFIG).expect("config");
-    let model = cfg.model.resolve().expect("model config");
-    let (vs, _) =
-        corvid_learner::trainer::build_model(&model, tch::Device::Cpu, tch::Kind::Float, 77)
-            .expect("model");
-    let init = d.join("init");
-    corvid_learner::checkpoint::write_policy(&init, &vs, &model).expect("init policy");
+    let init = write_init_policy(d, 77);
 
     let config = CONFIG
         .replace("[model]\n", "[model]\ninit = \"init\"\n")
@@ -542,12 +551,7 @@ fn corvid_run_stops_the_rl_phase_when_every_actor_has_exited() {
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
     // Start from a saved policy without SFT, so the actors come up at once.
-    let cfg = corvid_learner::config::LearnerConfig::from_toml(CONFIG).expect("config");
-    let model = cfg.model.resolve().expect("model config");
-    let (vs, _) =
-        corvid_learner::trainer::build_model(&model, tch::Device::Cpu, tch::Kind::Float, 5)
-            .expect("model");
-    corvid_learner::checkpoint::write_policy(&d.join("init"), &vs, &model).expect("init");
+    write_init_policy(d, 5);
     let config = CONFIG
         .replace("[model]\n", "[model]\ninit = \"init\"\n")
         .replace("[schedule]\n", "[schedule]\nsft = false\n")
