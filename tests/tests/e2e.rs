@@ -341,6 +341,21 @@ fn corvid_run_refuses_an_existing_ablation_folder_before_training() {
     assert!(!d.join("runs/t").exists(), "{stderr}");
 }
 
+/// Starts `corvid run` in `d` on `config` (written to `d/run.toml`) as run `name`: stderr to
+/// `d/run.log`, stdout piped (it ends with the report's path).
+fn start_run(d: &Path, config: &str, name: &str) -> Kid {
+    std::fs::write(d.join("run.toml"), config).expect("config");
+    let log = std::fs::File::create(d.join("run.log")).expect("log");
+    Kid(Command::new(corvid())
+        .args(["run", "--config", "run.toml", "--name", name])
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(log)
+        .spawn()
+        .expect("spawning corvid run"))
+}
+
 /// Waits up to `timeout` for `child` to exit.
 fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
     wait_for("the child to exit", timeout, || {
@@ -367,16 +382,7 @@ eval_concurrency = 4
 eval_max_new_tokens = 32
 eval_workers = 1
 "#;
-    std::fs::write(d.join("run.toml"), config).expect("config");
-    let log = std::fs::File::create(d.join("run.log")).expect("log");
-    let mut run = Kid(Command::new(corvid())
-        .args(["run", "--config", "run.toml", "--name", "r"])
-        .current_dir(d)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(log)
-        .spawn()
-        .expect("spawning corvid run"));
+    let mut run = start_run(d, &config, "r");
     let r = d.join("runs/r");
     let metrics = r.join("metrics/metrics.jsonl");
     wait_for("two RL updates", Duration::from_secs(150), || {
@@ -456,17 +462,20 @@ eval_workers = 1
     assert!(stdout.trim_end().ends_with("report.html"), "{stdout}");
 }
 
-/// Writes `d/init`, a policy folder of [`CONFIG`]'s model with weights drawn from `seed`, for
-/// `[model] init = "init"`.
-fn write_init_policy(d: &Path, seed: u64) -> PathBuf {
+/// Writes `d/init`, a policy folder of [`CONFIG`]'s model with weights drawn from `seed`, and
+/// returns [`CONFIG`] starting from it without SFT (`[model] init = "init"`, `[schedule] sft =
+/// false`), stopping after `max_updates` RL updates (0 = never).
+fn config_from_init_policy(d: &Path, seed: u64, max_updates: u32) -> String {
     let cfg = corvid_learner::config::LearnerConfig::from_toml(CONFIG).expect("config");
     let model = cfg.model.resolve().expect("model config");
     let (vs, _) =
         corvid_learner::trainer::build_model(&model, tch::Device::Cpu, tch::Kind::Float, seed)
             .expect("model");
-    let init = d.join("init");
-    corvid_learner::checkpoint::write_policy(&init, &vs, &model).expect("init policy");
-    init
+    corvid_learner::checkpoint::write_policy(&d.join("init"), &vs, &model).expect("init policy");
+    CONFIG
+        .replace("[model]\n", "[model]\ninit = \"init\"\n")
+        .replace("[schedule]\n", "[schedule]\nsft = false\n")
+        .replace("max_updates = 3", &format!("max_updates = {max_updates}"))
 }
 
 #[test]
@@ -474,12 +483,8 @@ fn corvid_run_without_sft_starts_rl_from_model_init_and_evaluates_it_as_the_sft_
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
     // The policy to start from: the run's model with weights drawn from another seed.
-    let init = write_init_policy(d, 77);
-
-    let config = CONFIG
-        .replace("[model]\n", "[model]\ninit = \"init\"\n")
-        .replace("[schedule]\n", "[schedule]\nsft = false\n")
-        .replace("max_updates = 3", "max_updates = 2")
+    let init = d.join("init");
+    let config = config_from_init_policy(d, 77, 2)
         + r#"
 [run]
 actors = 1
@@ -551,11 +556,7 @@ fn corvid_run_stops_the_rl_phase_when_every_actor_has_exited() {
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
     // Start from a saved policy without SFT, so the actors come up at once.
-    write_init_policy(d, 5);
-    let config = CONFIG
-        .replace("[model]\n", "[model]\ninit = \"init\"\n")
-        .replace("[schedule]\n", "[schedule]\nsft = false\n")
-        .replace("max_updates = 3", "max_updates = 0")
+    let config = config_from_init_policy(d, 5, 0)
         + r#"
 [run]
 actors = 2
@@ -566,16 +567,7 @@ eval_levels = "1..1"
 eval_episodes = 2
 ablation = ""
 "#;
-    std::fs::write(d.join("run.toml"), config).expect("config");
-    let log = std::fs::File::create(d.join("run.log")).expect("log");
-    let mut run = Kid(Command::new(corvid())
-        .args(["run", "--config", "run.toml", "--name", "a"])
-        .current_dir(d)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawning corvid run"));
+    let mut run = start_run(d, &config, "a");
     let mut actors = Vec::new();
     wait_for("both actors", Duration::from_secs(120), || {
         actors = pids_in(d, "--learner");
