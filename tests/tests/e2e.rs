@@ -356,6 +356,15 @@ fn start_run(d: &Path, config: &str, name: &str) -> Kid {
         .expect("spawning corvid run"))
 }
 
+/// The run checkpoints (`ckpt/<seq>` folders with a `state.json`) of the run folder `run`.
+fn run_checkpoints(run: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(run.join("ckpt"))
+        .expect("ckpt dir")
+        .map(|e| e.expect("entry").path())
+        .filter(|p| p.join("state.json").exists())
+        .collect()
+}
+
 /// Waits up to `timeout` for `child` to exit.
 fn wait_exit(child: &mut Child, timeout: Duration) -> std::process::ExitStatus {
     wait_for("the child to exit", timeout, || {
@@ -400,12 +409,7 @@ eval_workers = 1
     assert!(log.contains("interrupt 1"), "{log}");
 
     // The learner stopped with a checkpoint at the RL step it had reached.
-    let ckpts: Vec<PathBuf> = std::fs::read_dir(r.join("ckpt"))
-        .expect("ckpt dir")
-        .map(|e| e.expect("entry").path())
-        .filter(|p| p.join("state.json").exists())
-        .collect();
-    let rl_steps: Vec<u64> = ckpts
+    let rl_steps: Vec<u64> = run_checkpoints(&r)
         .iter()
         .map(|p| {
             let s = read_json(&p.join("state.json"));
@@ -593,11 +597,6 @@ ablation = ""
         "the learner outlived the run: {log}"
     );
     // The learner was stopped cleanly: it checkpointed on the way out.
-    let ckpts = std::fs::read_dir(d.join("runs/a/ckpt"))
-        .expect("ckpt dir")
-        .flatten()
-        .filter(|e| e.path().join("state.json").exists())
-        .count();
-    assert!(ckpts >= 1, "{log}");
+    assert!(!run_checkpoints(&d.join("runs/a")).is_empty(), "{log}");
     assert!(!d.join("runs/a/eval").join("rl.json").exists(), "{log}");
 }
