@@ -75,7 +75,8 @@ enum ReplayCommand {
     /// instance, reports calls whose result differs from the stored one, and re-runs the
     /// checker on the final state. Exits 0 if every verdict matches the stored success, 1 if
     /// any differs, 2 if it could not re-score (a bad store, an unknown family: pass the
-    /// trajectories' task packs with --pack).
+    /// trajectories' task packs with --pack; a trajectory whose task generator changed since
+    /// it was stored). Trajectories that ended without a verdict (abandoned) are skipped.
     Rescore {
         #[command(flatten)]
         store: StoreArg,
@@ -290,7 +291,7 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
                     .list(&Filter::from(filter))
                     .collect::<Result<_, _>>()?,
             };
-            let mut mismatched = 0usize;
+            let (mut mismatched, mut not_scored, mut stale) = (0usize, 0usize, 0usize);
             writeln!(
                 out,
                 "{:<32} {:>6} {:>9} {:>7} {:>9}  note",
@@ -300,6 +301,11 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
                 let r = rescore(&store, &env, &families, rec)?;
                 if r.verdict_differs() {
                     mismatched += 1;
+                }
+                match r.skipped {
+                    Some(Skip::NotScored) => not_scored += 1,
+                    Some(Skip::SpecChanged) => stale += 1,
+                    None => {}
                 }
                 writeln!(
                     out,
@@ -317,15 +323,31 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
                     writeln!(out, "    {d}")?;
                 }
             }
-            writeln!(
+            write!(
                 out,
                 "{} trajectories re-executed; {} verdict(s) differ from the stored outcome",
-                records.len(),
-                mismatched
+                records.len() - not_scored - stale,
+                mismatched,
             )?;
+            if not_scored > 0 {
+                write!(
+                    out,
+                    "; {not_scored} skipped: never scored, nothing to compare"
+                )?;
+            }
+            if stale > 0 {
+                write!(
+                    out,
+                    "; {stale} skipped: their task generator changed, they cannot be re-scored"
+                )?;
+            }
+            writeln!(out)?;
             out.flush()?;
             if mismatched > 0 {
                 return Ok(ExitCode::from(1));
+            }
+            if stale > 0 {
+                return Ok(ExitCode::from(RESCORE_ERROR));
             }
         }
         ReplayCommand::Stats { store } => {
@@ -592,7 +614,18 @@ struct Rescored {
     diverged: Vec<String>,
     stored_success: bool,
     rescored: Option<bool>,
+    /// Why nothing was re-executed, when it was not.
+    skipped: Option<Skip>,
     note: String,
+}
+
+/// Why a trajectory was not re-executed.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Skip {
+    /// It ended without a verdict (abandoned, infrastructure error): nothing to compare.
+    NotScored,
+    /// Its task generator changed since it was stored: it cannot be re-scored.
+    SpecChanged,
 }
 
 impl Rescored {
@@ -613,14 +646,17 @@ fn rescore(
         diverged: Vec::new(),
         stored_success: footer.success,
         rescored: None,
+        skipped: None,
         note: String::new(),
     };
     if !footer.termination.is_scored() {
+        r.skipped = Some(Skip::NotScored);
         r.note = format!("not scored ({}); skipped", footer.termination);
         return Ok(r);
     }
     let task = families.instance(&rec.header.task)?;
     if task.spec_hash != rec.header.task.spec_hash {
+        r.skipped = Some(Skip::SpecChanged);
         r.note = format!(
             "the task generator changed since this was stored (spec {} now {}); skipped",
             rec.header.task.spec_hash, task.spec_hash
@@ -682,9 +718,31 @@ mod tests {
     use corvid_learner::store::Begin;
     use corvid_proto::{SamplingParams, TrajectoryFooter, TrajectoryHeader};
 
+    /// How a stored member of [`store_episodes`]'s group differs from the oracle episode.
+    #[derive(Clone, Copy, PartialEq)]
+    enum Member {
+        /// The oracle episode as it is: a success.
+        Oracle,
+        /// The final answer replaced by a wrong one: a failure.
+        WrongAnswer,
+        /// Cut off by actor shutdown: no verdict.
+        Abandoned,
+        /// Stored under another task-generator spec than today's.
+        OldSpec,
+    }
+
     /// Stores the oracle episode of hops/L2/s4 twice in one group: once as it is (success)
     /// and once with the final answer replaced by a wrong one (failure).
     fn store_group(dir: &Path) -> (Arc<TrajectoryStore>, TaskEnv) {
+        store_episodes(
+            dir,
+            &[("good", Member::Oracle), ("bad", Member::WrongAnswer)],
+        )
+    }
+
+    /// Stores one group of hops/L2/s4 episodes, each made from the oracle episode as
+    /// `members` says.
+    fn store_episodes(dir: &Path, members: &[(&str, Member)]) -> (Arc<TrajectoryStore>, TaskEnv) {
         let store = Arc::new(TrajectoryStore::open(dir.join("store")).expect("store"));
         let env = TaskEnv::new(
             corvid_sandbox::Sandbox::builder()
@@ -697,15 +755,20 @@ mod tests {
             .expect("hops")
             .instance(2, 4)
             .expect("task");
-        for (id, wrong) in [("good", false), ("bad", true)] {
+        for &(id, member) in members {
+            let wrong = member == Member::WrongAnswer;
             let mut task = task.clone();
             if wrong {
                 task.oracle.answer = "12345678".into();
             }
             let demo = oracle_steps(&format, &env, &task).expect("demo");
+            let mut task_ref = task.task_ref();
+            if member == Member::OldSpec {
+                task_ref.spec_hash = "0123456789abcdef".into();
+            }
             let header = TrajectoryHeader {
                 trajectory_id: id.into(),
-                task: task.task_ref(),
+                task: task_ref,
                 actor_id: "test".into(),
                 policy_version: 0,
                 sampling: SamplingParams {
@@ -731,7 +794,11 @@ mod tests {
             w.finish_blocking(TrajectoryFooter {
                 outcome_reward: if success { 1.0 } else { 0.0 },
                 success,
-                termination: Termination::Answered,
+                termination: if member == Member::Abandoned {
+                    Termination::Abandoned
+                } else {
+                    Termination::Answered
+                },
                 step_count: n as u64,
                 token_count: tokens as u64,
                 generated_token_count: generated as u64,
@@ -784,6 +851,47 @@ mod tests {
         };
         assert_eq!(status(&[]), ExitCode::SUCCESS);
         assert_eq!(status(&["--id", "no-such-trajectory"]), ExitCode::from(2));
+    }
+
+    #[test]
+    fn rescore_skips_unscored_trajectories_and_exits_2_for_one_it_cannot_rescore() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (store, env) = store_episodes(
+            dir.path(),
+            &[
+                ("good", Member::Oracle),
+                ("cut", Member::Abandoned),
+                ("old", Member::OldSpec),
+            ],
+        );
+        let families = Families::new(&[]).expect("families");
+        let rescored = |id: &str| {
+            let rec = store.get(id).expect("get").expect("stored");
+            rescore(&store, &env, &families, &rec).expect("rescore")
+        };
+        assert_eq!(rescored("good").skipped, None);
+        let cut = rescored("cut");
+        assert_eq!((cut.skipped, cut.calls), (Some(Skip::NotScored), 0));
+        let old = rescored("old");
+        assert_eq!((old.skipped, old.calls), (Some(Skip::SpecChanged), 0));
+        assert!(old.note.contains("task generator changed"), "{}", old.note);
+        drop((store, env));
+
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            replay: ReplayArgs,
+        }
+        let path = dir.path().join("store");
+        let path = path.to_str().expect("utf8");
+        let status = |id: &str| {
+            let argv = ["replay", "rescore", "--store", path, "--id", id];
+            run(Cli::try_parse_from(argv).expect("arguments").replay).expect("an exit status")
+        };
+        assert_eq!(status("good"), ExitCode::SUCCESS);
+        assert_eq!(status("cut"), ExitCode::SUCCESS, "nothing to compare");
+        assert_eq!(status("old"), ExitCode::from(2), "could not re-score");
     }
 
     #[test]

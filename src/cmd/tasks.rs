@@ -217,12 +217,16 @@ fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Re
         let reward = ep.last_process_reward();
         total += reward;
         // The plan says what each call should return; a call that returns otherwise is a
-        // plan the pack's files or tools do not support.
+        // plan the pack's files or tools do not support. A failure the plan foresees is
+        // marked too: demonstrations will show it (the built-in families fail once on
+        // purpose from level 4, to teach recovery; in a pack it is usually a wrong path).
         let status = result.result.status;
-        let unexpected = if status == s.expect {
-            String::new()
-        } else {
+        let unexpected = if status != s.expect {
             format!("  <- the oracle plan expects {}", s.expect)
+        } else if status != corvid_proto::ToolStatus::Ok {
+            "  <- a failing call in the oracle plan: its demonstrations show this error".into()
+        } else {
+            String::new()
         };
         writeln!(
             out,
@@ -331,6 +335,26 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         let first = text.lines().nth(1).unwrap_or_default();
         assert!(first.ends_with("<- the oracle plan expects ok"), "{text}");
+    }
+
+    #[test]
+    fn the_oracle_episode_marks_a_failing_call_the_plan_foresees() {
+        // hops level 4's oracle reads the second file without its extension first, then
+        // recovers: that turn, and only that one, is marked.
+        let task = corvid_tasks::builtin_family("hops")
+            .unwrap()
+            .instance(4, 1)
+            .unwrap();
+        let mut out = Vec::new();
+        assert_eq!(oracle_episode(&task, &mut out).unwrap(), Verdict::Pass);
+        let text = String::from_utf8(out).unwrap();
+        let marked: Vec<&str> = text
+            .lines()
+            .filter(|l| l.ends_with("its demonstrations show this error"))
+            .collect();
+        assert_eq!(marked.len(), 1, "{text}");
+        assert!(marked[0].starts_with("  -> not_found "), "{text}");
+        assert!(!text.contains("the oracle plan expects"), "{text}");
     }
 
     #[derive(Parser)]
