@@ -203,7 +203,10 @@ pub struct Restored {
 impl Restored {
     /// Copies the weights into `vs` (whose model was built from [`Restored::model_config`]).
     pub fn load_weights(&self, vs: &nn::VarStore) -> Result<(), CheckpointError> {
-        Ok(load_weights_from_bytes(vs, &self.weights)?)
+        load_weights_from_bytes(vs, &self.weights).map_err(|e| CheckpointError::Corrupt {
+            path: self.dir.join(WEIGHTS_FILE),
+            reason: e.to_string(),
+        })
     }
 }
 
@@ -411,7 +414,9 @@ impl CheckpointDir {
         };
         let model_config: ModelConfig = serde_json::from_slice(&read(CONFIG_FILE)?)
             .map_err(|e| corrupt(CONFIG_FILE, e.to_string()))?;
-        model_config.validate()?;
+        model_config
+            .validate()
+            .map_err(|e| corrupt(CONFIG_FILE, e.to_string()))?;
         let weights = read(WEIGHTS_FILE)?;
         let optimizer = Tensor::read_safetensors(dir.join(OPTIMIZER_FILE))?;
         let curriculum_text = String::from_utf8(read(CURRICULUM_FILE)?)

@@ -115,13 +115,30 @@ impl ModelSection {
             serde_json::to_value(&base).map_err(|e| ConfigError::Parse(format!("model: {e}")))?;
         let over = serde_json::to_value(&self.overrides)
             .map_err(|e| ConfigError::Parse(format!("model.overrides: {e}")))?;
-        if let (Some(dst), serde_json::Value::Object(src)) = (value.as_object_mut(), over) {
-            for (k, v) in src {
-                dst.insert(k, v);
+        let base_value = value.clone();
+        let over = match over {
+            serde_json::Value::Object(src) => src,
+            _ => serde_json::Map::new(),
+        };
+        if let Some(dst) = value.as_object_mut() {
+            for (k, v) in &over {
+                dst.insert(k.clone(), v.clone());
             }
         }
-        let cfg: ModelConfig = serde_json::from_value(value)
-            .map_err(|e| ConfigError::Parse(format!("model.overrides: {e}")))?;
+        let cfg: ModelConfig = serde_json::from_value(value).map_err(|e| {
+            // Name the override that does not fit: the first that fails on its own.
+            let culprit = over.iter().find(|(k, v)| {
+                let mut one = base_value.clone();
+                if let Some(dst) = one.as_object_mut() {
+                    dst.insert((*k).clone(), (*v).clone());
+                }
+                serde_json::from_value::<ModelConfig>(one).is_err()
+            });
+            match culprit {
+                Some((k, v)) => ConfigError::Parse(format!("model.overrides.{k} = {v}: {e}")),
+                None => ConfigError::Parse(format!("model.overrides: {e}")),
+            }
+        })?;
         cfg.validate()
             .map_err(|e| ConfigError::Parse(format!("model: {e}")))?;
         Ok(cfg)
@@ -440,21 +457,41 @@ impl LearnerConfig {
 
     /// Checks every field, naming the offending one.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        // The name becomes the folder `runs/<run_name>`: `..` would be the folder above.
         if self.run_name.is_empty()
             || !self
                 .run_name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+            || self.run_name.chars().all(|c| c == '.')
         {
             return Err(invalid(
                 "run_name",
                 format!("{:?}", self.run_name),
-                "a non-empty name of [A-Za-z0-9_.-]",
+                "a non-empty name of [A-Za-z0-9_.-] that is not only dots",
             ));
         }
         self.listen_addr()?;
         self.torch_device()?;
-        self.model.resolve()?;
+        let model = self.model.resolve()?;
+        let vocab = i64::from(crate::tokenizer::ByteTokenizer::VOCAB_SIZE);
+        if model.vocab_size < vocab {
+            return Err(invalid(
+                "model vocab_size",
+                model.vocab_size,
+                &format!("at least {vocab}, the byte tokenizer's vocabulary"),
+            ));
+        }
+        if self.schedule.sft && model.max_position_embeddings < self.sft.seq_len as i64 {
+            return Err(invalid(
+                "model max_position_embeddings",
+                model.max_position_embeddings,
+                &format!(
+                    "at least [sft] seq_len = {}, the positions of an SFT row",
+                    self.sft.seq_len
+                ),
+            ));
+        }
         if self.tasks.families.is_empty() {
             return Err(invalid("tasks.families", "[]", "at least one family"));
         }
@@ -619,6 +656,16 @@ mod tests {
             ("device = \"tpu\"", "device"),
             ("[model]\noverrides = { hidden_size = -1 }", "hidden_size"),
             ("[metrics]\nprometheus = \"x\"", "metrics.prometheus"),
+            (
+                "[model]\noverrides = { hidden_size = 1.5 }",
+                "model.overrides.hidden_size",
+            ),
+            ("[model]\noverrides = { vocab_size = 100 }", "vocab_size"),
+            (
+                "[model]\noverrides = { max_position_embeddings = 64 }",
+                "max_position_embeddings",
+            ),
+            ("run_name = \"..\"", "run_name"),
         ] {
             let err = LearnerConfig::from_toml(text).unwrap_err().to_string();
             assert!(

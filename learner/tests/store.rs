@@ -111,6 +111,24 @@ fn a_second_writer_for_a_live_id_is_refused() {
 }
 
 #[test]
+fn a_header_that_could_not_be_read_back_is_refused_and_nothing_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let mut nan = synthetic::header("t-nan", "hops", 1, 1);
+    nan.sampling.top_p = f32::NAN;
+    let err = store.begin(nan).err().expect("refused");
+    assert!(err.to_string().contains("sampling.top_p"), "{err}");
+    let err = store
+        .begin(synthetic::header("bad id", "hops", 1, 1))
+        .err()
+        .expect("refused");
+    assert!(err.to_string().contains("trajectory_id"), "{err}");
+    // The store still reads, and holds nothing.
+    assert_eq!(store.stats().unwrap().finished, 0);
+    assert_eq!(store.list(&Filter::default()).count(), 0);
+}
+
+#[test]
 fn footer_totals_must_match_what_was_streamed() {
     let dir = tempfile::tempdir().unwrap();
     let store = open(&dir);

@@ -136,27 +136,37 @@ impl Default for SamplingParams {
     }
 }
 
+impl SamplingParams {
+    /// Checks that the parameters can be sampled with and stored: a finite temperature
+    /// `>= 0` and `top_p` in `(0, 1]`.
+    pub fn validate(&self) -> Result<(), ProtoError> {
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(invalid(
+                "sampling.temperature",
+                format!("{} is not a finite value >= 0", self.temperature),
+            ));
+        }
+        if !(self.top_p > 0.0 && self.top_p <= 1.0) {
+            return Err(invalid(
+                "sampling.top_p",
+                format!("{} is outside (0, 1]", self.top_p),
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl TryFrom<pb::SamplingParams> for SamplingParams {
     type Error = ProtoError;
     fn try_from(s: pb::SamplingParams) -> Result<Self, ProtoError> {
-        if !(s.temperature.is_finite() && s.temperature >= 0.0) {
-            return Err(invalid(
-                "sampling.temperature",
-                format!("{} is not a finite value >= 0", s.temperature),
-            ));
-        }
-        if !(s.top_p > 0.0 && s.top_p <= 1.0) {
-            return Err(invalid(
-                "sampling.top_p",
-                format!("{} is outside (0, 1]", s.top_p),
-            ));
-        }
-        Ok(Self {
+        let s = Self {
             temperature: s.temperature,
             top_p: s.top_p,
             max_new_tokens: s.max_new_tokens,
             seed: s.seed,
-        })
+        };
+        s.validate()?;
+        Ok(s)
     }
 }
 

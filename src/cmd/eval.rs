@@ -434,6 +434,22 @@ pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<Eva
         max_new_tokens: args.max_new_tokens,
         seed: 0,
     };
+    sampling
+        .validate()
+        .context("--temperature must be finite and >= 0, --top-p in (0, 1]")?;
+    if args.max_new_tokens == 0 {
+        bail!("--max-new-tokens must be at least 1");
+    }
+    // The longest id this evaluation stores must be a valid trajectory id.
+    let last_id = format!(
+        "{label}.{}.L{hi}.s{}.k{}",
+        family.name(),
+        args.seed.wrapping_add(args.episodes as u64 - 1),
+        args.k - 1
+    );
+    corvid_proto::validate_trajectory_id(&last_id).with_context(|| {
+        format!("--label {label:?} makes trajectory ids like {last_id:?}, which are invalid")
+    })?;
     let started = std::time::Instant::now();
     let mut levels = Vec::new();
     let mut generated = 0u64;
@@ -679,5 +695,43 @@ mod tests {
             .get("t.hops.L1.s4611686018427387904.k1")
             .expect("get")
             .is_some());
+    }
+    #[test]
+    fn sampling_flags_and_labels_that_cannot_be_stored_are_refused_before_anything_runs() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = dir.path().join("store");
+        let store = store.to_str().expect("utf8");
+        let run = |extra: &[&str]| {
+            let mut argv = vec![
+                "--random-init",
+                "--family",
+                "hops",
+                "--levels",
+                "1",
+                "--episodes",
+                "1",
+                "--store",
+                store,
+            ];
+            argv.extend_from_slice(extra);
+            let err = evaluate(&args(&argv)).expect_err("refused");
+            format!("{err:#}")
+        };
+        for (flags, names) in [
+            (&["--top-p", "NaN"][..], "--top-p"),
+            (&["--top-p", "0"][..], "--top-p"),
+            (&["--temperature=-1"][..], "--temperature"),
+            (&["--temperature", "inf"][..], "--temperature"),
+            (&["--max-new-tokens", "0"][..], "--max-new-tokens"),
+            (&["--label", "bad label"][..], "--label"),
+            (&["--label", "x/y"][..], "--label"),
+        ] {
+            let err = run(flags);
+            assert!(err.contains(names), "{flags:?}: {err}");
+        }
+        // Nothing was stored: the store, if created at all, holds no record.
+        if let Ok(s) = TrajectoryStore::open(store) {
+            assert_eq!(s.stats().expect("stats").finished, 0);
+        }
     }
 }

@@ -147,18 +147,35 @@ impl From<FilterArgs> for Filter {
     }
 }
 
+/// Opens an existing store for reading. A folder that holds no store is refused rather than
+/// turned into an empty one (a run folder given for its `store/` would look empty).
 fn open(path: &Path) -> Result<Arc<TrajectoryStore>> {
+    if !path.exists() {
+        anyhow::bail!("no store at {}: it does not exist", path.display());
+    }
     if !path.is_dir() {
+        anyhow::bail!("no store at {}: it is a file, not a folder", path.display());
+    }
+    // sled keeps its configuration in `conf` and its log in `db`.
+    if !(path.join("conf").is_file() && path.join("db").is_file()) {
+        let hint = if path.join("store").is_dir() {
+            format!("; did you mean {}?", path.join("store").display())
+        } else {
+            String::new()
+        };
         anyhow::bail!(
-            "no store at {}: the directory does not exist",
+            "no store at {}: the folder holds no trajectory store (no sled `conf` and `db`){hint}",
             path.display()
         );
     }
-    TrajectoryStore::open(path).map(Arc::new).with_context(|| {
-        format!(
-            "opening the store at {} (is a learner using it?)",
-            path.display()
-        )
+    TrajectoryStore::open(path).map(Arc::new).map_err(|e| {
+        let locked = e.to_string().contains("could not acquire lock");
+        let why = if locked {
+            "another process has it open (sled allows one; replay a stopped learner's store or a copy)"
+        } else {
+            "the store is unreadable"
+        };
+        anyhow::Error::new(e).context(format!("opening the store at {}: {why}", path.display()))
     })
 }
 
@@ -851,6 +868,26 @@ mod tests {
         };
         assert_eq!(status(&[]), ExitCode::SUCCESS);
         assert_eq!(status(&["--id", "no-such-trajectory"]), ExitCode::from(2));
+    }
+
+    #[test]
+    fn a_folder_without_a_store_is_refused_and_left_as_it_was() {
+        let dir = tempfile::tempdir().expect("tmp");
+        drop(store_group(&dir.path().join("run")));
+        // The run folder, not its store/: refused, pointing at store/, and nothing written.
+        let run = dir.path().join("run");
+        let before: Vec<_> = std::fs::read_dir(&run).expect("ls").collect();
+        let err = format!("{:#}", open(&run).err().expect("refused"));
+        assert!(err.contains("did you mean"), "{err}");
+        assert!(err.contains(&run.join("store").display().to_string()), "{err}");
+        assert_eq!(std::fs::read_dir(&run).expect("ls").count(), before.len());
+        let err = format!("{:#}", open(&dir.path().join("nowhere")).err().expect("refused"));
+        assert!(err.contains("does not exist"), "{err}");
+        let file = dir.path().join("file");
+        std::fs::write(&file, "x").expect("write");
+        let err = format!("{:#}", open(&file).err().expect("refused"));
+        assert!(err.contains("is a file"), "{err}");
+        assert!(open(&run.join("store")).is_ok());
     }
 
     #[test]

@@ -126,6 +126,71 @@ impl Default for RunSection {
     }
 }
 
+/// The longest wall-clock budget `[run]` accepts for a phase: one week, in minutes.
+const MAX_PHASE_MINUTES: f64 = 7.0 * 24.0 * 60.0;
+
+impl RunSection {
+    /// Checks every field that needs nothing else, naming the offending one, so a bad value
+    /// is refused before SFT rather than after training. `eval_family` is checked against
+    /// the learner config's families by [`RunSection::validate_family`].
+    pub fn validate(&self) -> Result<()> {
+        for (field, minutes) in [
+            ("rl_minutes", self.rl_minutes),
+            ("sft_timeout_minutes", self.sft_timeout_minutes),
+        ] {
+            if !(minutes.is_finite() && minutes > 0.0 && minutes <= MAX_PHASE_MINUTES) {
+                bail!("[run] {field} = {minutes}: must be a number of minutes in (0, {MAX_PHASE_MINUTES}]");
+            }
+        }
+        for (field, n) in [
+            ("actors", self.actors),
+            ("actor_concurrency", self.actor_concurrency),
+            ("eval_episodes", self.eval_episodes),
+            ("eval_concurrency", self.eval_concurrency),
+            ("eval_workers", self.eval_workers),
+            ("eval_max_new_tokens", self.eval_max_new_tokens as usize),
+        ] {
+            if n == 0 {
+                bail!("[run] {field} = 0: must be at least 1");
+            }
+        }
+        super::eval::parse_levels(&self.eval_levels)
+            .map_err(|e| anyhow::anyhow!("[run] eval_levels: {e}"))?;
+        Ok(())
+    }
+
+    /// Checks that `eval_family` is one of `families` and has the levels `eval_levels` names.
+    pub fn validate_family(&self, families: &corvid_tasks::Families) -> Result<()> {
+        let family = families
+            .get(&self.eval_family)
+            .with_context(|| format!("[run] eval_family = {:?}", self.eval_family))?;
+        let (_, last) = super::eval::parse_levels(&self.eval_levels)
+            .map_err(|e| anyhow::anyhow!("[run] eval_levels: {e}"))?;
+        if last > family.levels() {
+            bail!(
+                "[run] eval_levels = {:?}: {} has levels 1..={}",
+                self.eval_levels,
+                self.eval_family,
+                family.levels()
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A run name becomes the folder `runs/<name>`: a non-empty name of `[A-Za-z0-9_.-]` that is
+/// not only dots (`..` would be the folder above `runs/`).
+fn check_run_name(name: &str) -> Result<()> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || !name.chars().all(allowed) || name.chars().all(|c| c == '.') {
+        bail!(
+            "run name {name:?} (--name, else the config's run_name): use a non-empty name of \
+             [A-Za-z0-9_.-] that is not only dots"
+        );
+    }
+    Ok(())
+}
+
 /// `run.json`: what happened, for the report.
 #[derive(Debug, Clone, Serialize)]
 struct RunRecord {
@@ -875,6 +940,9 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             .unwrap_or("demo")
             .to_string(),
     };
+    run.validate()
+        .with_context(|| format!("{}", args.config.display()))?;
+    check_run_name(&name)?;
     let run_dir = PathBuf::from("runs").join(&name);
     if run_dir.join("run.json").exists() {
         bail!(
@@ -895,6 +963,8 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let port = free_port()?;
     let (learner_cfg, cfg) = write_learner_config(table.clone(), &run_dir, port, &name)?;
+    run.validate_family(&cfg.families()?)
+        .with_context(|| format!("{}", args.config.display()))?;
     let ablation_table = if with_ablation {
         Some(read_ablation_config(
             &cfg,
@@ -1055,6 +1125,57 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     eprintln!("[run] report: {}", summary.html.display());
     println!("{}", summary.html.display());
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod run_section_tests {
+    use super::*;
+
+    #[test]
+    fn a_bad_run_table_is_refused_naming_the_field() {
+        assert!(RunSection::default().validate().is_ok());
+        let refused = |edit: fn(&mut RunSection), field: &str| {
+            let mut run = RunSection::default();
+            edit(&mut run);
+            let err = format!("{:#}", run.validate().expect_err(field));
+            assert!(err.contains(&format!("[run] {field}")), "{field}: {err}");
+        };
+        refused(|r| r.rl_minutes = -1.0, "rl_minutes");
+        refused(|r| r.rl_minutes = f64::NAN, "rl_minutes");
+        refused(|r| r.rl_minutes = 1e300, "rl_minutes");
+        refused(|r| r.sft_timeout_minutes = 0.0, "sft_timeout_minutes");
+        refused(|r| r.actors = 0, "actors");
+        refused(|r| r.actor_concurrency = 0, "actor_concurrency");
+        refused(|r| r.eval_episodes = 0, "eval_episodes");
+        refused(|r| r.eval_workers = 0, "eval_workers");
+        refused(|r| r.eval_levels = "1-3".into(), "eval_levels");
+
+        let families = corvid_tasks::Families::new(&[]).expect("built-in families");
+        assert!(RunSection::default().validate_family(&families).is_ok());
+        let family = |name: &str, levels: &str| {
+            let run = RunSection {
+                eval_family: name.into(),
+                eval_levels: levels.into(),
+                ..RunSection::default()
+            };
+            run.validate_family(&families).map_err(|e| format!("{e:#}"))
+        };
+        let err = family("hopz", "1..3").expect_err("unknown family");
+        assert!(err.contains("[run] eval_family = \"hopz\""), "{err}");
+        let err = family("shell", "1..9").expect_err("past the family's levels");
+        assert!(err.contains("[run] eval_levels"), "{err}");
+    }
+
+    #[test]
+    fn run_names_that_are_not_one_folder_under_runs_are_refused() {
+        for ok in ["demo", "a1", "x-y_z.2"] {
+            assert!(check_run_name(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", ".", "..", "a b", "../escaped", "a/b"] {
+            let err = format!("{:#}", check_run_name(bad).expect_err(bad));
+            assert!(err.contains("--name"), "{bad}: {err}");
+        }
+    }
 }
 
 #[cfg(test)]

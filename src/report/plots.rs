@@ -164,16 +164,22 @@ fn padded(lo: f64, hi: f64) -> (f64, f64) {
     if !(lo.is_finite() && hi.is_finite()) {
         return (0.0, 1.0);
     }
-    if (hi - lo).abs() < 1e-12 {
-        let w = if lo.abs() > 1e-12 {
+    let pad = if (hi - lo).abs() < 1e-12 {
+        if lo.abs() > 1e-12 {
             lo.abs() * 0.1
         } else {
             0.5
-        };
-        return (lo - w, hi + w);
+        }
+    } else {
+        (hi - lo) * 0.05
+    };
+    let (a, b) = (lo - pad, hi + pad);
+    // Values near f64's limits overflow the span: a chart of them would never finish.
+    if a.is_finite() && b.is_finite() && (b - a).is_finite() {
+        (a, b)
+    } else {
+        (0.0, 1.0)
     }
-    let pad = (hi - lo) * 0.05;
-    (lo - pad, hi + pad)
 }
 
 fn bounds(values: impl Iterator<Item = f64>) -> Option<(f64, f64)> {
@@ -541,6 +547,16 @@ pub(crate) mod tests {
             .next_frame(&mut buf)
             .unwrap_or_else(|e| panic!("{} does not decode: {e}", path.display()));
         (info.width, info.height)
+    }
+
+    #[test]
+    fn ranges_are_finite_whatever_the_values() {
+        assert_eq!(padded(0.0, 10.0), (-0.5, 10.5));
+        assert_eq!(padded(2.0, 2.0), (1.8, 2.2));
+        for (lo, hi) in [(-1e308, 1e308), (f64::MAX, f64::MAX), (f64::NAN, 1.0)] {
+            let (a, b) = padded(lo, hi);
+            assert!(a.is_finite() && b.is_finite() && (b - a).is_finite() && a < b);
+        }
     }
 
     fn panel(step: bool) -> Panel {

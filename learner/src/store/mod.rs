@@ -344,6 +344,14 @@ impl TrajectoryStore {
     /// is refused with [`StoreError::Busy`].
     pub fn begin(self: &Arc<Self>, header: TrajectoryHeader) -> Result<Begin> {
         let id = header.trajectory_id.clone();
+        // What is stored must read back: a bad id or a NaN sampling parameter (stored as
+        // JSON null) would make every later read of the store fail on this record.
+        corvid_proto::validate_trajectory_id(&id)
+            .and_then(|()| header.sampling.validate())
+            .map_err(|e| StoreError::Invalid {
+                id: id.clone(),
+                reason: e.to_string(),
+            })?;
         if let Some(rec) = self.record(&id)? {
             if rec.status == RecordStatus::Finished {
                 return Ok(Begin::Duplicate(Box::new(rec)));
