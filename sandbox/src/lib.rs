@@ -95,8 +95,8 @@ pub use sandbox::{
 };
 pub use search::{Document, Hit, SearchIndex};
 pub use workspace::{
-    Change, Entry, Mount, MountSource, Snapshot, Usage, Workspace, WorkspaceSpec,
-    WORKSPACE_GUEST_PATH,
+    check_rel_path, forbidden_char, Change, Entry, Mount, MountSource, Snapshot, Usage, Workspace,
+    WorkspaceSpec, WORKSPACE_GUEST_PATH,
 };
 
 /// Re-exported for the CLI, which prints [`ToolOutput`] as JSON.

@@ -185,8 +185,9 @@ impl std::fmt::Debug for Workspace {
     }
 }
 
-/// Checks a spec path: relative, clean, printable.
-pub(crate) fn check_rel_path(p: &str) -> Result<(), &'static str> {
+/// Checks a path of a workspace's initial files (a [`WorkspaceSpec`] key): relative, clean,
+/// printable. The error says why the path is refused.
+pub fn check_rel_path(p: &str) -> Result<(), &'static str> {
     if p.is_empty() || p.len() > crate::limits::MAX_PATH_BYTES {
         return Err("empty or too long");
     }
@@ -204,7 +205,7 @@ pub(crate) fn check_rel_path(p: &str) -> Result<(), &'static str> {
 
 /// Characters never accepted in a path: NUL and other controls, and bidi
 /// overrides that would make a path display as something else.
-pub(crate) fn forbidden_char(c: char) -> bool {
+pub fn forbidden_char(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}')
 }

@@ -147,8 +147,9 @@ struct RawPack {
     custom_tools: BTreeMap<String, Spanned<RawCustomTool>>,
     levels: Spanned<Vec<Spanned<RawLevel>>>,
     prompt: Spanned<String>,
+    /// Path template (spanned, so that a bad path is reported at its key) → content template.
     #[serde(default)]
-    files: BTreeMap<String, Spanned<String>>,
+    files: BTreeMap<Spanned<String>, Spanned<String>>,
     checker: Spanned<toml::Value>,
     #[serde(default)]
     process_rewards: Vec<Spanned<toml::Value>>,
@@ -373,6 +374,278 @@ fn check_custom_tool(d: &mut Diags<'_>, name: &str, c: &Spanned<RawCustomTool>, 
     }
 }
 
+/// At most this many renderings of one template are checked per level (the cartesian
+/// product of its variables' values). Past it, validation renders the "diagonal" instead:
+/// rendering `i` takes value `i mod len` of every variable, so every single value is
+/// still tried, though not every combination of values.
+const MAX_RENDERINGS: usize = 4096;
+
+/// An integer range of at most this many values is rendered value by value; a wider one
+/// only at its two ends (the longest renderings, and both signs if it spans zero).
+const RANGE_ALL_VALUES: i128 = 16;
+
+/// The values of a variable that validation renders templates with, as strings (what
+/// [`TaskFamily::instance`] could draw; nothing for a spec that [`check_var`] rejects).
+fn var_values(v: &RawVar) -> Vec<String> {
+    match (&v.choices, v.min, v.max) {
+        (Some(c), _, _) => c.clone(),
+        (None, Some(lo), Some(hi)) if lo > hi => Vec::new(),
+        (None, Some(lo), Some(hi)) if i128::from(hi) - i128::from(lo) < RANGE_ALL_VALUES => {
+            (lo..=hi).map(|x| x.to_string()).collect()
+        }
+        (None, Some(lo), Some(hi)) => vec![lo.to_string(), hi.to_string()],
+        _ => vec![String::new()],
+    }
+}
+
+/// The assignments of the declared variables among `names` that validation renders a
+/// template with: for every level (its overrides over `[vars]`), the product of the
+/// variables' [`var_values`], or its diagonal past [`MAX_RENDERINGS`].
+fn assignments(raw: &RawPack, names: &BTreeSet<&str>) -> BTreeSet<BTreeMap<String, String>> {
+    let levels = raw.levels.get_ref();
+    let specs: Vec<Option<&RawLevel>> = if levels.is_empty() {
+        vec![None]
+    } else {
+        levels.iter().map(|l| Some(l.get_ref())).collect()
+    };
+    let mut out = BTreeSet::new();
+    for level in specs {
+        let sets: Vec<(&str, Vec<String>)> = names
+            .iter()
+            .filter_map(|&n| {
+                let base = raw.vars.get(n)?;
+                let v = level.and_then(|l| l.vars.get(n)).unwrap_or(base);
+                Some((n, var_values(v.get_ref())))
+            })
+            .collect();
+        let lens: Vec<usize> = sets.iter().map(|(_, v)| v.len()).collect();
+        let product = lens.iter().try_fold(1usize, |acc, &l| acc.checked_mul(l));
+        let at = |index: &[usize]| -> BTreeMap<String, String> {
+            sets.iter()
+                .zip(index)
+                .map(|((n, vs), &i)| (n.to_string(), vs[i].clone()))
+                .collect()
+        };
+        match product {
+            Some(0) => {}
+            Some(total) if total <= MAX_RENDERINGS => {
+                // Odometer over every combination.
+                let mut index = vec![0; sets.len()];
+                for _ in 0..total {
+                    out.insert(at(&index));
+                    for (i, l) in index.iter_mut().zip(&lens) {
+                        *i += 1;
+                        if *i < *l {
+                            break;
+                        }
+                        *i = 0;
+                    }
+                }
+            }
+            _ => {
+                let longest = lens.iter().copied().max().unwrap_or(0);
+                for k in 0..longest {
+                    let index: Vec<usize> = lens.iter().map(|l| k % l).collect();
+                    out.insert(at(&index));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A rendering of a template that a check rejects.
+struct BadRendering {
+    /// The first rejected assignment (in sorted order) and its rendering.
+    vars: BTreeMap<String, String>,
+    rendered: String,
+    /// Why it was rejected.
+    reason: String,
+    /// Rejected / rendered assignments.
+    failed: usize,
+    checked: usize,
+}
+
+impl BadRendering {
+    /// `a = "x", b = "y"`.
+    fn vars(&self) -> String {
+        self.vars
+            .iter()
+            .map(|(n, v)| format!("{n} = {v:?}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// `a`, `b`.
+    fn names(&self) -> String {
+        self.vars
+            .keys()
+            .map(|n| format!("`{n}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+}
+
+/// Renders `template` with every [`assignments`] of the declared variables it uses and
+/// runs `check` on each rendering; the first rejected one, if any. `None` too when the
+/// template has an unclosed `{` (reported with the other template errors).
+fn first_bad_rendering(
+    raw: &RawPack,
+    declared: &BTreeSet<&str>,
+    template: &str,
+    check: impl Fn(&str) -> Result<(), String>,
+) -> Option<BadRendering> {
+    let used = placeholders(template).ok()?;
+    let names: BTreeSet<&str> = used
+        .iter()
+        .map(String::as_str)
+        .filter(|n| declared.contains(n))
+        .collect();
+    let all = assignments(raw, &names);
+    let mut bad: Option<BadRendering> = None;
+    let mut failed = 0;
+    for vars in &all {
+        let rendered = render(template, vars);
+        if let Err(reason) = check(&rendered) {
+            failed += 1;
+            bad.get_or_insert(BadRendering {
+                vars: vars.clone(),
+                rendered,
+                reason,
+                failed: 0,
+                checked: 0,
+            });
+        }
+    }
+    bad.map(|b| BadRendering {
+        failed,
+        checked: all.len(),
+        ..b
+    })
+}
+
+/// Why the sandbox would refuse `p` as a path of a workspace's initial files, if it would.
+fn workspace_path_problem(p: &str) -> Option<&'static str> {
+    corvid_sandbox::check_rel_path(p).err()
+}
+
+/// `p` made into a path the sandbox accepts, for a hint: forbidden characters and empty,
+/// `.` and `..` components dropped.
+fn clean_workspace_path(p: &str) -> String {
+    let p: String = p
+        .chars()
+        .filter(|&c| !corvid_sandbox::forbidden_char(c))
+        .collect();
+    let clean = p
+        .split('/')
+        .filter(|c| !c.is_empty() && *c != "." && *c != "..")
+        .collect::<Vec<_>>()
+        .join("/");
+    if clean.is_empty() {
+        "notes.txt".to_string()
+    } else {
+        clean
+    }
+}
+
+/// Every `[files]` path, rendered as instances render it, must be one the sandbox accepts:
+/// it refuses the whole workspace otherwise, an infrastructure error for every episode
+/// that draws that path.
+fn check_file_paths(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str>) {
+    let rules = format!(
+        "relative to the workspace: no leading '/', no empty, '.' or '..' component, no control or bidi-override characters, at most {} bytes",
+        corvid_sandbox::limits::MAX_PATH_BYTES
+    );
+    for p in raw.files.keys() {
+        let t = p.get_ref();
+        let Some(bad) = first_bad_rendering(raw, declared, t, |r| {
+            workspace_path_problem(r).map_or(Ok(()), |why| Err(why.to_string()))
+        }) else {
+            continue;
+        };
+        // The template itself is wrong if it is wrong whatever its variables hold.
+        let shape = placeholders(t)
+            .unwrap_or_default()
+            .iter()
+            .fold(t.clone(), |s, n| s.replace(&format!("{{{n}}}"), "x"));
+        if bad.vars.is_empty() || workspace_path_problem(&shape).is_some() {
+            d.push(
+                p.span(),
+                format!(
+                    "[files] path {t:?} is not a valid workspace path: {}; the sandbox refuses it, so no instance can start",
+                    bad.reason
+                ),
+                format!("\"{}\" = … ({rules})", clean_workspace_path(t)),
+            );
+        } else {
+            d.push(
+                p.span(),
+                format!(
+                    "[files] path {t:?} renders to {:?} with {}, which is not a valid workspace path: {}; instances that draw it cannot start ({} of {} renderings checked fail)",
+                    bad.rendered,
+                    bad.vars(),
+                    bad.reason,
+                    bad.failed,
+                    bad.checked
+                ),
+                format!(
+                    "values of {} that keep every rendering {rules}, e.g. choices = [\"data\", \"logs\"]",
+                    bad.names()
+                ),
+            );
+        }
+    }
+}
+
+/// A regex checker's pattern must compile for every value its variables can take.
+fn check_regex_renderings(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str>) {
+    let Some(t) = raw
+        .checker
+        .get_ref()
+        .get("pattern")
+        .and_then(|p| p.as_str())
+    else {
+        return;
+    };
+    let compile = |p: &str| {
+        Checker::Regex {
+            pattern: p.to_string(),
+        }
+        .validate()
+        .map_err(|e| match e {
+            TasksError::InvalidRegex { message, .. } => message,
+            other => other.to_string(),
+        })
+    };
+    let Some(bad) = first_bad_rendering(raw, declared, t, compile) else {
+        return;
+    };
+    let at = narrow(d.src, &raw.checker.span(), "pattern");
+    if bad.vars.is_empty() {
+        d.push(
+            at,
+            format!("checker regex {t:?} does not compile: {}", bad.reason),
+            "a pattern the regex crate accepts (it is anchored as ^(?:PATTERN)$)",
+        );
+    } else {
+        d.push(
+            at,
+            format!(
+                "checker regex {t:?} does not compile with {} (pattern {:?}; {} of {} renderings checked fail): {}",
+                bad.vars(),
+                bad.rendered,
+                bad.failed,
+                bad.checked,
+                bad.reason
+            ),
+            format!(
+                "values of {} that are valid inside the pattern (escape regex metacharacters, e.g. \"\\\\(\" for a literal '('), or kind = \"exact\"",
+                bad.names()
+            ),
+        );
+    }
+}
+
 impl TaskPack {
     /// Parses and validates pack text; `file` names it in diagnostics.
     pub fn parse(file: &str, src: &str) -> Result<Self, TasksError> {
@@ -509,7 +782,7 @@ impl TaskPack {
         let mut templates: Vec<(Range<usize>, String)> =
             vec![(raw.prompt.span(), raw.prompt.get_ref().clone())];
         for (p, c) in &raw.files {
-            templates.push((c.span(), p.clone()));
+            templates.push((p.span(), p.get_ref().clone()));
             templates.push((c.span(), c.get_ref().clone()));
         }
         let mut s = Vec::new();
@@ -566,12 +839,17 @@ impl TaskPack {
                 format!("invalid checker: {}", e.message().trim()),
                 "kind = \"exact\" | \"regex\" | \"numeric\" | \"file_state\" | \"command_exit\" | \"wasi\" with its fields (docs/tasks.md)",
             ),
+            // A regex is compiled only when an episode is checked, where a pattern that does
+            // not compile reads as the policy's failure: compile it for the values instances
+            // can draw, not just the sample.
+            Ok(Checker::Regex { .. }) => check_regex_renderings(d, raw, &declared),
             Ok(c) => {
                 if let Err(e) = c.validate() {
                     d.push(raw.checker.span(), e.to_string(), "a pattern the regex crate accepts, a tolerance >= 0");
                 }
             }
         }
+        check_file_paths(d, raw, &declared);
         for r in &raw.process_rewards {
             if let Err(e) = render_value(r.get_ref(), &sample).try_into::<ProcessRule>() {
                 d.push(
@@ -651,11 +929,19 @@ impl TaskFamily for TaskPack {
             .raw
             .files
             .iter()
-            .map(|(p, c)| (render(p, &vars), render(c.get_ref(), &vars).into_bytes()))
+            .map(|(p, c)| {
+                (
+                    render(p.get_ref(), &vars),
+                    render(c.get_ref(), &vars).into_bytes(),
+                )
+            })
             .collect();
         let mut checker: Checker = render_value(self.raw.checker.get_ref(), &vars)
             .try_into()
             .map_err(|e| bad("checker", e))?;
+        // A checker that cannot judge (a regex that does not compile with this instance's
+        // values) is a broken instance, not a failed episode.
+        checker.validate()?;
         if let Checker::Wasi { module, .. } = &mut checker {
             // The module path is written relative to the pack file.
             let dir = std::path::Path::new(&self.file)

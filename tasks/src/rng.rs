@@ -52,10 +52,21 @@ impl SplitMix64 {
         ((u128::from(self.next_u64()) * u128::from(n)) >> 64) as u64
     }
 
-    /// A uniform integer in `lo..=hi` (`lo <= hi`).
+    /// A uniform integer in `lo..=hi`, for any `lo <= hi` including the full `i64` range
+    /// (`lo` when `hi < lo`). Always consumes exactly one draw.
+    ///
+    /// The draw for a range of fewer than 2^64 values is `lo + below(hi - lo + 1)`, and must
+    /// stay so: stored trajectories are re-scored by regenerating instances from seeds.
     pub fn range(&mut self, lo: i64, hi: i64) -> i64 {
-        let span = (hi - lo) as u64 + 1;
-        lo + self.below(span) as i64
+        let hi = hi.max(lo);
+        // In i128 every span fits: 1 ..= 2^64.
+        let span = i128::from(hi) - i128::from(lo) + 1;
+        match u64::try_from(span) {
+            // lo + x <= hi, so the sum is an i64.
+            Ok(n) => (i128::from(lo) + i128::from(self.below(n))) as i64,
+            // The full i64 range: 2^64 values, one per bit pattern of a u64.
+            Err(_) => lo.wrapping_add(self.next_u64() as i64),
+        }
     }
 
     /// A uniformly chosen element of a non-empty slice.
@@ -75,5 +86,93 @@ impl SplitMix64 {
             let j = self.below(i as u64 + 1) as usize;
             xs.swap(i, j);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `range` as it was before the full-range fix (wrapping, as release builds computed
+    /// it); valid for every range of fewer than 2^64 values.
+    fn range_before_fix(g: &mut SplitMix64, lo: i64, hi: i64) -> i64 {
+        let span = (hi.wrapping_sub(lo) as u64).wrapping_add(1);
+        lo.wrapping_add(g.below(span) as i64)
+    }
+
+    #[test]
+    fn ordinary_ranges_draw_exactly_what_they_drew_before() {
+        // Recorded with the code before the fix: instances regenerated from stored seeds
+        // must not change.
+        let mut g = SplitMix64::derive(42, "pack/config-lookup/1");
+        let got: Vec<i64> = (0..6).map(|_| g.range(1024, 65000)).collect();
+        assert_eq!(got, [47732, 59301, 60955, 31579, 27480, 54612]);
+        let mut g = SplitMix64::new(7);
+        let got: Vec<i64> = (0..6).map(|_| g.range(-5, 5)).collect();
+        assert_eq!(got, [-1, -5, 4, 1, -1, -3]);
+        let mut g = SplitMix64::new(7);
+        let got: Vec<i64> = (0..4).map(|_| g.range(i64::MIN, -1)).collect();
+        assert_eq!(
+            got,
+            [
+                -5627827236408588565,
+                -9068527350557297906,
+                -915321163446971135,
+                -3846789072704039707
+            ]
+        );
+        // And the old formula, draw for draw, over many ranges and seeds.
+        let ranges = [
+            (0, 0),
+            (1, 9),
+            (-5, 5),
+            (1024, 65000),
+            (8000, 8099),
+            (i64::MIN, i64::MIN),
+            (i64::MAX, i64::MAX),
+            (i64::MIN, -1),
+            (-1, i64::MAX),
+            (i64::MIN + 1, i64::MAX),
+            (i64::MIN, i64::MAX - 1),
+        ];
+        for (lo, hi) in ranges {
+            for seed in 0..200 {
+                let (mut a, mut b) = (SplitMix64::new(seed), SplitMix64::new(seed));
+                for _ in 0..8 {
+                    let want = range_before_fix(&mut b, lo, hi);
+                    let got = a.range(lo, hi);
+                    assert_eq!(got, want, "range({lo}, {hi}), seed {seed}");
+                    assert!((lo..=hi).contains(&got), "range({lo}, {hi}) gave {got}");
+                }
+                assert_eq!(
+                    a, b,
+                    "range({lo}, {hi}) consumed a different number of draws"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn full_i64_range_draws_across_the_range() {
+        let draws: Vec<i64> = (0..256)
+            .map(|seed| SplitMix64::new(seed).range(i64::MIN, i64::MAX))
+            .collect();
+        assert!(draws.iter().any(|&x| x != i64::MIN), "always the minimum");
+        // Uniform over all of i64: both signs turn up, and no value twice in 256 draws.
+        assert!(draws.iter().any(|&x| x < 0) && draws.iter().any(|&x| x > 0));
+        let distinct: std::collections::BTreeSet<i64> = draws.iter().copied().collect();
+        assert_eq!(distinct.len(), draws.len());
+        // Still one draw per value, like every other range.
+        let (mut a, mut b) = (SplitMix64::new(3), SplitMix64::new(3));
+        a.range(i64::MIN, i64::MAX);
+        b.next_u64();
+        assert_eq!(a, b);
+    }
+
+    #[test]
+    fn reversed_range_gives_its_low_end() {
+        let mut g = SplitMix64::new(1);
+        assert_eq!(g.range(5, 4), 5);
+        assert_eq!(g.range(i64::MAX, i64::MIN), i64::MAX);
     }
 }

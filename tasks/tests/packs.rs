@@ -259,3 +259,210 @@ fn every_error_is_reported_not_just_the_first() {
     let d = errors(&src);
     assert!(d.len() >= 2, "{d:?}");
 }
+
+/// The diagnostics of `src` (which must be refused) that contain `needle`, each printed.
+fn diagnostics_with(src: &str, needle: &str) -> Vec<String> {
+    let d = errors(src);
+    let hits: Vec<String> = d
+        .iter()
+        .filter(|e| e.message.contains(needle))
+        .map(|e| e.to_string())
+        .collect();
+    assert!(
+        !hits.is_empty(),
+        "wanted `{needle}`, got:\n{}",
+        d.iter()
+            .map(|e| e.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+    hits
+}
+
+/// The shipped config-lookup pack with `from -> to` applied (`from` must occur once).
+fn config_lookup_with(from: &str, to: &str) -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("packs/config-lookup.toml");
+    let src = std::fs::read_to_string(path).unwrap();
+    assert_eq!(src.matches(from).count(), 1, "{from}");
+    src.replacen(from, to, 1)
+}
+
+/// The 1-based line of the first occurrence of `needle` in `src`.
+fn line_of(src: &str, needle: &str) -> usize {
+    src[..src.find(needle).unwrap()].matches('\n').count() + 1
+}
+
+#[test]
+fn files_path_the_sandbox_refuses_is_located_with_a_fix() {
+    // The audit's packs: each validated, then every instance failed in the sandbox.
+    for (key, why, fix) in [
+        (
+            "../../../tmp/x",
+            "has an empty, `.` or `..` component",
+            "\"tmp/x\" = ",
+        ),
+        ("/etc/x", "must be relative", "\"etc/x\" = "),
+        ("", "empty or too long", "\"notes.txt\" = "),
+        (
+            "etc/./{service}.conf",
+            "has an empty, `.` or `..` component",
+            "\"etc/{service}.conf\" = ",
+        ),
+    ] {
+        let src = config_lookup_with("\"etc/legacy-{service}.conf\"", &format!("{key:?}"));
+        let hits = diagnostics_with(&src, "not a valid workspace path");
+        assert_eq!(hits.len(), 1, "{hits:?}");
+        let line = line_of(&src, &format!("{key:?} = "));
+        let want =
+            format!("p.toml:{line}:1: [files] path {key:?} is not a valid workspace path: {why}");
+        assert!(
+            hits[0].starts_with(&want),
+            "{key:?}: {}\nwanted {want}",
+            hits[0]
+        );
+        assert!(hits[0].contains(fix), "{key:?}: {}", hits[0]);
+    }
+}
+
+#[test]
+fn files_path_is_checked_with_every_choice_and_level_override() {
+    // A choice that makes the path escape: found, with the value named.
+    let src = broken(
+        "f = { choices = [\"a.txt\", \"b.txt\"] }",
+        "f = { choices = [\"a.txt\", \"..\", \"b.txt\"] }",
+    );
+    let hits = diagnostics_with(&src, "renders to \"..\" with f = \"..\"");
+    assert!(
+        hits[0].starts_with("p.toml:20:1: [files] path \"{f}\""),
+        "{}",
+        hits[0]
+    );
+    assert!(hits[0].contains("1 of 3 renderings"), "{}", hits[0]);
+    assert!(hits[0].contains("values of `f`"), "{}", hits[0]);
+    // A level that overrides the variable with a bad value.
+    let src = broken(
+        "context_budget = 1024",
+        "context_budget = 1024\nvars = { f = { choices = [\"c.txt\", \"/etc/passwd\"] } }",
+    );
+    let hits = diagnostics_with(&src, "with f = \"/etc/passwd\"");
+    assert!(hits[0].contains("must be relative"), "{}", hits[0]);
+    // Numbers in a path are fine; so is a path built from several variables.
+    let ok = broken("\"{f}\" = ", "\"d{n}/{f}\" = ");
+    TaskPack::parse("p.toml", &ok).unwrap();
+}
+
+#[test]
+fn regex_checker_is_compiled_for_every_choice() {
+    // The audit's pack: `(` as a service name made the pattern fail at check time, which
+    // scored every episode that drew it as the policy's failure.
+    let src = config_lookup_with(
+        "service = { choices = [\"billing\", \"search\", \"ledger\", \"mailer\"] }",
+        "service = { choices = [\"billing\", \"(\", \"ledger\", \"mailer\"] }",
+    )
+    .replacen(
+        "kind = \"exact\"\nexpected = \"{port}\"",
+        "kind = \"regex\"\npattern = \"{service}\"",
+        1,
+    );
+    let hits = diagnostics_with(&src, "does not compile with service = \"(\"");
+    let line = line_of(&src, "pattern = ");
+    assert!(
+        hits[0].starts_with(&format!("p.toml:{line}:1: checker regex \"{{service}}\"")),
+        "{}",
+        hits[0]
+    );
+    assert!(hits[0].contains("1 of 4 renderings"), "{}", hits[0]);
+    assert!(hits[0].contains("values of `service`"), "{}", hits[0]);
+}
+
+#[test]
+fn regex_checker_is_compiled_for_combinations_and_small_ranges() {
+    let regex = |pattern: &str| {
+        broken(
+            "kind = \"exact\"\nexpected = \"{n}\"",
+            &format!("kind = \"regex\"\npattern = {pattern:?}"),
+        )
+    };
+    // Each value compiles alone; only f = "b.txt" with n = 1 would not ("[b-1]").
+    let src = regex("[{f}-{n}]").replacen(
+        "f = { choices = [\"a.txt\", \"b.txt\"] }",
+        "f = { choices = [\"0\", \"b\"] }",
+        1,
+    );
+    diagnostics_with(&src, "with f = \"b\", n = \"1\"");
+    // Every value of a small range: "[7-6]" fails, neither end does.
+    let src = regex("[{n}-6]|x");
+    diagnostics_with(&src, "with n = \"7\"");
+    // Valid for every value: accepted.
+    TaskPack::parse("p.toml", &regex("{n}|{f}")).unwrap();
+}
+
+#[test]
+fn past_the_rendering_cap_every_single_value_is_still_tried() {
+    let a: Vec<String> = (0..100).map(|i| format!("a{i}")).collect();
+    let mut b: Vec<String> = (0..100).map(|i| format!("b{i}")).collect();
+    b[57] = "(".into();
+    let src = BASE
+        .replacen(
+            "f = { choices = [\"a.txt\", \"b.txt\"] }",
+            &format!("f = {{ choices = [\"a.txt\", \"b.txt\"] }}\na = {{ choices = {a:?} }}\nb = {{ choices = {b:?} }}"),
+            1,
+        )
+        .replacen(
+            "kind = \"exact\"\nexpected = \"{n}\"",
+            "kind = \"regex\"\npattern = \"{a}{b}\"",
+            1,
+        );
+    diagnostics_with(&src, "b = \"(\"");
+}
+
+#[test]
+fn a_regex_that_only_a_pair_past_the_cap_breaks_is_an_instance_error_not_a_failed_episode() {
+    // Past the rendering cap validation tries each value, not each pair: `a = "("` with
+    // `b = ")"` compiles, `(` with any other b does not. Such an instance must not start
+    // (an episode would be scored 0 by a checker that cannot judge).
+    let mut a: Vec<String> = (0..100).map(|i| format!("a{i}")).collect();
+    let mut b: Vec<String> = (0..100).map(|i| format!("b{i}")).collect();
+    a[0] = "(".into();
+    b[0] = ")".into();
+    let src = BASE
+        .replacen(
+            "f = { choices = [\"a.txt\", \"b.txt\"] }",
+            &format!("f = {{ choices = [\"a.txt\", \"b.txt\"] }}\na = {{ choices = {a:?} }}\nb = {{ choices = {b:?} }}"),
+            1,
+        )
+        .replacen(
+            "kind = \"exact\"\nexpected = \"{n}\"",
+            "kind = \"regex\"\npattern = \"{a}{b}\"",
+            1,
+        );
+    let p = TaskPack::parse("p.toml", &src).expect("validation passes past the cap");
+    let mut refused = 0;
+    for seed in 0..2000 {
+        match p.instance(1, seed) {
+            Ok(t) => assert!(matches!(t.checker, Checker::Regex { .. })),
+            Err(e) => {
+                assert!(e.to_string().contains("regex"), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no seed drew a = \"(\" with another b");
+}
+
+#[test]
+fn full_i64_range_variable_draws_across_the_range() {
+    let src = broken(
+        "n = { min = 1, max = 9 }",
+        "n = { min = -9223372036854775808, max = 9223372036854775807 }",
+    );
+    let p = TaskPack::parse("p.toml", &src).unwrap();
+    let answers: std::collections::BTreeSet<String> = (0..64)
+        .map(|seed| p.instance(1, seed).unwrap().oracle.answer)
+        .collect();
+    assert!(answers.len() > 60, "{answers:?}");
+    assert!(
+        answers.iter().all(|a| a.parse::<i64>().is_ok()),
+        "{answers:?}"
+    );
+}
