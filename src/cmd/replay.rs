@@ -874,18 +874,25 @@ mod tests {
     fn a_folder_without_a_store_is_refused_and_left_as_it_was() {
         let dir = tempfile::tempdir().expect("tmp");
         drop(store_group(&dir.path().join("run")));
+        let refused = |path: &Path| match open(path) {
+            Ok(_) => panic!("{} opened as a store", path.display()),
+            Err(e) => e,
+        };
         // The run folder, not its store/: refused, pointing at store/, and nothing written.
         let run = dir.path().join("run");
         let before: Vec<_> = std::fs::read_dir(&run).expect("ls").collect();
-        let err = format!("{:#}", open(&run).err().expect("refused"));
+        let err = format!("{:#}", refused(&run));
         assert!(err.contains("did you mean"), "{err}");
-        assert!(err.contains(&run.join("store").display().to_string()), "{err}");
+        assert!(
+            err.contains(&run.join("store").display().to_string()),
+            "{err}"
+        );
         assert_eq!(std::fs::read_dir(&run).expect("ls").count(), before.len());
-        let err = format!("{:#}", open(&dir.path().join("nowhere")).err().expect("refused"));
+        let err = format!("{:#}", refused(&dir.path().join("nowhere")));
         assert!(err.contains("does not exist"), "{err}");
         let file = dir.path().join("file");
         std::fs::write(&file, "x").expect("write");
-        let err = format!("{:#}", open(&file).err().expect("refused"));
+        let err = format!("{:#}", refused(&file));
         assert!(err.contains("is a file"), "{err}");
         assert!(open(&run.join("store")).is_ok());
     }
