@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corvid_learner::model::ModelConfig;
-use corvid_proto::client::{connect, AuthedClient};
+use corvid_proto::client::{connect, AuthedClient, ConnectError};
 use corvid_proto::{pb, SamplingParams, TaskRef};
 use futures::StreamExt;
 use tonic::Code;
@@ -140,9 +140,10 @@ fn from_status(what: &str, s: tonic::Status) -> LinkError {
 /// A failed learner call: retryable or not (see [`LinkError::is_retryable`]).
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
-    /// The learner could not be reached.
+    /// The learner could not be reached, or the URL or token is unusable (see
+    /// [`ConnectError::is_permanent`]).
     #[error("{0}")]
-    Connect(String),
+    Connect(#[from] ConnectError),
     /// The learner answered with an error status.
     #[error("{what}: {status}")]
     Status {
@@ -157,10 +158,11 @@ pub enum LinkError {
 }
 
 impl LinkError {
-    /// Whether trying again later may help.
+    /// Whether trying again later may help. A learner that does not answer may be
+    /// starting; a URL that does not parse or a token that cannot be sent never improves.
     pub fn is_retryable(&self) -> bool {
         match self {
-            LinkError::Connect(_) => true,
+            LinkError::Connect(e) => !e.is_permanent(),
             LinkError::Status { status, .. } => retryable(status),
             LinkError::Protocol(ActorError::Weights { .. }) => true,
             LinkError::Protocol(_) => false,
@@ -189,9 +191,7 @@ impl LearnerLink {
         if let Some(c) = guard.as_ref() {
             return Ok(c.clone());
         }
-        let c = connect(&self.url, &self.token)
-            .await
-            .map_err(|e| LinkError::Connect(e.to_string()))?;
+        let c = connect(&self.url, &self.token).await?;
         *guard = Some(c.clone());
         Ok(c)
     }
@@ -428,5 +428,43 @@ mod tests {
         }
         b.reset();
         assert!(b.next_delay() <= Duration::from_millis(120));
+    }
+
+    #[tokio::test]
+    async fn a_bad_url_or_token_is_permanent_and_an_unreachable_learner_retryable() {
+        // Nothing listens on loopback port 1: dialling fails with a transport error.
+        let down = LearnerLink::new("http://127.0.0.1:1", "s3cret");
+        let e = down.register("a", "h", 1).await.unwrap_err();
+        assert!(
+            matches!(&e, LinkError::Connect(ConnectError::Connect { .. })),
+            "{e:?}"
+        );
+        assert!(e.is_retryable(), "{e}");
+
+        let e = LearnerLink::new("not a url", "s3cret")
+            .register("a", "h", 1)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, LinkError::Connect(ConnectError::Url { .. })),
+            "{e:?}"
+        );
+        assert!(!e.is_retryable(), "{e}");
+
+        // The token is refused as such even though the learner is down too.
+        let e = LearnerLink::new("http://127.0.0.1:1", "s3c\u{1}ret")
+            .policy_info()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&e, LinkError::Connect(ConnectError::Token { index: 3, .. })),
+            "{e:?}"
+        );
+        assert!(!e.is_retryable(), "{e}");
+
+        let status = |code| from_status("Register", tonic::Status::new(code, "x"));
+        assert!(status(Code::Unavailable).is_retryable());
+        assert!(!status(Code::Unauthenticated).is_retryable());
+        assert!(!status(Code::InvalidArgument).is_retryable());
     }
 }

@@ -7,8 +7,11 @@
 //!
 //! Record layout, repeated: `len: u32 LE`, `crc32(payload): u32 LE`, `payload` = the
 //! protobuf encoding of one `corvid.v1.TrajectoryPart`. A crash can leave a torn last
-//! record; readers stop at the first record that is short or fails its checksum, and
-//! [`seal_abandoned`] cuts the file there before closing it with a footer.
+//! record; readers stop at the first record that is short or fails its checksum (and say
+//! which, [`Stopped`]), and [`seal_abandoned`] cuts a torn tail before closing the file
+//! with a footer. It never cuts a complete record that fails its checksum or does not
+//! decode: a crash while appending cannot produce one, so it is damage, and what follows
+//! it may be intact.
 
 use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -129,7 +132,38 @@ impl JournalWriter {
     }
 }
 
-/// Reads a journal's parts in order, stopping quietly at a torn tail.
+/// Why a [`JournalReader`] stopped before the end of its file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// The file ends inside the record at `offset`: what a crash in the middle of an
+    /// append leaves (a torn tail).
+    Torn {
+        /// Where the incomplete record starts.
+        offset: u64,
+    },
+    /// The record at `offset` is complete but claims more than the record limit, fails
+    /// its checksum or does not decode: damage, not a crash.
+    Damaged {
+        /// Where the record starts.
+        offset: u64,
+        /// What is wrong with it.
+        why: String,
+    },
+}
+
+impl std::fmt::Display for Stopped {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stopped::Torn { offset } => {
+                write!(f, "the file ends inside the record at offset {offset}")
+            }
+            Stopped::Damaged { offset, why } => write!(f, "the record at offset {offset} {why}"),
+        }
+    }
+}
+
+/// Reads a journal's parts in order, stopping quietly at a torn or damaged record
+/// ([`JournalReader::stopped`] says which).
 #[derive(Debug)]
 pub struct JournalReader {
     path: PathBuf,
@@ -137,6 +171,7 @@ pub struct JournalReader {
     /// Bytes of whole, valid records read so far.
     valid_len: u64,
     done: bool,
+    stopped: Option<Stopped>,
 }
 
 impl JournalReader {
@@ -148,6 +183,7 @@ impl JournalReader {
             input: BufReader::new(file),
             valid_len: 0,
             done: false,
+            stopped: None,
         })
     }
 
@@ -156,17 +192,34 @@ impl JournalReader {
         self.valid_len
     }
 
-    fn read_exact_or_eof(&mut self, buf: &mut [u8]) -> Result<bool, ActorError> {
+    /// Why reading stopped before the end of the file (`None`: it has not, or it reached
+    /// the end at a record boundary).
+    pub fn stopped(&self) -> Option<&Stopped> {
+        self.stopped.as_ref()
+    }
+
+    fn stop(&mut self, why: Option<String>) -> Result<Option<pb::TrajectoryPart>, ActorError> {
+        let offset = self.valid_len;
+        self.done = true;
+        self.stopped = Some(match why {
+            None => Stopped::Torn { offset },
+            Some(why) => Stopped::Damaged { offset, why },
+        });
+        Ok(None)
+    }
+
+    /// Reads until `buf` is full or the file ends; returns the bytes read.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<usize, ActorError> {
         let mut got = 0;
         while got < buf.len() {
             match self.input.read(&mut buf[got..]) {
-                Ok(0) => return Ok(false),
+                Ok(0) => break,
                 Ok(n) => got += n,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
                 Err(e) => return Err(ActorError::io(&self.path)(e)),
             }
         }
-        Ok(true)
+        Ok(got)
     }
 
     /// The next part, `None` at the end or at a torn/damaged record.
@@ -175,30 +228,34 @@ impl JournalReader {
             return Ok(None);
         }
         let mut head = [0u8; 8];
-        if !self.read_exact_or_eof(&mut head)? {
-            self.done = true;
+        let got = self.fill(&mut head)?;
+        if got == 0 {
+            self.done = true; // the end, at a record boundary
             return Ok(None);
         }
-        let len = u32::from_le_bytes(head[..4].try_into().expect("4 bytes"));
-        let crc = u32::from_le_bytes(head[4..].try_into().expect("4 bytes"));
+        if got < head.len() {
+            return self.stop(None);
+        }
+        let len = u32::from_le_bytes([head[0], head[1], head[2], head[3]]);
+        let crc = u32::from_le_bytes([head[4], head[5], head[6], head[7]]);
         if len > MAX_RECORD_BYTES {
-            self.done = true;
-            return Ok(None);
+            return self.stop(Some(format!(
+                "claims {len} bytes, over the {MAX_RECORD_BYTES}-byte record limit"
+            )));
         }
         let mut payload = vec![0u8; len as usize];
-        if !self.read_exact_or_eof(&mut payload)? || crc32fast::hash(&payload) != crc {
-            self.done = true;
-            return Ok(None);
+        if self.fill(&mut payload)? < payload.len() {
+            return self.stop(None);
+        }
+        if crc32fast::hash(&payload) != crc {
+            return self.stop(Some("fails its checksum".into()));
         }
         match pb::TrajectoryPart::decode(payload.as_slice()) {
             Ok(p) => {
                 self.valid_len += 8 + u64::from(len);
                 Ok(Some(p))
             }
-            Err(_) => {
-                self.done = true;
-                Ok(None)
-            }
+            Err(e) => self.stop(Some(format!("does not decode: {e}"))),
         }
     }
 }
@@ -223,8 +280,10 @@ pub struct JournalSummary {
     pub generated: u64,
     /// The footer, if the episode finished.
     pub footer: Option<TrajectoryFooter>,
-    /// Bytes of valid records (the rest, if any, is a torn tail).
+    /// Bytes of valid records (the rest, if any, is a torn tail or starts with damage).
     pub valid_len: u64,
+    /// Why reading stopped before the end of the file, if it did.
+    pub stopped: Option<Stopped>,
 }
 
 /// Reads a whole journal (one record at a time) and summarises it.
@@ -237,6 +296,7 @@ pub fn scan(path: &Path) -> Result<JournalSummary, ActorError> {
         generated: 0,
         footer: None,
         valid_len: 0,
+        stopped: None,
     };
     let bad = |why: String| ActorError::Journal {
         path: path.display().to_string(),
@@ -264,13 +324,16 @@ pub fn scan(path: &Path) -> Result<JournalSummary, ActorError> {
         }
         s.valid_len = r.valid_len();
     }
+    s.stopped = r.stopped().cloned();
     Ok(s)
 }
 
 /// Closes a journal left without a footer (the actor died mid-episode): cuts any torn
 /// tail and appends an `abandoned` footer whose totals match its steps. Returns the
-/// summary after sealing; a journal without even a header cannot be submitted and is
-/// reported as such.
+/// summary after sealing. A journal without even a header cannot be submitted, and one
+/// whose reading stopped at a damaged record ([`Stopped::Damaged`]) is not cut (what
+/// follows the damage may be intact): both are reported as [`ActorError::Journal`] and
+/// the file is left as it is.
 pub fn seal_abandoned(path: &Path) -> Result<JournalSummary, ActorError> {
     let mut s = scan(path)?;
     if s.footer.is_some() {
@@ -280,6 +343,16 @@ pub fn seal_abandoned(path: &Path) -> Result<JournalSummary, ActorError> {
         return Err(ActorError::Journal {
             path: path.display().to_string(),
             why: "no header was written; nothing to submit".into(),
+        });
+    }
+    if let Some(d @ Stopped::Damaged { .. }) = &s.stopped {
+        return Err(ActorError::Journal {
+            path: path.display().to_string(),
+            why: format!(
+                "{d}; not cutting it there, since what follows may be intact (records \
+                 before it: {} bytes)",
+                s.valid_len
+            ),
         });
     }
     let file = OpenOptions::new()
@@ -338,6 +411,13 @@ mod tests {
         let f = OpenOptions::new().write(true).open(&path).unwrap();
         f.set_len(len - 5).unwrap();
         drop(f);
+        let torn = scan(&path).unwrap();
+        assert_eq!(
+            torn.stopped,
+            Some(Stopped::Torn {
+                offset: torn.valid_len
+            })
+        );
         let s = seal_abandoned(&path).unwrap();
         assert_eq!(s.steps, 2, "the torn step is cut");
         let again = scan(&path).unwrap();
@@ -357,5 +437,45 @@ mod tests {
             })
             .collect();
         assert_eq!(seqs, vec![0, 1]);
+    }
+
+    #[test]
+    fn a_damaged_record_before_intact_ones_is_reported_and_never_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.traj");
+        let mut w = JournalWriter::create(&path).unwrap();
+        w.header(&synthetic::header("t-1", "hops", 1, 1)).unwrap();
+        let first_step = w.records();
+        for i in 0..3 {
+            w.step(Step::generated(i, vec![1, 2, 3], vec![-0.5; 3], 1))
+                .unwrap();
+        }
+        w.sync().unwrap();
+        drop(w);
+        assert_eq!(first_step, 1);
+        let mut bytes = std::fs::read(&path).unwrap();
+        let header_len = 8 + u64::from(u32::from_le_bytes(bytes[..4].try_into().unwrap()));
+        // Flip a payload byte of the first step: the record is whole, its checksum fails.
+        bytes[header_len as usize + 8] ^= 0x80;
+        std::fs::write(&path, &bytes).unwrap();
+        let s = scan(&path).unwrap();
+        assert_eq!((s.steps, s.valid_len), (0, header_len));
+        assert_eq!(
+            s.stopped,
+            Some(Stopped::Damaged {
+                offset: header_len,
+                why: "fails its checksum".into()
+            })
+        );
+        let e = seal_abandoned(&path).unwrap_err().to_string();
+        assert!(
+            e.contains(&format!("record at offset {header_len} fails its checksum")),
+            "{e}"
+        );
+        assert_eq!(
+            std::fs::read(&path).unwrap(),
+            bytes,
+            "the file is untouched"
+        );
     }
 }

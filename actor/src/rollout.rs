@@ -76,6 +76,17 @@ impl Default for EngineConfig {
     }
 }
 
+/// `now + d`, or, when that does not fit in an [`Instant`] (a timeout of, say, 1e19 s),
+/// an instant a century away (failing that, a day): no setting can make a deadline panic.
+pub(crate) fn instant_after(now: Instant, d: Duration) -> Instant {
+    const YEAR: Duration = Duration::from_secs(365 * 24 * 3600);
+    const DAY: Duration = Duration::from_secs(24 * 3600);
+    now.checked_add(d)
+        .or_else(|| now.checked_add(100 * YEAR))
+        .or_else(|| now.checked_add(DAY))
+        .unwrap_or(now)
+}
+
 /// Receives trajectories as they grow: the header when an episode starts, each step when
 /// its turn's tool result is in, the footer at the end. Calls for one trajectory come in
 /// that order.
@@ -386,7 +397,7 @@ impl<'p> RolloutEngine<'p> {
                 }
             }
             Msg::Shutdown(grace) => {
-                let at = Instant::now() + grace;
+                let at = instant_after(Instant::now(), grace);
                 self.shutdown_at = Some(self.shutdown_at.map_or(at, |t| t.min(at)));
                 self.stats.unstarted += self.queue.len() as u64;
                 self.queue.clear();
@@ -420,7 +431,7 @@ impl<'p> RolloutEngine<'p> {
             let worker = Worker::spawn(self.env.clone(), run.spec.task.clone(), tx, move |ev| {
                 Msg::Tool(key, ev)
             });
-            run.deadline = Some(Instant::now() + self.cfg.tool_timeout);
+            run.deadline = Some(instant_after(Instant::now(), self.cfg.tool_timeout));
             match worker {
                 Ok(w) => {
                     let row = self
@@ -485,7 +496,7 @@ impl<'p> RolloutEngine<'p> {
 
     /// Sends a job to the episode's worker, or ends the episode if the worker is gone.
     fn dispatch(&mut self, key: u64, job: Job, phase: Phase, sink: &mut dyn TrajectorySink) {
-        let deadline = Instant::now() + self.cfg.tool_timeout;
+        let deadline = instant_after(Instant::now(), self.cfg.tool_timeout);
         let Some(slot) = self.episodes.get_mut(&key) else {
             return;
         };

@@ -39,7 +39,9 @@ use crate::client::{Assignment, Backoff, LearnerLink, LinkError, Registration};
 use crate::episode::{unix_ms, EpisodeSpec};
 use crate::error::ActorError;
 use crate::policy::{LoadedPolicy, PolicyUpdate};
-use crate::rollout::{EngineConfig, EngineHandle, RolloutEngine, RolloutStats, TrajectorySink};
+use crate::rollout::{
+    instant_after, EngineConfig, EngineHandle, RolloutEngine, RolloutStats, TrajectorySink,
+};
 use crate::spool::Spool;
 use crate::submit::{
     drain_once, drain_spool, stream_trajectory, PartEvent, SubmitConfig, Submitted, Uplink,
@@ -486,6 +488,13 @@ pub async fn run_actor(
             "recovered journals from a previous run"
         );
     }
+    if rec.rejected > 0 {
+        tracing::warn!(
+            rejected = rec.rejected,
+            folder = %spool.root().join("rejected").display(),
+            "journals from a previous run could not be read; they were set aside, not submitted"
+        );
+    }
     let link = LearnerLink::new(&cfg.learner_url, &cfg.token);
     let up = Uplink {
         link: link.clone(),
@@ -653,7 +662,7 @@ pub async fn run_actor(
     report.drained += drainer.await.unwrap_or(0);
 
     // Last chance for spooled trajectories.
-    let deadline = Instant::now() + cfg.final_drain;
+    let deadline = instant_after(Instant::now(), cfg.final_drain);
     loop {
         let pass = drain_once(&up).await?;
         report.drained += pass.sent;

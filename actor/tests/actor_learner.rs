@@ -2,7 +2,8 @@
 //! trajectories arrive valid with exact log-probs, newer policy versions are picked up
 //! between turns, a learner killed mid-stream gets every trajectory exactly once after it
 //! restarts, a learner that is down gets them from the spool (also across an actor
-//! restart), and a shutdown stores the unfinished episodes as abandoned.
+//! restart), and a shutdown stores the unfinished episodes as abandoned. An actor whose
+//! learner URL or token is unusable stops at once with an error that says so.
 
 mod common;
 
@@ -311,5 +312,35 @@ fn shutdown_finishes_within_the_grace_period_and_stores_the_rest_as_abandoned() 
         if t.footer.termination == Termination::Abandoned {
             assert!(!t.footer.success && t.footer.outcome_reward == 0.0);
         }
+    }
+}
+
+#[test]
+fn an_unusable_url_or_token_stops_the_actor_instead_of_retrying_forever() {
+    let spool = tempfile::tempdir().unwrap();
+    let rt = actor_runtime();
+    for (url, token, needle) in [
+        ("not a url", TOKEN, "learner URL \"not a url\" is invalid"),
+        // Nothing listens on port 1 either: the token must be refused before dialling.
+        (
+            "http://127.0.0.1:1",
+            "s3c\u{1}ret",
+            "byte 0x01 at position 3",
+        ),
+    ] {
+        let mut c = ActorConfig::new(url, token);
+        c.spool_dir = spool.path().to_path_buf();
+        let res = rt.block_on(async {
+            tokio::time::timeout(
+                Duration::from_secs(20),
+                run_actor(c, std::future::pending()),
+            )
+            .await
+        });
+        let err = res
+            .expect("the actor kept retrying a mistake no retry fixes")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("Register") && err.contains(needle), "{err}");
     }
 }

@@ -1,7 +1,8 @@
 //! The rollout engine on a tiny random policy and real sandboxed tasks: trajectories are
 //! valid, every recorded log-prob is what a full forward over the stored tokens gives, an
 //! oracle driven through the engine passes its checker, and a weight swap happens only
-//! between turns with exact log-probs on both sides of it.
+//! between turns with exact log-probs on both sides of it. A tool timeout or shutdown
+//! grace too long for a deadline cannot make the engine panic.
 
 mod common;
 
@@ -251,4 +252,47 @@ fn a_turn_cut_by_the_context_budget_uses_the_room_left_and_ends_context_full() {
     );
     assert_eq!(t.footer.token_count as usize, prompt + 30);
     assert!(t.steps[0].tool_call.is_none() && t.steps[0].tool_result.is_none());
+}
+
+#[test]
+fn timeouts_too_long_for_a_deadline_do_not_panic_the_engine() {
+    let mut policy = random_policy(1);
+    let env = env();
+    let spec = |i: u64| {
+        let mut s = EpisodeSpec::new(format!("ep-{i}"), task("hops", 1, 10), sampling(8, i));
+        s.max_turns = 2;
+        s
+    };
+    let forever = EngineConfig {
+        max_concurrency: 2,
+        tool_timeout: Duration::MAX,
+        ..EngineConfig::default()
+    };
+    let (trajs, _) = run_episodes(
+        &mut policy,
+        &env,
+        vec![spec(0), spec(1)],
+        forever.clone(),
+        None,
+    )
+    .expect("the engine ran");
+    assert_eq!(trajs.len(), 2);
+    for t in &trajs {
+        assert_valid(t);
+        assert_eq!(
+            t.footer.termination,
+            Termination::MaxTurns,
+            "{:?}",
+            t.footer
+        );
+    }
+    // A shutdown whose grace never ends: the engine still runs every admitted episode out.
+    let mut engine = RolloutEngine::new(&mut policy, env.clone(), forever);
+    let h = engine.handle();
+    h.start_episode(spec(2)).unwrap();
+    h.shutdown(Duration::MAX).unwrap();
+    let stats = engine
+        .run(&mut CollectSink::default())
+        .expect("the engine ran");
+    assert_eq!(stats.episodes + stats.unstarted, 1, "{stats:?}");
 }

@@ -1,5 +1,6 @@
 //! `corvid actor`: roll out episodes against sandboxed tools and stream them to a learner.
 
+use std::ops::RangeInclusive;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -20,10 +21,10 @@ and are submitted when it is back (also after an actor restart). Give each actor
 its own --spool. SIGTERM or ctrl-c lets in-flight episodes finish for --grace-s seconds,
 then records the rest as abandoned.")]
 pub struct ActorArgs {
-    /// The learner's gRPC URL.
+    /// The learner's gRPC URL, http://HOST:PORT (no TLS).
     #[arg(long, value_name = "URL")]
     learner: String,
-    /// File holding the run's shared token (first line).
+    /// File holding the run's shared token (first line; visible ASCII, no spaces).
     #[arg(long, value_name = "FILE")]
     token_file: PathBuf,
     /// Episodes run at once (and decoded together).
@@ -45,10 +46,12 @@ pub struct ActorArgs {
     /// sharing a machine: contending OpenMP threads slow small-batch decoding badly.
     #[arg(long, default_value_t = 1)]
     threads: i32,
-    /// Seconds in-flight episodes may finish after SIGTERM before they are abandoned.
+    /// Seconds in-flight episodes may finish after SIGTERM before they are abandoned,
+    /// 0 to 86400 (one day).
     #[arg(long, default_value_t = 30.0)]
     grace_s: f64,
-    /// Seconds a tool call or checker may take before its episode ends as infra_error.
+    /// Seconds a tool call or checker may take before its episode ends as infra_error,
+    /// 1 to 3600 (one hour; the sandbox's own limits are far shorter).
     #[arg(long, default_value_t = 120.0)]
     tool_timeout_s: f64,
     /// Task pack TOML files the learner may assign from (repeatable).
@@ -74,12 +77,21 @@ fn parse_device(s: &str) -> Result<tch::Device> {
     }
 }
 
-fn secs(what: &str, s: f64) -> Result<Duration> {
+/// Bounds of `--grace-s`, seconds: abandon at once, up to a day.
+const GRACE_S: RangeInclusive<f64> = 0.0..=86_400.0;
+/// Bounds of `--tool-timeout-s`, seconds: under a second every workspace creation would
+/// time out; over an hour the host is stuck, not slow.
+const TOOL_TIMEOUT_S: RangeInclusive<f64> = 1.0..=3_600.0;
+
+/// `s` seconds as a duration, refused (naming `flag` and the range) unless within `range`.
+fn secs(flag: &str, s: f64, range: RangeInclusive<f64>) -> Result<Duration> {
     anyhow::ensure!(
-        s.is_finite() && s >= 0.0,
-        "{what} must be a number of seconds >= 0"
+        range.contains(&s),
+        "{flag} {s:?}: give a number of seconds from {} to {}",
+        range.start(),
+        range.end()
     );
-    Ok(Duration::from_secs_f64(s))
+    Duration::try_from_secs_f64(s).with_context(|| format!("{flag} {s:?}"))
 }
 
 /// Resolves when SIGTERM or ctrl-c arrives.
@@ -108,6 +120,9 @@ async fn shutdown_signal() {
 /// The actor's configuration from the flags.
 fn config(a: &ActorArgs) -> Result<ActorConfig> {
     anyhow::ensure!(a.concurrency >= 1, "--concurrency must be at least 1");
+    // Checked here with the client's own rules, so a typo fails now instead of being
+    // retried against a learner that cannot be reached.
+    corvid_proto::client::learner_endpoint(&a.learner).context("--learner")?;
     let token = corvid_proto::auth::read_token_file(&a.token_file)
         .with_context(|| format!("reading the token file {}", a.token_file.display()))?;
     let mut cfg = ActorConfig::new(&a.learner, token);
@@ -120,9 +135,9 @@ fn config(a: &ActorArgs) -> Result<ActorConfig> {
         .unwrap_or_else(|| PathBuf::from(".corvid/spool").join(&a.name));
     cfg.device = parse_device(&a.device)?;
     cfg.threads = a.threads;
-    cfg.shutdown_grace = secs("--grace-s", a.grace_s)?;
+    cfg.shutdown_grace = secs("--grace-s", a.grace_s, GRACE_S)?;
     cfg.engine = EngineConfig {
-        tool_timeout: secs("--tool-timeout-s", a.tool_timeout_s)?,
+        tool_timeout: secs("--tool-timeout-s", a.tool_timeout_s, TOOL_TIMEOUT_S)?,
         ..EngineConfig::default()
     };
     cfg.task_packs = a.task_packs.clone();
@@ -205,12 +220,74 @@ mod tests {
         let bad = Cli::parse_from([
             "x",
             "--learner",
-            "u",
+            "http://127.0.0.1:1",
             "--token-file",
             token.to_str().unwrap(),
             "--device",
             "tpu",
         ]);
-        assert!(config(&bad.args).is_err());
+        let e = config(&bad.args).unwrap_err().to_string();
+        assert!(e.contains("--device \"tpu\""), "{e}");
+    }
+
+    /// The error `config` gives for these flags (with a token file holding `token`).
+    fn config_error(learner: &str, token: &[u8], extra: &[&str]) -> String {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("token");
+        std::fs::write(&file, token).unwrap();
+        let mut argv = vec![
+            "x",
+            "--learner",
+            learner,
+            "--token-file",
+            file.to_str().unwrap(),
+        ];
+        argv.extend_from_slice(extra);
+        let cli = Cli::parse_from(argv);
+        let e = format!("{:#}", config(&cli.args).unwrap_err());
+        e.replace(file.to_str().unwrap(), "TOKEN_FILE")
+    }
+
+    #[test]
+    fn an_unusable_learner_url_or_token_fails_at_once_naming_the_flag_or_file() {
+        for url in ["not a url", "127.0.0.1:50051", "https://learner:50051"] {
+            let e = config_error(url, b"s3cret\n", &[]);
+            assert!(e.starts_with("--learner: ") && e.contains(url), "{e}");
+        }
+        let e = config_error("http://127.0.0.1:1", b"s3c\x01ret\n", &[]);
+        assert!(
+            e.contains("TOKEN_FILE") && e.contains("byte 0x01 at offset 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn timeouts_outside_their_range_are_refused_naming_the_flag() {
+        assert_eq!(secs("--x", 0.0, GRACE_S).unwrap(), Duration::ZERO);
+        assert_eq!(
+            secs("--x", 86_400.0, GRACE_S).unwrap(),
+            Duration::from_secs(86_400)
+        );
+        assert_eq!(
+            secs("--x", 1.5, TOOL_TIMEOUT_S).unwrap(),
+            Duration::from_millis(1500)
+        );
+        for (flag, v) in [
+            ("--grace-s", "1e20"),
+            ("--grace-s", "86400.5"),
+            ("--grace-s", "-1"),
+            ("--grace-s", "NaN"),
+            ("--grace-s", "inf"),
+            ("--tool-timeout-s", "1e19"),
+            ("--tool-timeout-s", "3601"),
+            ("--tool-timeout-s", "0"),
+        ] {
+            let arg = format!("{flag}={v}");
+            let e = config_error("http://127.0.0.1:1", b"s3cret\n", &[&arg]);
+            assert!(
+                e.starts_with(&format!("{flag} ")) && e.contains("give a number of seconds from"),
+                "{arg}: {e}"
+            );
+        }
     }
 }
