@@ -397,22 +397,27 @@ fn regex_checker_is_compiled_for_combinations_and_small_ranges() {
     TaskPack::parse("p.toml", &regex("{n}|{f}")).unwrap();
 }
 
+/// The base pack with two more choice variables, `a` and `b`, and a regex checker
+/// `{a}{b}`: 100 x 100 values is past validation's rendering cap.
+fn regex_pair_pack(a: &[String], b: &[String]) -> String {
+    BASE.replacen(
+        "f = { choices = [\"a.txt\", \"b.txt\"] }",
+        &format!("f = {{ choices = [\"a.txt\", \"b.txt\"] }}\na = {{ choices = {a:?} }}\nb = {{ choices = {b:?} }}"),
+        1,
+    )
+    .replacen(
+        "kind = \"exact\"\nexpected = \"{n}\"",
+        "kind = \"regex\"\npattern = \"{a}{b}\"",
+        1,
+    )
+}
+
 #[test]
 fn past_the_rendering_cap_every_single_value_is_still_tried() {
     let a: Vec<String> = (0..100).map(|i| format!("a{i}")).collect();
     let mut b: Vec<String> = (0..100).map(|i| format!("b{i}")).collect();
     b[57] = "(".into();
-    let src = BASE
-        .replacen(
-            "f = { choices = [\"a.txt\", \"b.txt\"] }",
-            &format!("f = {{ choices = [\"a.txt\", \"b.txt\"] }}\na = {{ choices = {a:?} }}\nb = {{ choices = {b:?} }}"),
-            1,
-        )
-        .replacen(
-            "kind = \"exact\"\nexpected = \"{n}\"",
-            "kind = \"regex\"\npattern = \"{a}{b}\"",
-            1,
-        );
+    let src = regex_pair_pack(&a, &b);
     diagnostics_with(&src, "b = \"(\"");
 }
 
@@ -425,17 +430,7 @@ fn a_regex_that_only_a_pair_past_the_cap_breaks_is_an_instance_error_not_a_faile
     let mut b: Vec<String> = (0..100).map(|i| format!("b{i}")).collect();
     a[0] = "(".into();
     b[0] = ")".into();
-    let src = BASE
-        .replacen(
-            "f = { choices = [\"a.txt\", \"b.txt\"] }",
-            &format!("f = {{ choices = [\"a.txt\", \"b.txt\"] }}\na = {{ choices = {a:?} }}\nb = {{ choices = {b:?} }}"),
-            1,
-        )
-        .replacen(
-            "kind = \"exact\"\nexpected = \"{n}\"",
-            "kind = \"regex\"\npattern = \"{a}{b}\"",
-            1,
-        );
+    let src = regex_pair_pack(&a, &b);
     let p = TaskPack::parse("p.toml", &src).expect("validation passes past the cap");
     let mut refused = 0;
     for seed in 0..2000 {
