@@ -47,5 +47,8 @@ for e in "$@"; do args+=(-e "$e"); done
 config="runs/$name.toml"
 sed "${args[@]}" "$config_in" > "$config"
 grep -q "^init = \"$base/ref\"" "$config" || { echo "$config: no [model] table to set init in" >&2; exit 1; }
-"$corvid" run --config "$config" --name "$name" --no-ablation > "runs/$name.log" 2>&1
+# RL for a fixed RL_MINUTES (default 2.75, as the experiments in docs/bench/raw used), not
+# what the config's run_minutes would leave after a skipped SFT.
+"$corvid" run --config "$config" --name "$name" --no-ablation --rl-minutes "${RL_MINUTES:-2.75}" \
+  > "runs/$name.log" 2>&1
 grep -E "hops/[0-9]" "runs/$name.log"

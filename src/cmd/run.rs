@@ -9,6 +9,9 @@
 //!    copied to `runs/<name>-ablation/`, so both RL runs start from the same SFT weights.
 //! 3. **RL**: `corvid learner --resume` and K `corvid actor`s, for `rl_minutes` of wall time
 //!    (or until the learner reaches `schedule.max_updates`); one progress line per update.
+//!    With `run_minutes` set, each arm instead gets what is left of that budget after SFT,
+//!    less `eval_reserve_minutes`, shared between the arms and capped at `rl_minutes`
+//!    ([`rl_minutes_within`]): a slower machine's longer SFT leaves RL less, a faster one's more.
 //!    Then the actors get SIGTERM (they finish or abandon their episodes, nothing is lost),
 //!    then the learner (it checkpoints). The ablation runs the same way on its copy.
 //! 4. **Evaluation** in this process on held-out seeds: the random initial policy, the SFT
@@ -53,8 +56,8 @@ use super::eval::{evaluate_into, open_store, EvalArgs, EvalResult};
   corvid report --run-dir runs/demo          rebuild the report of a finished or interrupted run
 
 The config is a learner config (see configs/demo.toml) plus a [run] table:
-  actors, actor_concurrency, rl_minutes, eval_family, eval_levels, eval_episodes,
-  eval_concurrency, eval_max_new_tokens, ablation (another learner config, e.g.
+  actors, actor_concurrency, rl_minutes, run_minutes, eval_reserve_minutes, eval_family,
+  eval_levels, eval_episodes, eval_concurrency, eval_max_new_tokens, ablation (another learner config, e.g.
   configs/demo-grpo.toml, trained on a copy of the SFT result for the same budget).
 Output: runs/<name>/ with learner.log, actor-<i>.log, store/, ckpt/, ref/, metrics/, eval/,
 run.json, report.json, report.html and PNG plots. Ctrl-C stops training cleanly (with a
@@ -66,7 +69,7 @@ pub struct RunArgs {
     /// Run name (default: `run_name` in the config); the run folder is runs/<name>.
     #[arg(long)]
     name: Option<String>,
-    /// Override `[run] rl_minutes`.
+    /// Override `[run] rl_minutes`: a fixed RL budget per arm (turns `run_minutes` off).
     #[arg(long)]
     rl_minutes: Option<f64>,
     /// Override `[run] eval_episodes`.
@@ -86,8 +89,14 @@ pub struct RunSection {
     /// Episodes each actor runs at once. Default 16.
     pub actor_concurrency: usize,
     /// Wall-clock minutes of RL per run (the learner's `schedule.max_updates` may stop it
-    /// sooner). Default 8.
+    /// sooner); with `run_minutes` set, the most each arm gets. Default 8.
     pub rl_minutes: f64,
+    /// Wall-clock minutes the whole run should take (0 = off). When set, each RL arm gets
+    /// what is left after SFT, less `eval_reserve_minutes`, shared between the arms, at most
+    /// `rl_minutes` and at least half a minute. Default 0.
+    pub run_minutes: f64,
+    /// Minutes kept for evaluation and the report when `run_minutes` is set. Default 2.5.
+    pub eval_reserve_minutes: f64,
     /// Family evaluated on held-out seeds. Default `hops`.
     pub eval_family: String,
     /// Levels evaluated, `A..B`; `corvid run` extends `B` up to the higher of the arms' final
@@ -114,6 +123,8 @@ impl Default for RunSection {
             actors: 2,
             actor_concurrency: 16,
             rl_minutes: 8.0,
+            run_minutes: 0.0,
+            eval_reserve_minutes: 2.5,
             eval_family: "hops".into(),
             eval_levels: "1..4".into(),
             eval_episodes: 200,
@@ -140,6 +151,14 @@ impl RunSection {
         ] {
             if !(minutes.is_finite() && minutes > 0.0 && minutes <= MAX_PHASE_MINUTES) {
                 bail!("[run] {field} = {minutes}: must be a number of minutes in (0, {MAX_PHASE_MINUTES}]");
+            }
+        }
+        for (field, minutes) in [
+            ("run_minutes", self.run_minutes),
+            ("eval_reserve_minutes", self.eval_reserve_minutes),
+        ] {
+            if !(minutes.is_finite() && (0.0..=MAX_PHASE_MINUTES).contains(&minutes)) {
+                bail!("[run] {field} = {minutes}: must be a number of minutes in [0, {MAX_PHASE_MINUTES}]");
             }
         }
         for (field, n) in [
@@ -176,6 +195,23 @@ impl RunSection {
         }
         Ok(())
     }
+}
+
+/// The least RL an arm gets when `run_minutes` is set, however long SFT took.
+const MIN_RL_MINUTES: f64 = 0.5;
+
+/// Each RL arm's minutes when the whole run should take `run_minutes`: what is left after
+/// `elapsed` minutes (SFT and start-up) and the evaluation reserve, shared between `arms`,
+/// at most `cap` (`rl_minutes`) and at least [`MIN_RL_MINUTES`].
+pub fn rl_minutes_within(
+    run_minutes: f64,
+    elapsed: f64,
+    eval_reserve: f64,
+    arms: u32,
+    cap: f64,
+) -> f64 {
+    let left = (run_minutes - elapsed - eval_reserve) / f64::from(arms.max(1));
+    left.min(cap).max(MIN_RL_MINUTES.min(cap))
 }
 
 /// A run name becomes the folder `runs/<name>`: a non-empty name of `[A-Za-z0-9_.-]` that is
@@ -924,10 +960,12 @@ fn success_at(r: &EvalResult, level: u32) -> Option<f64> {
 /// Runs the command.
 pub fn run(args: RunArgs) -> Result<ExitCode> {
     let started_unix_ms = corvid_learner::store::now_unix_ms();
+    let started = Instant::now();
     let stop = interrupts();
     let (table, mut run) = split_config(&args.config)?;
     if let Some(m) = args.rl_minutes {
         run.rl_minutes = m;
+        run.run_minutes = 0.0;
     }
     if let Some(n) = args.eval_episodes {
         run.eval_episodes = n;
@@ -1003,6 +1041,23 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         ablation_cfg = Some((p, aport, dir));
     }
 
+    if run.run_minutes > 0.0 {
+        let elapsed = started.elapsed().as_secs_f64() / 60.0;
+        let arms = 1 + u32::from(ablation_cfg.is_some());
+        let cap = run.rl_minutes;
+        run.rl_minutes = rl_minutes_within(
+            run.run_minutes,
+            elapsed,
+            run.eval_reserve_minutes,
+            arms,
+            cap,
+        );
+        eprintln!(
+            "[run] {elapsed:.1} of run_minutes = {} used; RL gets {:.2} minutes per arm \
+             ({arms} arm(s), {} kept for evaluation, at most rl_minutes = {cap})",
+            run.run_minutes, run.rl_minutes, run.eval_reserve_minutes
+        );
+    }
     let packs = cfg.tasks.packs.clone();
     let main = rl_phase("rl", &learner_cfg, port, &run_dir, &run, &packs, &stop)?;
     stages.insert("rl_s".to_string(), main.seconds);
@@ -1164,6 +1219,23 @@ mod run_section_tests {
         assert!(err.contains("[run] eval_family = \"hopz\""), "{err}");
         let err = family("shell", "1..9").expect_err("past the family's levels");
         assert!(err.contains("[run] eval_levels"), "{err}");
+    }
+
+    #[test]
+    fn rl_arms_share_what_run_minutes_leaves_after_sft_and_the_evaluation_reserve() {
+        // 19 minutes, SFT took 7.5, 2.5 kept for evaluation: 9 left, 4.5 per arm of two.
+        assert_eq!(rl_minutes_within(19.0, 7.5, 2.5, 2, 6.0), 4.5);
+        // One arm (no ablation) gets it all, up to the cap.
+        assert_eq!(rl_minutes_within(19.0, 7.5, 2.5, 1, 6.0), 6.0);
+        assert_eq!(rl_minutes_within(19.0, 12.5, 2.5, 1, 6.0), 4.0);
+        // A slow SFT leaves RL the floor, not nothing.
+        assert_eq!(rl_minutes_within(19.0, 18.0, 2.5, 2, 6.0), MIN_RL_MINUTES);
+        assert_eq!(rl_minutes_within(19.0, 18.0, 2.5, 2, 0.25), 0.25);
+        let bad = RunSection {
+            run_minutes: -1.0,
+            ..RunSection::default()
+        };
+        assert!(format!("{:#}", bad.validate().unwrap_err()).contains("[run] run_minutes"));
     }
 
     #[test]
