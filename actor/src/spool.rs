@@ -96,14 +96,16 @@ impl Spool {
         self.active.join(format!("{trajectory_id}.{EXT}"))
     }
 
-    fn move_into(&self, path: &Path, dir: &Path) -> Result<PathBuf, ActorError> {
-        let name = path
-            .file_name()
-            .ok_or_else(|| ActorError::invalid("journal path", path.display().to_string()))?;
-        let to = dir.join(name);
+    /// `path`'s file name, or an error naming the path.
+    fn file_name(path: &Path) -> Result<&std::ffi::OsStr, ActorError> {
+        path.file_name()
+            .ok_or_else(|| ActorError::invalid("journal path", path.display().to_string()))
+    }
+
+    /// Renames `path` to `to` and makes the rename durable.
+    fn move_to(path: &Path, to: PathBuf) -> Result<PathBuf, ActorError> {
         std::fs::rename(path, &to).map_err(ActorError::io(path))?;
-        // Make the rename durable.
-        if let Ok(d) = std::fs::File::open(dir) {
+        if let Some(Ok(d)) = to.parent().map(std::fs::File::open) {
             let _ = d.sync_all();
         }
         Ok(to)
@@ -111,36 +113,24 @@ impl Spool {
 
     /// Queues a finished journal for the drainer.
     pub fn mark_ready(&self, journal: &Path) -> Result<PathBuf, ActorError> {
-        self.move_into(journal, &self.ready)
+        Self::move_to(journal, self.ready.join(Self::file_name(journal)?))
     }
 
     /// Sets aside a journal the learner refused as invalid (or that cannot be read). A
     /// journal of the same name already in `rejected/` is kept: this one gets a numbered
     /// name (`<name>.1.traj`, …).
     pub fn reject(&self, journal: &Path) -> Result<PathBuf, ActorError> {
-        let name = journal
-            .file_name()
-            .ok_or_else(|| ActorError::invalid("journal path", journal.display().to_string()))?;
-        if !self.rejected.join(name).exists() {
-            return self.move_into(journal, &self.rejected);
-        }
+        let mut to = self.rejected.join(Self::file_name(journal)?);
         let stem = journal
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
         let mut n = 1u32;
-        let to = loop {
-            let to = self.rejected.join(format!("{stem}.{n}.{EXT}"));
-            if !to.exists() {
-                break to;
-            }
+        while to.exists() {
+            to = self.rejected.join(format!("{stem}.{n}.{EXT}"));
             n += 1;
-        };
-        std::fs::rename(journal, &to).map_err(ActorError::io(journal))?;
-        if let Ok(d) = std::fs::File::open(&self.rejected) {
-            let _ = d.sync_all();
         }
-        Ok(to)
+        Self::move_to(journal, to)
     }
 
     fn list(dir: &Path) -> Result<Vec<PathBuf>, ActorError> {

@@ -62,6 +62,20 @@ fn invalid(field: &str, value: impl ToString, expected: &str) -> ConfigError {
     }
 }
 
+/// Checks a run name: it becomes the folder `runs/<name>`, so a non-empty name of
+/// `[A-Za-z0-9_.-]` that is not only dots (`..` would be the folder above `runs/`).
+pub fn check_run_name(name: &str) -> Result<(), ConfigError> {
+    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
+    if name.is_empty() || !name.chars().all(allowed) || name.chars().all(|c| c == '.') {
+        return Err(invalid(
+            "run_name",
+            format!("{name:?}"),
+            "a non-empty name of [A-Za-z0-9_.-] that is not only dots",
+        ));
+    }
+    Ok(())
+}
+
 /// Where the policy is trained and sampled from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -457,20 +471,7 @@ impl LearnerConfig {
 
     /// Checks every field, naming the offending one.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        // The name becomes the folder `runs/<run_name>`: `..` would be the folder above.
-        if self.run_name.is_empty()
-            || !self
-                .run_name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            || self.run_name.chars().all(|c| c == '.')
-        {
-            return Err(invalid(
-                "run_name",
-                format!("{:?}", self.run_name),
-                "a non-empty name of [A-Za-z0-9_.-] that is not only dots",
-            ));
-        }
+        check_run_name(&self.run_name)?;
         self.listen_addr()?;
         self.torch_device()?;
         let model = self.model.resolve()?;

@@ -169,8 +169,7 @@ fn open(path: &Path) -> Result<Arc<TrajectoryStore>> {
         );
     }
     TrajectoryStore::open(path).map(Arc::new).map_err(|e| {
-        let locked = e.to_string().contains("could not acquire lock");
-        let why = if locked {
+        let why = if e.is_locked() {
             "another process has it open (sled allows one; replay a stopped learner's store or a copy)"
         } else {
             "the store is unreadable"

@@ -214,17 +214,10 @@ pub fn rl_minutes_within(
     left.min(cap).max(MIN_RL_MINUTES.min(cap))
 }
 
-/// A run name becomes the folder `runs/<name>`: a non-empty name of `[A-Za-z0-9_.-]` that is
-/// not only dots (`..` would be the folder above `runs/`).
+/// The learner's run-name rule, naming where `corvid run` took the name from.
 fn check_run_name(name: &str) -> Result<()> {
-    let allowed = |c: char| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.');
-    if name.is_empty() || !name.chars().all(allowed) || name.chars().all(|c| c == '.') {
-        bail!(
-            "run name {name:?} (--name, else the config's run_name): use a non-empty name of \
-             [A-Za-z0-9_.-] that is not only dots"
-        );
-    }
-    Ok(())
+    corvid_learner::config::check_run_name(name)
+        .context("the run name (--name, else the config's run_name)")
 }
 
 /// `run.json`: what happened, for the report.

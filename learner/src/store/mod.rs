@@ -98,6 +98,11 @@ pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
 /// reported, after this wait.
 const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Whether sled refused to open a store because another process holds its file lock.
+fn is_lock_error(e: &sled::Error) -> bool {
+    matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
 fn open_db(path: &Path, cache_bytes: u64) -> sled::Result<sled::Db> {
     let started = std::time::Instant::now();
     loop {
@@ -106,10 +111,7 @@ fn open_db(path: &Path, cache_bytes: u64) -> sled::Result<sled::Db> {
             .cache_capacity(cache_bytes)
             .open()
         {
-            Err(sled::Error::Io(e))
-                if e.to_string().contains("could not acquire lock")
-                    && started.elapsed() < LOCK_WAIT =>
-            {
+            Err(e) if is_lock_error(&e) && started.elapsed() < LOCK_WAIT => {
                 std::thread::sleep(std::time::Duration::from_millis(25));
             }
             other => return other,
@@ -169,6 +171,14 @@ pub enum StoreError {
         #[source]
         source: std::io::Error,
     },
+}
+
+impl StoreError {
+    /// Whether the store could not be opened because another process has it open (sled
+    /// allows one).
+    pub fn is_locked(&self) -> bool {
+        matches!(self, StoreError::Sled { source, .. } if is_lock_error(source))
+    }
 }
 
 /// Result alias for the store.
