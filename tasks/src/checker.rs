@@ -57,7 +57,9 @@ pub enum Checker {
     },
     /// Every listed file of the final workspace meets its expectation.
     FileState {
-        /// Path (relative to the workspace) → expectation.
+        /// Path (relative to the workspace) → expectation. In a task pack both the paths
+        /// and the texts are templates, rendered with the instance's variables (the paths
+        /// under the rules of `[files]` paths).
         files: BTreeMap<String, FileExpectation>,
     },
     /// Sandbox only: `command` run in the final workspace exits with `exit_code`.

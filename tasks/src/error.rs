@@ -46,6 +46,20 @@ pub enum TasksError {
     /// A task pack has errors; each names its file and line.
     #[error("{} error(s) in task pack:\n{}", .0.len(), .0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n"))]
     Pack(Vec<PackDiagnostic>),
+    /// A valid task pack cannot build one instance with the values it drew (for example two
+    /// `[files]` keys rendered to one path); validation reports what it finds beforehand,
+    /// but past its rendering cap it does not try every combination of values.
+    #[error("task pack {file}: instance {instance} ({vars}): {message}")]
+    PackInstance {
+        /// The pack file.
+        file: String,
+        /// The instance id, `pack/L<level>/s<seed>`.
+        instance: String,
+        /// The values drawn, `a = "x", b = "y"`.
+        vars: String,
+        /// What is wrong, naming the templates involved and what they rendered to.
+        message: String,
+    },
     /// Saved curriculum state could not be read back.
     #[error("curriculum state is not valid JSON of the expected shape: {0}")]
     State(String),

@@ -486,31 +486,34 @@ impl BadRendering {
     }
 }
 
-/// Renders `template` with every [`assignments`] of the declared variables it uses and
-/// runs `check` on each rendering; the first rejected one, if any. `None` too when the
-/// template has an unclosed `{` (reported with the other template errors).
+/// Renders `templates` together with every [`assignments`] of the declared variables they
+/// use and runs `check` on each set of renderings (in the order of `templates`); the first
+/// rejected one, if any, with `rendered` the rendering of the first template. `None` too
+/// when a template has an unclosed `{` (reported with the other template errors).
 fn first_bad_rendering(
     raw: &RawPack,
     declared: &BTreeSet<&str>,
-    template: &str,
-    check: impl Fn(&str) -> Result<(), String>,
+    templates: &[&str],
+    check: impl Fn(&[String]) -> Result<(), String>,
 ) -> Option<BadRendering> {
-    let used = placeholders(template).ok()?;
-    let names: BTreeSet<&str> = used
-        .iter()
-        .map(String::as_str)
-        .filter(|n| declared.contains(n))
-        .collect();
+    let mut names = BTreeSet::new();
+    for t in templates {
+        let used = placeholders(t).ok()?;
+        names.extend(
+            used.iter()
+                .filter_map(|n| declared.get(n.as_str()).copied()),
+        );
+    }
     let all = assignments(raw, &names);
     let mut bad: Option<BadRendering> = None;
     let mut failed = 0;
     for vars in &all {
-        let rendered = render(template, vars);
+        let rendered: Vec<String> = templates.iter().map(|t| render(t, vars)).collect();
         if let Err(reason) = check(&rendered) {
             failed += 1;
             bad.get_or_insert(BadRendering {
                 vars: vars.clone(),
-                rendered,
+                rendered: rendered.into_iter().next().unwrap_or_default(),
                 reason,
                 failed: 0,
                 checked: 0,
@@ -548,18 +551,116 @@ fn clean_workspace_path(p: &str) -> String {
     }
 }
 
-/// Every `[files]` path, rendered as instances render it, must be one the sandbox accepts:
-/// it refuses the whole workspace otherwise, an infrastructure error for every episode
-/// that draws that path.
-fn check_file_paths(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str>) {
+/// How errors name the keys of one map of workspace paths of a pack: the `[files]` paths,
+/// or a `file_state` checker's. Both are templates rendered with the instance's variables;
+/// both must render to paths the sandbox accepts, and to distinct ones (a map holds one
+/// value per path: another key rendered to it would be lost).
+struct PathKeys {
+    /// One key, as errors name it: `[files] path`.
+    one: &'static str,
+    /// Two keys: `[files] paths`.
+    two: &'static str,
+    /// What happens to an instance with an invalid key.
+    refused: &'static str,
+    /// What two keys rendered to one path would lose.
+    lost: &'static str,
+}
+
+/// The `[files]` paths.
+const FILES: PathKeys = PathKeys {
+    one: "[files] path",
+    two: "[files] paths",
+    refused: "the sandbox refuses it",
+    lost: "one file's content would replace the other's",
+};
+
+/// A `file_state` checker's paths.
+const FILE_STATE: PathKeys = PathKeys {
+    one: "checker file_state key",
+    two: "checker file_state keys",
+    refused: "instances refuse it (no workspace holds such a path)",
+    lost: "one expectation would replace the other",
+};
+
+/// Renders the path templates of `entries` with `vars`, keeping each value. A rendered
+/// path the sandbox refuses (when `check_paths`; instances leave `[files]` paths to the
+/// sandbox, which refuses them by name) and two templates rendered to one path are errors
+/// naming the templates and what they rendered to.
+fn render_paths<V>(
+    keys: &PathKeys,
+    entries: impl IntoIterator<Item = (String, V)>,
+    vars: &BTreeMap<String, String>,
+    check_paths: bool,
+) -> Result<BTreeMap<String, V>, String> {
+    let mut out = BTreeMap::new();
+    let mut templates: BTreeMap<String, String> = BTreeMap::new();
+    for (t, v) in entries {
+        let p = render(&t, vars);
+        if let Some(why) = workspace_path_problem(&p).filter(|_| check_paths) {
+            return Err(format!(
+                "{} {t:?} renders to {p:?}, which is not a valid workspace path: {why}",
+                keys.one
+            ));
+        }
+        if let Some(first) = templates.get(&p) {
+            return Err(format!(
+                "{} {first:?} and {t:?} both render to {p:?}; {}",
+                keys.two, keys.lost
+            ));
+        }
+        templates.insert(p.clone(), t);
+        out.insert(p, v);
+    }
+    Ok(out)
+}
+
+/// The keys of the checker's `files` table (a `file_state` checker's paths), each located
+/// at its first occurrence in the checker's table (written in quotes, or bare), in file
+/// order.
+fn checker_file_keys(src: &str, raw: &RawPack) -> Vec<(Range<usize>, String)> {
+    let span = raw.checker.span();
+    let Some(files) = raw
+        .checker
+        .get_ref()
+        .get("files")
+        .and_then(|f| f.as_table())
+    else {
+        return Vec::new();
+    };
+    let mut keys: Vec<(Range<usize>, String)> = files
+        .keys()
+        .map(|k| {
+            let quoted = narrow(src, &span, &format!("{k:?}"));
+            let at = if quoted != span {
+                quoted
+            } else {
+                narrow(src, &span, k)
+            };
+            (at, k.clone())
+        })
+        .collect();
+    keys.sort_by_key(|(at, _)| at.start);
+    keys
+}
+
+/// Every path of `paths` (templates in file order, located), rendered as instances render
+/// it, must be one the sandbox accepts, and no two may render to the same path with any
+/// values validation tries: an instance refuses either, so every episode that draws it is
+/// lost (the sandbox refuses a `[files]` path itself, the workspace as a whole).
+fn check_path_keys(
+    d: &mut Diags<'_>,
+    raw: &RawPack,
+    declared: &BTreeSet<&str>,
+    keys: &PathKeys,
+    paths: &[(Range<usize>, String)],
+) {
     let rules = format!(
         "relative to the workspace: no leading '/', no empty, '.' or '..' component, no control or bidi-override characters, at most {} bytes",
         corvid_sandbox::limits::MAX_PATH_BYTES
     );
-    for p in raw.files.keys() {
-        let t = p.get_ref();
-        let Some(bad) = first_bad_rendering(raw, declared, t, |r| {
-            workspace_path_problem(r).map_or(Ok(()), |why| Err(why.to_string()))
+    for (at, t) in paths {
+        let Some(bad) = first_bad_rendering(raw, declared, &[t], |r| {
+            workspace_path_problem(&r[0]).map_or(Ok(()), |why| Err(why.to_string()))
         }) else {
             continue;
         };
@@ -570,18 +671,19 @@ fn check_file_paths(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str>)
             .fold(t.clone(), |s, n| s.replace(&format!("{{{n}}}"), "x"));
         if bad.vars.is_empty() || workspace_path_problem(&shape).is_some() {
             d.push(
-                p.span(),
+                at.clone(),
                 format!(
-                    "[files] path {t:?} is not a valid workspace path: {}; the sandbox refuses it, so no instance can start",
-                    bad.reason
+                    "{} {t:?} is not a valid workspace path: {}; {}, so no instance can start",
+                    keys.one, bad.reason, keys.refused
                 ),
                 format!("\"{}\" = … ({rules})", clean_workspace_path(t)),
             );
         } else {
             d.push(
-                p.span(),
+                at.clone(),
                 format!(
-                    "[files] path {t:?} renders to {:?} with {}, which is not a valid workspace path: {}; instances that draw it cannot start ({} of {} renderings checked fail)",
+                    "{} {t:?} renders to {:?} with {}, which is not a valid workspace path: {}; instances that draw it cannot start ({} of {} renderings checked fail)",
+                    keys.one,
                     bad.rendered,
                     bad.vars(),
                     bad.reason,
@@ -590,6 +692,35 @@ fn check_file_paths(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str>)
                 ),
                 format!(
                     "values of {} that keep every rendering {rules}, e.g. choices = [\"data\", \"logs\"]",
+                    bad.names()
+                ),
+            );
+        }
+    }
+    for (i, (_, first)) in paths.iter().enumerate() {
+        for (at, second) in &paths[i + 1..] {
+            let Some(bad) = first_bad_rendering(raw, declared, &[first, second], |r| {
+                if r[0] == r[1] {
+                    Err("same path".into())
+                } else {
+                    Ok(())
+                }
+            }) else {
+                continue;
+            };
+            d.push(
+                at.clone(),
+                format!(
+                    "{} {first:?} and {second:?} both render to {:?} with {}; {}, so instances that draw these values cannot start ({} of {} renderings checked collide)",
+                    keys.two,
+                    bad.rendered,
+                    bad.vars(),
+                    keys.lost,
+                    bad.failed,
+                    bad.checked
+                ),
+                format!(
+                    "paths that differ for every value of {}, e.g. each with a fixed part of its own: \"in/{{a}}.txt\" and \"out/{{b}}.txt\"",
                     bad.names()
                 ),
             );
@@ -617,7 +748,7 @@ fn check_regex_renderings(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<
             other => other.to_string(),
         })
     };
-    let Some(bad) = first_bad_rendering(raw, declared, t, compile) else {
+    let Some(bad) = first_bad_rendering(raw, declared, &[t], |r| compile(&r[0])) else {
         return;
     };
     let at = narrow(d.src, &raw.checker.span(), "pattern");
@@ -788,6 +919,9 @@ impl TaskPack {
         let mut s = Vec::new();
         strings(raw.checker.get_ref(), &mut s);
         templates.extend(s.into_iter().map(|x| (raw.checker.span(), x)));
+        // A file_state checker's paths are templates too.
+        let checker_paths = checker_file_keys(d.src, raw);
+        templates.extend(checker_paths.iter().cloned());
         for r in &raw.process_rewards {
             let mut s = Vec::new();
             strings(r.get_ref(), &mut s);
@@ -843,13 +977,24 @@ impl TaskPack {
             // not compile reads as the policy's failure: compile it for the values instances
             // can draw, not just the sample.
             Ok(Checker::Regex { .. }) => check_regex_renderings(d, raw, &declared),
+            // Its paths are rendered per instance like the `[files]` paths, under the same
+            // rules.
+            Ok(Checker::FileState { .. }) => {
+                check_path_keys(d, raw, &declared, &FILE_STATE, &checker_paths)
+            }
             Ok(c) => {
                 if let Err(e) = c.validate() {
                     d.push(raw.checker.span(), e.to_string(), "a pattern the regex crate accepts, a tolerance >= 0");
                 }
             }
         }
-        check_file_paths(d, raw, &declared);
+        let mut file_paths: Vec<(Range<usize>, String)> = raw
+            .files
+            .keys()
+            .map(|p| (p.span(), p.get_ref().clone()))
+            .collect();
+        file_paths.sort_by_key(|(at, _)| at.start);
+        check_path_keys(d, raw, &declared, &FILES, &file_paths);
         for r in &raw.process_rewards {
             if let Err(e) = render_value(r.get_ref(), &sample).try_into::<ProcessRule>() {
                 d.push(
@@ -925,23 +1070,39 @@ impl TaskFamily for TaskPack {
             value: e.message().to_string(),
             expected: "a value that validates".into(),
         };
-        let files: BTreeMap<String, Vec<u8>> = self
-            .raw
-            .files
-            .iter()
-            .map(|(p, c)| {
-                (
-                    render(p.get_ref(), &vars),
-                    render(c.get_ref(), &vars).into_bytes(),
-                )
-            })
-            .collect();
+        let id = format!("{}/L{level}/s{seed}", self.name());
+        // Errors that only some values cause (validation cannot try every combination).
+        let refused = |message: String| TasksError::PackInstance {
+            file: self.file.clone(),
+            instance: id.clone(),
+            vars: vars
+                .iter()
+                .map(|(n, v)| format!("{n} = {v:?}"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            message,
+        };
+        let files = render_paths(
+            &FILES,
+            self.raw
+                .files
+                .iter()
+                .map(|(p, c)| (p.get_ref().clone(), render(c.get_ref(), &vars).into_bytes())),
+            &vars,
+            false,
+        )
+        .map_err(refused)?;
         let mut checker: Checker = render_value(self.raw.checker.get_ref(), &vars)
             .try_into()
             .map_err(|e| bad("checker", e))?;
         // A checker that cannot judge (a regex that does not compile with this instance's
-        // values) is a broken instance, not a failed episode.
+        // values, a path no workspace holds) is a broken instance, not a failed episode.
         checker.validate()?;
+        if let Checker::FileState { files } = &mut checker {
+            // `render_value` renders values only; the paths are the table's keys.
+            *files =
+                render_paths(&FILE_STATE, std::mem::take(files), &vars, true).map_err(refused)?;
+        }
         if let Checker::Wasi { module, .. } = &mut checker {
             // The module path is written relative to the pack file.
             let dir = std::path::Path::new(&self.file)
@@ -1000,7 +1161,7 @@ impl TaskFamily for TaskPack {
             })
             .collect();
         let inst = TaskInstance {
-            id: format!("{}/L{level}/s{seed}", self.name()),
+            id,
             family: self.name().to_string(),
             level,
             seed,

@@ -150,3 +150,66 @@ args = { path = "flag.txt", content = "ok" }
     let mut ep = Episode::start(&env, &task).expect("episode");
     assert!(matches!(ep.check(), Verdict::Fail(_)), "flag.txt is absent");
 }
+
+#[test]
+fn file_state_checker_judges_its_rendered_paths_in_the_real_sandbox() {
+    // The checker's paths are templates like the `[files]` paths: `{dir}` is rendered in
+    // both, and the rendered path is the one the sandbox's final workspace holds.
+    let pack = corvid_tasks::TaskPack::parse(
+        "out-dir.toml",
+        r#"prompt = "Copy {dir}/in.txt to {dir}/out.txt, then answer done."
+
+[pack]
+name = "out-dir"
+
+[vars]
+dir = { choices = ["data", "logs"] }
+n = { min = 1, max = 9 }
+
+[tools]
+read_file = {}
+write_file = {}
+answer = {}
+
+[[levels]]
+level = 1
+max_turns = 4
+context_budget = 1024
+
+[files]
+"{dir}/in.txt" = "n = {n}\n"
+
+[checker]
+kind = "file_state"
+files = { "{dir}/out.txt" = { kind = "equals", text = "n = {n}" } }
+
+[oracle]
+answer = "done"
+
+[[oracle.calls]]
+tool = "read_file"
+args = { path = "{dir}/in.txt" }
+
+[[oracle.calls]]
+tool = "write_file"
+args = { path = "{dir}/out.txt", content = "n = {n}\n" }
+"#,
+    )
+    .expect("pack");
+    let env = env();
+    for seed in [0, 1, 2, 3] {
+        run_oracle(&env, &pack, 1, seed);
+        // Answering at once leaves the rendered path missing.
+        let task = pack.instance(1, seed).expect("instance");
+        let dir = task.files.keys().next().and_then(|p| p.split_once('/'));
+        let dir = dir.expect("a file under {dir}").0;
+        let mut ep = Episode::start(&env, &task).expect("episode");
+        ep.call(&task.oracle.answer_step().tool_call());
+        assert_eq!(
+            ep.check(),
+            Verdict::Fail(format!("{dir}/out.txt does not exist")),
+            "{}",
+            task.id
+        );
+    }
+}

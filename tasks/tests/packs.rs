@@ -461,3 +461,266 @@ fn full_i64_range_variable_draws_across_the_range() {
         "{answers:?}"
     );
 }
+
+/// A pack whose task writes `{dir}/out.txt`, judged by a `file_state` checker on that
+/// templated path; `dirs` are the choices of `dir`.
+fn out_dir_pack(dirs: &[&str]) -> String {
+    format!(
+        r#"prompt = "Copy {{dir}}/in.txt to {{dir}}/out.txt, then answer done."
+
+[pack]
+name = "out-dir"
+
+[vars]
+dir = {{ choices = {dirs:?} }}
+n = {{ min = 1, max = 9 }}
+
+[tools]
+read_file = {{}}
+write_file = {{}}
+answer = {{}}
+
+[[levels]]
+level = 1
+max_turns = 4
+context_budget = 1024
+
+[files]
+"{{dir}}/in.txt" = "n = {{n}}\n"
+
+[checker]
+kind = "file_state"
+files = {{ "{{dir}}/out.txt" = {{ kind = "equals", text = "n = {{n}}" }}, "{{dir}}/tmp.txt" = {{ kind = "absent" }} }}
+
+[oracle]
+answer = "done"
+
+[[oracle.calls]]
+tool = "read_file"
+args = {{ path = "{{dir}}/in.txt" }}
+
+[[oracle.calls]]
+tool = "write_file"
+args = {{ path = "{{dir}}/out.txt", content = "n = {{n}}\n" }}
+"#
+    )
+}
+
+#[test]
+fn file_state_keys_are_rendered_with_the_instance_variables() {
+    let p = TaskPack::parse("p.toml", &out_dir_pack(&["data", "logs"])).unwrap();
+    let mut dirs = std::collections::BTreeSet::new();
+    for seed in 0..40 {
+        let t = p.instance(1, seed).unwrap();
+        let dir = t.files.keys().next().unwrap().split('/').next().unwrap();
+        dirs.insert(dir.to_string());
+        let Checker::FileState { files } = &t.checker else {
+            panic!("{:?}", t.checker)
+        };
+        let keys: Vec<&str> = files.keys().map(String::as_str).collect();
+        assert_eq!(
+            keys,
+            [format!("{dir}/out.txt"), format!("{dir}/tmp.txt")],
+            "{}",
+            t.id
+        );
+        // Pass: the oracle writes the rendered path.
+        let mut sim = Simulator::new(t.files.clone(), &[]);
+        for s in &t.oracle.steps {
+            assert_eq!(sim.call(&s.name, &s.arguments).0, s.expect, "{}", t.id);
+        }
+        let v = t.checker.check(Some("done"), &sim.files);
+        assert!(v.passed(), "{}: {v:?}", t.id);
+        // Fail: untouched workspace, wrong content, the file left in the other folder.
+        let v = t.checker.check(Some("done"), &t.files);
+        assert_eq!(
+            v,
+            Verdict::Fail(format!("{dir}/out.txt does not exist")),
+            "{}",
+            t.id
+        );
+        let mut wrong = sim.files.clone();
+        wrong.insert(format!("{dir}/out.txt"), b"n = 0\n".to_vec());
+        assert!(!t.checker.check(Some("done"), &wrong).passed(), "{}", t.id);
+        let other = if dir == "data" { "logs" } else { "data" };
+        let mut moved = t.files.clone();
+        moved.insert(
+            format!("{other}/out.txt"),
+            sim.files[&format!("{dir}/out.txt")].clone(),
+        );
+        assert!(!t.checker.check(Some("done"), &moved).passed(), "{}", t.id);
+        // An `absent` key is rendered too.
+        let mut extra = sim.files.clone();
+        extra.insert(format!("{dir}/tmp.txt"), Vec::new());
+        assert_eq!(
+            t.checker.check(Some("done"), &extra),
+            Verdict::Fail(format!("{dir}/tmp.txt should not exist")),
+            "{}",
+            t.id
+        );
+    }
+    assert_eq!(dirs.len(), 2, "{dirs:?}");
+}
+
+#[test]
+fn file_state_key_the_sandbox_refuses_is_located_with_the_values() {
+    let src = out_dir_pack(&["data", "..", "logs"]);
+    let hits = diagnostics_with(&src, "checker file_state key \"{dir}/out.txt\"");
+    let line = line_of(&src, "files = {");
+    assert!(
+        hits[0].starts_with(&format!(
+            "p.toml:{line}:11: checker file_state key \"{{dir}}/out.txt\" renders to \"../out.txt\" with dir = \"..\", which is not a valid workspace path: has an empty, `.` or `..` component"
+        )),
+        "{}",
+        hits[0]
+    );
+    assert!(hits[0].contains("1 of 3 renderings"), "{}", hits[0]);
+    // A key that is wrong whatever the variables hold.
+    let src = out_dir_pack(&["data"]).replacen("\"{dir}/tmp.txt\"", "\"/tmp/{dir}\"", 1);
+    let hits = diagnostics_with(&src, "checker file_state key \"/tmp/{dir}\" is not a valid");
+    assert!(hits[0].contains("must be relative"), "{}", hits[0]);
+    assert!(hits[0].contains("\"tmp/{dir}\" = "), "{}", hits[0]);
+    // An undeclared variable in a key is located like one anywhere else.
+    let src = out_dir_pack(&["data"]).replacen("\"{dir}/tmp.txt\"", "\"{dri}/tmp.txt\"", 1);
+    diagnostics_with(&src, "undeclared variable `{dri}`");
+}
+
+/// `out_dir_pack` with the file_state keys `{a}{b}/out.txt`: `a` and `b` have 100 values
+/// each, past validation's rendering cap, and `a = "."` with `b = "."` (which validation's
+/// diagonal never pairs) renders `../out.txt`.
+fn dot_pair_pack() -> String {
+    let a: Vec<String> = (0..100)
+        .map(|i| if i < 50 { ".".into() } else { format!("a{i}") })
+        .collect();
+    let b: Vec<String> = (0..100)
+        .map(|i| if i < 50 { format!("b{i}") } else { ".".into() })
+        .collect();
+    out_dir_pack(&["data"])
+        .replacen(
+            "n = { min = 1, max = 9 }",
+            &format!(
+                "n = {{ min = 1, max = 9 }}\na = {{ choices = {a:?} }}\nb = {{ choices = {b:?} }}"
+            ),
+            1,
+        )
+        .replacen("\"{dir}/out.txt\" = {", "\"{a}{b}/out.txt\" = {", 1)
+}
+
+#[test]
+fn a_file_state_key_that_renders_invalid_past_the_cap_is_an_instance_error() {
+    let p = TaskPack::parse("packs/p.toml", &dot_pair_pack()).expect("valid past the cap");
+    let mut refused = 0;
+    for seed in 0..200 {
+        match p.instance(1, seed) {
+            Ok(t) => {
+                let Checker::FileState { files } = &t.checker else {
+                    panic!()
+                };
+                assert!(files.keys().all(|k| !k.starts_with("../")), "{files:?}");
+            }
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.starts_with("task pack packs/p.toml: instance out-dir/L1/s"),
+                    "{e}"
+                );
+                assert!(
+                    e.contains("checker file_state key \"{a}{b}/out.txt\" renders to \"../out.txt\", which is not a valid workspace path: has an empty, `.` or `..` component"),
+                    "{e}"
+                );
+                assert!(e.contains("a = \".\""), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no seed drew a = \".\" with b = \".\"");
+}
+
+#[test]
+fn files_keys_that_render_to_one_path_are_reported_naming_both() {
+    // `{f}` draws "a.txt" or "b.txt"; a second file at "b.txt" would lose one content.
+    let src = broken(
+        "\"{f}\" = \"n = {n}\\n\"\n",
+        "\"{f}\" = \"n = {n}\\n\"\n\"b.txt\" = \"other\\n\"\n",
+    );
+    let hits = diagnostics_with(&src, "both render to");
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    let line = line_of(&src, "\"b.txt\" = ");
+    assert!(
+        hits[0].starts_with(&format!(
+            "p.toml:{line}:1: [files] paths \"{{f}}\" and \"b.txt\" both render to \"b.txt\" with f = \"b.txt\""
+        )),
+        "{}",
+        hits[0]
+    );
+    assert!(hits[0].contains("1 of 2 renderings"), "{}", hits[0]);
+    // Two variables whose values meet.
+    let src = broken("\"{f}\" = ", "\"x/{n}\" = \"{n}\"\n\"x/{f}\" = ").replacen(
+        "f = { choices = [\"a.txt\", \"b.txt\"] }",
+        "f = { choices = [\"a.txt\", \"7\"] }",
+        1,
+    );
+    let hits = diagnostics_with(
+        &src,
+        "[files] paths \"x/{n}\" and \"x/{f}\" both render to \"x/7\" with f = \"7\", n = \"7\"",
+    );
+    assert!(hits[0].contains("1 of 18 renderings"), "{}", hits[0]);
+    // Paths that never meet are fine.
+    let ok = broken("\"{f}\" = ", "\"in/{n}\" = \"{n}\"\n\"{f}\" = ");
+    TaskPack::parse("p.toml", &ok).unwrap();
+}
+
+#[test]
+fn file_state_keys_that_render_to_one_path_are_reported_naming_both() {
+    let src = out_dir_pack(&["data", "logs"]).replacen(
+        "\"{dir}/tmp.txt\" = { kind = \"absent\" }",
+        "\"data/out.txt\" = { kind = \"absent\" }",
+        1,
+    );
+    diagnostics_with(
+        &src,
+        "checker file_state keys \"{dir}/out.txt\" and \"data/out.txt\" both render to \"data/out.txt\" with dir = \"data\"",
+    );
+}
+
+/// The base pack with `[files]` keys `x{a}` and `x{b}`: `a` and `b` have 100 values each,
+/// past validation's rendering cap, and meet at "s" only off validation's diagonal.
+fn colliding_pair_pack() -> String {
+    let a: Vec<String> = (0..100)
+        .map(|i| if i < 50 { "s".into() } else { format!("a{i}") })
+        .collect();
+    let b: Vec<String> = (0..100)
+        .map(|i| if i < 50 { format!("b{i}") } else { "s".into() })
+        .collect();
+    BASE.replacen(
+        "f = { choices = [\"a.txt\", \"b.txt\"] }",
+        &format!("f = {{ choices = [\"a.txt\", \"b.txt\"] }}\na = {{ choices = {a:?} }}\nb = {{ choices = {b:?} }}"),
+        1,
+    )
+    .replacen("\"{f}\" = ", "\"x{a}\" = \"first\"\n\"x{b}\" = \"second\"\n\"{f}\" = ", 1)
+}
+
+#[test]
+fn files_keys_that_collide_past_the_cap_are_an_instance_error_naming_both() {
+    let p = TaskPack::parse("packs/p.toml", &colliding_pair_pack()).expect("valid past the cap");
+    let mut refused = 0;
+    for seed in 0..200 {
+        match p.instance(1, seed) {
+            Ok(t) => assert_eq!(t.files.len(), 3, "{}", t.id),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.starts_with("task pack packs/p.toml: instance t-pack/L1/s"),
+                    "{e}"
+                );
+                assert!(
+                    e.contains("[files] paths \"x{a}\" and \"x{b}\" both render to \"xs\"; one file's content would replace the other's"),
+                    "{e}"
+                );
+                assert!(e.contains("a = \"s\"") && e.contains("b = \"s\""), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no seed drew a = b = \"s\"");
+}
