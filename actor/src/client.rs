@@ -130,25 +130,184 @@ pub struct PolicyInfo {
     pub sha256: String,
 }
 
-fn from_status(what: &str, s: tonic::Status) -> LinkError {
-    LinkError::Status {
-        what: what.to_string(),
-        status: s,
+/// Why a connection to the learner failed, as far as the error's `source()` chain tells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NetworkCause {
+    /// Nothing accepts connections at the address (`ECONNREFUSED`).
+    Refused,
+    /// The host name does not resolve.
+    Dns,
+    /// No answer in time.
+    TimedOut,
+    /// The connection was reset or closed under the call.
+    Closed,
+    /// No route to the host or network.
+    Unreachable,
+    /// Anything else.
+    Other,
+}
+
+impl NetworkCause {
+    /// What to check, for an operator reading the log.
+    fn hint(self) -> &'static str {
+        match self {
+            NetworkCause::Refused => "is `corvid learner` running and listening at that address?",
+            NetworkCause::Dns => "the host name does not resolve; check the host in the learner URL",
+            NetworkCause::TimedOut => {
+                "no answer in time; is the learner's host up, and its port open through any firewall?"
+            }
+            NetworkCause::Closed => {
+                "the connection was closed; the learner may be restarting, or what listens there \
+                 is not a `corvid learner`"
+            }
+            NetworkCause::Unreachable => "no route to that host; check the address and the network",
+            NetworkCause::Other => "is `corvid learner` running and reachable at that address?",
+        }
+    }
+
+    fn of_io(kind: std::io::ErrorKind) -> Option<Self> {
+        use std::io::ErrorKind as K;
+        Some(match kind {
+            K::ConnectionRefused => NetworkCause::Refused,
+            K::TimedOut => NetworkCause::TimedOut,
+            K::ConnectionReset
+            | K::ConnectionAborted
+            | K::BrokenPipe
+            | K::UnexpectedEof
+            | K::NotConnected => NetworkCause::Closed,
+            K::HostUnreachable | K::NetworkUnreachable | K::NetworkDown | K::AddrNotAvailable => {
+                NetworkCause::Unreachable
+            }
+            _ => return None,
+        })
+    }
+}
+
+/// The cause of a network failure and the text of its source chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct NetworkFailure {
+    /// The first cause the chain names (by type: `std::io::Error` kinds, tonic's timeout).
+    pub cause: NetworkCause,
+    /// The messages of the chain, each once, without tonic's bare "transport error"
+    /// (`tcp connect error: Connection refused (os error 111)`).
+    pub detail: String,
+}
+
+impl NetworkFailure {
+    /// Walks `err` and its `source()` chain.
+    pub fn from_chain(err: &(dyn std::error::Error + 'static)) -> Self {
+        let mut cause = None;
+        let mut parts: Vec<String> = Vec::new();
+        let mut link = Some(err);
+        while let Some(e) = link {
+            link = e.source();
+            if cause.is_none() {
+                cause = if let Some(io) = e.downcast_ref::<std::io::Error>() {
+                    NetworkCause::of_io(io.kind())
+                } else if e.is::<tonic::TimeoutExpired>() {
+                    Some(NetworkCause::TimedOut)
+                } else {
+                    None
+                };
+            }
+            // tonic's wrapper says only "transport error"; what failed is below it.
+            if e.is::<tonic::transport::Error>() {
+                continue;
+            }
+            let text = e.to_string();
+            if cause.is_none() && text == "dns error" {
+                // hyper-util's resolver error is not an exported type, and the resolver's
+                // own io::Error has no distinguishing kind: its message is all there is.
+                cause = Some(NetworkCause::Dns);
+            }
+            // Wrappers that show their source's message (tonic::ConnectError) add nothing.
+            if !text.is_empty() && parts.last() != Some(&text) {
+                parts.push(text);
+            }
+        }
+        let detail = if parts.is_empty() {
+            err.to_string()
+        } else {
+            parts.join(": ")
+        };
+        Self {
+            cause: cause.unwrap_or(NetworkCause::Other),
+            detail,
+        }
+    }
+}
+
+/// `cannot connect to the learner at URL: <chain>; <hint>` (or `WHAT: cannot reach the
+/// learner at URL: …` for a call that failed on the way), from `err`'s source chain.
+pub(crate) fn unreachable_message(
+    what: Option<&str>,
+    url: &str,
+    err: &(dyn std::error::Error + 'static),
+) -> String {
+    let f = NetworkFailure::from_chain(err);
+    let hint = f.cause.hint();
+    match what {
+        None => format!(
+            "cannot connect to the learner at {url}: {}; {hint}",
+            f.detail
+        ),
+        Some(w) => format!(
+            "{w}: cannot reach the learner at {url}: {}; {hint}",
+            f.detail
+        ),
+    }
+}
+
+/// Whether `err` or an error in its source chain is a `T`.
+fn chain_has<T: std::error::Error + 'static>(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut link = Some(err);
+    while let Some(e) = link {
+        if e.is::<T>() {
+            return true;
+        }
+        link = e.source();
+    }
+    false
+}
+
+fn connect_message(e: &ConnectError) -> String {
+    match e {
+        ConnectError::Connect { url, source } => unreachable_message(None, url, source),
+        // The URL or the token: the message already says what is wrong.
+        other => other.to_string(),
+    }
+}
+
+fn status_message(what: &str, url: &str, status: &tonic::Status) -> String {
+    use std::error::Error as _;
+    match status.source() {
+        // Made by the client from a transport failure, not sent by the learner.
+        Some(src) if chain_has::<tonic::transport::Error>(src) => {
+            unreachable_message(Some(what), url, src)
+        }
+        _ => format!("{what}: {status}"),
     }
 }
 
 /// A failed learner call: retryable or not (see [`LinkError::is_retryable`]).
+///
+/// A learner that cannot be reached displays as what was tried (the URL, and the call)
+/// and why it failed, from the transport error's source chain (connection refused, DNS,
+/// timeout…), with a hint what to check.
 #[derive(Debug, thiserror::Error)]
 pub enum LinkError {
     /// The learner could not be reached, or the URL or token is unusable (see
     /// [`ConnectError::is_permanent`]).
-    #[error("{0}")]
+    #[error("{}", connect_message(.0))]
     Connect(#[from] ConnectError),
-    /// The learner answered with an error status.
-    #[error("{what}: {status}")]
+    /// The learner answered with an error status, or the call failed on the way (then
+    /// the status's source is the transport error).
+    #[error("{}", status_message(what, url, status))]
     Status {
         /// The call.
         what: String,
+        /// The learner's URL.
+        url: String,
         /// Its status.
         status: tonic::Status,
     },
@@ -196,6 +355,15 @@ impl LearnerLink {
         Ok(c)
     }
 
+    /// A [`LinkError::Status`] for the call `what`.
+    pub fn status_error(&self, what: &str, status: tonic::Status) -> LinkError {
+        LinkError::Status {
+            what: what.to_string(),
+            url: self.url.to_string(),
+            status,
+        }
+    }
+
     /// Forgets the connection after a transport failure, so the next call reconnects.
     pub async fn reset(&self) {
         *self.client.lock().await = None;
@@ -233,7 +401,7 @@ impl LearnerLink {
                     concurrency,
                 })
                 .await
-                .map_err(|s| from_status("Register", s))?
+                .map_err(|s| self.status_error("Register", s))?
                 .into_inner();
             let s = resp.settings.ok_or_else(|| {
                 ActorError::Learner("Register answered without run settings".into())
@@ -280,7 +448,7 @@ impl LearnerLink {
                     max_tasks: max,
                 })
                 .await
-                .map_err(|s| from_status("NextTasks", s))?
+                .map_err(|s| self.status_error("NextTasks", s))?
                 .into_inner();
             let mut out = Vec::with_capacity(resp.assignments.len());
             for a in resp.assignments {
@@ -323,7 +491,7 @@ impl LearnerLink {
             let i = c
                 .policy_info(pb::PolicyInfoRequest {})
                 .await
-                .map_err(|s| from_status("PolicyInfo", s))?
+                .map_err(|s| self.status_error("PolicyInfo", s))?
                 .into_inner();
             Ok(PolicyInfo {
                 version: i.version,
@@ -346,13 +514,13 @@ impl LearnerLink {
             let mut stream = c
                 .fetch_policy(pb::FetchPolicyRequest { version })
                 .await
-                .map_err(|s| from_status("FetchPolicy", s))?
+                .map_err(|s| self.status_error("FetchPolicy", s))?
                 .into_inner();
             let mut bytes: Vec<u8> = Vec::new();
             let mut meta: Option<(u64, u64, String)> = None;
             let mut last = false;
             while let Some(chunk) = stream.next().await {
-                let chunk = chunk.map_err(|s| from_status("FetchPolicy stream", s))?;
+                let chunk = chunk.map_err(|s| self.status_error("FetchPolicy stream", s))?;
                 let this = (chunk.version, chunk.total_bytes, chunk.sha256.clone());
                 let weights_err = |why: String| {
                     LinkError::Protocol(ActorError::Weights {
@@ -430,6 +598,173 @@ mod tests {
         assert!(b.next_delay() <= Duration::from_millis(120));
     }
 
+    /// A test error: a message and an optional source.
+    #[derive(Debug)]
+    struct Layer(
+        &'static str,
+        Option<Box<dyn std::error::Error + Send + Sync>>,
+    );
+
+    impl std::fmt::Display for Layer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|e| e as _)
+        }
+    }
+
+    fn layer(msg: &'static str, source: impl std::error::Error + Send + Sync + 'static) -> Layer {
+        Layer(msg, Some(Box::new(source)))
+    }
+
+    fn io(kind: std::io::ErrorKind, msg: &str) -> std::io::Error {
+        std::io::Error::new(kind, msg.to_string())
+    }
+
+    #[test]
+    fn the_cause_of_a_network_failure_comes_from_the_source_chain() {
+        use std::io::ErrorKind as K;
+        let cases: Vec<(Layer, NetworkCause, &str)> = vec![
+            (
+                // As hyper-util nests it: tonic::ConnectError shows its source's message.
+                layer(
+                    "tcp connect error",
+                    layer(
+                        "tcp connect error",
+                        io(K::ConnectionRefused, "Connection refused"),
+                    ),
+                ),
+                NetworkCause::Refused,
+                "tcp connect error: Connection refused",
+            ),
+            (
+                layer(
+                    "dns error",
+                    io(
+                        K::Other,
+                        "failed to lookup address information: Name or service not known",
+                    ),
+                ),
+                NetworkCause::Dns,
+                "dns error: failed to lookup address information: Name or service not known",
+            ),
+            (
+                layer("connect", tonic::TimeoutExpired(())),
+                NetworkCause::TimedOut,
+                "connect: Timeout expired",
+            ),
+            (
+                layer("tcp connect error", io(K::TimedOut, "Connection timed out")),
+                NetworkCause::TimedOut,
+                "tcp connect error: Connection timed out",
+            ),
+            (
+                layer(
+                    "connection error",
+                    io(K::ConnectionReset, "Connection reset by peer"),
+                ),
+                NetworkCause::Closed,
+                "connection error: Connection reset by peer",
+            ),
+            (
+                layer(
+                    "tcp connect error",
+                    io(K::NetworkUnreachable, "Network is unreachable"),
+                ),
+                NetworkCause::Unreachable,
+                "tcp connect error: Network is unreachable",
+            ),
+            (
+                Layer("h2 protocol error", None),
+                NetworkCause::Other,
+                "h2 protocol error",
+            ),
+        ];
+        for (err, cause, detail) in cases {
+            let f = NetworkFailure::from_chain(&err);
+            assert_eq!((f.cause, f.detail.as_str()), (cause, detail));
+        }
+    }
+
+    #[test]
+    fn an_unreachable_learner_is_reported_with_its_url_cause_and_a_hint() {
+        let err = layer(
+            "tcp connect error",
+            io(std::io::ErrorKind::ConnectionRefused, "Connection refused"),
+        );
+        assert_eq!(
+            unreachable_message(None, "http://10.0.0.5:50051", &err),
+            "cannot connect to the learner at http://10.0.0.5:50051: tcp connect error: \
+             Connection refused; is `corvid learner` running and listening at that address?"
+        );
+        assert_eq!(
+            unreachable_message(Some("PolicyInfo"), "http://10.0.0.5:50051", &err),
+            "PolicyInfo: cannot reach the learner at http://10.0.0.5:50051: tcp connect error: \
+             Connection refused; is `corvid learner` running and listening at that address?"
+        );
+        let dns = layer("dns error", io(std::io::ErrorKind::Other, "no such host"));
+        assert_eq!(
+            unreachable_message(None, "http://learner.invalid:1", &dns),
+            "cannot connect to the learner at http://learner.invalid:1: dns error: no such host; \
+             the host name does not resolve; check the host in the learner URL"
+        );
+        // A status the learner sent (no transport error under it) reads as before.
+        let link = LearnerLink::new("http://10.0.0.5:50051", "s3cret");
+        let e = link.status_error("Register", tonic::Status::unauthenticated("wrong token"));
+        assert!(
+            e.to_string().starts_with("Register: ") && e.to_string().contains("wrong token"),
+            "{e}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_closed_loopback_port_is_reported_as_refused_naming_the_url() {
+        // Nothing listens on loopback port 1.
+        let url = "http://127.0.0.1:1";
+        let e = LearnerLink::new(url, "s3cret")
+            .register("a", "h", 1)
+            .await
+            .unwrap_err();
+        assert!(e.is_retryable(), "{e}");
+        let text = e.to_string();
+        assert!(
+            text.starts_with(&format!("cannot connect to the learner at {url}: ")),
+            "{text}"
+        );
+        assert!(
+            text.to_lowercase().contains("connection refused"),
+            "the root cause: {text}"
+        );
+        assert!(
+            text.ends_with("; is `corvid learner` running and listening at that address?"),
+            "{text}"
+        );
+        assert!(!text.contains("transport error"), "{text}");
+    }
+
+    #[tokio::test]
+    async fn a_server_that_drops_connections_is_reported_naming_the_url() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                drop(conn);
+            }
+        });
+        let e = LearnerLink::new(&url, "s3cret")
+            .policy_info()
+            .await
+            .unwrap_err();
+        assert!(e.is_retryable(), "{e}");
+        let text = e.to_string();
+        assert!(text.contains(&format!("the learner at {url}: ")), "{text}");
+        assert!(!text.contains("transport error"), "{text}");
+    }
+
     #[tokio::test]
     async fn a_bad_url_or_token_is_permanent_and_an_unreachable_learner_retryable() {
         // Nothing listens on loopback port 1: dialling fails with a transport error.
@@ -462,7 +797,8 @@ mod tests {
         );
         assert!(!e.is_retryable(), "{e}");
 
-        let status = |code| from_status("Register", tonic::Status::new(code, "x"));
+        let link = LearnerLink::new("http://127.0.0.1:1", "s3cret");
+        let status = |code| link.status_error("Register", tonic::Status::new(code, "x"));
         assert!(status(Code::Unavailable).is_retryable());
         assert!(!status(Code::Unauthenticated).is_retryable());
         assert!(!status(Code::InvalidArgument).is_retryable());

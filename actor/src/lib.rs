@@ -76,7 +76,7 @@ pub use rollout::{
     run_episodes, run_episodes_into, CollectSink, EngineConfig, EngineHandle, RolloutEngine,
     RolloutStats, Trajectory, TrajectorySink,
 };
-pub use runner::{run_actor, ActorConfig, ActorReport};
+pub use runner::{read_token_file, run_actor, ActorConfig, ActorReport};
 pub use sampler::{Choice, ChoiceContext, NucleusSampler, ScriptedTokens, TokenChooser};
 pub use spool::Spool;
 pub use submit::{PartEvent, SubmitConfig, Submitted};

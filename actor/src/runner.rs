@@ -104,6 +104,16 @@ impl ActorConfig {
     }
 }
 
+/// Reads the run's shared token from `path` (the first line, trimmed; visible ASCII only,
+/// as `corvid_proto::auth::read_token_file` checks it). The error names the file once and
+/// says what is wrong: missing, unreadable, a folder, empty, or the offending byte.
+pub fn read_token_file(path: &std::path::Path) -> Result<String, ActorError> {
+    corvid_proto::auth::read_token_file(path).map_err(|error| ActorError::TokenFile {
+        path: path.to_path_buf(),
+        error,
+    })
+}
+
 /// What an actor run did.
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct ActorReport {

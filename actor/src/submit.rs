@@ -150,10 +150,7 @@ pub async fn submit_journal(link: &LearnerLink, path: &Path) -> Result<pb::Submi
             ) {
                 link.reset().await;
             }
-            Err(LinkError::Status {
-                what: "SubmitTrajectory".into(),
-                status,
-            })
+            Err(link.status_error("SubmitTrajectory", status))
         }
     }
 }
@@ -303,7 +300,8 @@ pub async fn stream_trajectory(
                 return reject(&up.spool, &path, &trajectory_id, status.message());
             }
             Err(status) => {
-                tracing::warn!(trajectory = %trajectory_id, %status, "live stream failed at the end; resending");
+                let error = up.link.status_error("SubmitTrajectory", status);
+                tracing::warn!(trajectory = %trajectory_id, %error, "live stream failed at the end; resending");
             }
         }
     }

@@ -3,7 +3,8 @@
 //! between turns, a learner killed mid-stream gets every trajectory exactly once after it
 //! restarts, a learner that is down gets them from the spool (also across an actor
 //! restart), and a shutdown stores the unfinished episodes as abandoned. An actor whose
-//! learner URL or token is unusable stops at once with an error that says so.
+//! learner URL or token is unusable stops at once with an error that says so; a call to a
+//! learner that went away says which URL it tried and why it failed.
 
 mod common;
 
@@ -14,7 +15,7 @@ use std::time::{Duration, Instant};
 use common::learner::{assert_exact_logprobs, LearnerOpts, TestLearner, TOKEN};
 use common::{assert_valid, max_logprob_error_by_version, random_policy};
 use corvid_actor::journal::JournalWriter;
-use corvid_actor::{run_actor, ActorConfig, ActorReport, SubmitConfig};
+use corvid_actor::{run_actor, ActorConfig, ActorReport, LearnerLink, SubmitConfig};
 use corvid_proto::{Step, Termination};
 
 fn actor_cfg(l: &TestLearner, spool: &Path, concurrency: usize, max: Option<u64>) -> ActorConfig {
@@ -343,4 +344,36 @@ fn an_unusable_url_or_token_stops_the_actor_instead_of_retrying_forever() {
             .to_string();
         assert!(err.contains("Register") && err.contains(needle), "{err}");
     }
+}
+
+#[test]
+fn a_call_to_a_learner_that_went_away_names_its_url_and_the_refused_connection() {
+    let mut l = TestLearner::start(LearnerOpts::default());
+    let rt = actor_runtime();
+    let link = LearnerLink::new(&l.url(), TOKEN);
+    rt.block_on(link.policy_info()).unwrap();
+    l.kill();
+    // The connected channel redials and fails: a status made from the transport error.
+    let e = rt.block_on(link.policy_info()).unwrap_err();
+    assert!(e.is_retryable(), "{e}");
+    let text = e.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "PolicyInfo: cannot reach the learner at {}: ",
+            l.url()
+        )),
+        "{text}"
+    );
+    assert!(
+        text.to_lowercase().contains("connection refused")
+            && text.ends_with("is `corvid learner` running and listening at that address?"),
+        "{text}"
+    );
+    // The next call connects afresh, and says the same from the connect error.
+    let text = rt.block_on(link.policy_info()).unwrap_err().to_string();
+    assert!(
+        text.starts_with(&format!("cannot connect to the learner at {}: ", l.url()))
+            && text.to_lowercase().contains("connection refused"),
+        "{text}"
+    );
 }

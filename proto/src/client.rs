@@ -9,7 +9,9 @@ use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
 
 use crate::auth::{bearer, first_invalid_token_byte, AUTH_HEADER};
-use crate::limits::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_MESSAGE_BYTES};
+use crate::limits::{
+    CONNECT_TIMEOUT, HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_MESSAGE_BYTES,
+};
 use crate::pb::{self, learner_client::LearnerClient};
 use crate::{Step, TrajectoryFooter, TrajectoryHeader};
 
@@ -136,6 +138,7 @@ pub async fn connect(url: &str, token: &str) -> Result<AuthedClient, ConnectErro
         }
     })?;
     let channel = endpoint
+        .connect_timeout(CONNECT_TIMEOUT)
         .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
         .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
         .connect()

@@ -22,6 +22,11 @@ pub const MAX_TRAJECTORY_ID_LEN: usize = 128;
 /// Most steps (turns, or pieces of long turns) in one trajectory.
 pub const MAX_STEPS_PER_TRAJECTORY: u64 = 1 << 20;
 
+/// How long a client waits for the learner's TCP connection to open. Without it a host that
+/// drops packets holds each attempt for the OS's TCP timeout (~2 minutes on Linux) before
+/// the caller can say why, or retry.
+pub const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// HTTP/2 flow-control window per stream, both sides (8 MiB).
 pub const HTTP2_STREAM_WINDOW: u32 = 8 << 20;
 

@@ -123,8 +123,7 @@ fn config(a: &ActorArgs) -> Result<ActorConfig> {
     // Checked here with the client's own rules, so a typo fails now instead of being
     // retried against a learner that cannot be reached.
     corvid_proto::client::learner_endpoint(&a.learner).context("--learner")?;
-    let token = corvid_proto::auth::read_token_file(&a.token_file)
-        .with_context(|| format!("reading the token file {}", a.token_file.display()))?;
+    let token = corvid_actor::read_token_file(&a.token_file)?;
     let mut cfg = ActorConfig::new(&a.learner, token);
     cfg.name = a.name.clone();
     cfg.concurrency = a.concurrency;
@@ -256,8 +255,8 @@ mod tests {
         }
         let e = config_error("http://127.0.0.1:1", b"s3c\x01ret\n", &[]);
         assert!(
-            e.contains("TOKEN_FILE") && e.contains("byte 0x01 at offset 3"),
-            "{e}"
+            e.matches("TOKEN_FILE").count() == 1 && e.contains("byte 0x01 at offset 3"),
+            "the token file named once: {e}"
         );
     }
 
