@@ -667,6 +667,27 @@ mod tests {
                 "max_position_embeddings",
             ),
             ("run_name = \"..\"", "run_name"),
+            // Sizes past what libtorch can hold: refused with the field, never a panic.
+            (
+                "[model]\noverrides = { vocab_size = 4611686018427387904 }",
+                "vocab_size = 4611686018427387904",
+            ),
+            (
+                "[model]\noverrides = { hidden_size = 4611686018427387904 }",
+                "hidden_size = 4611686018427387904",
+            ),
+            (
+                "[model]\noverrides = { n_routed_experts = 9223372036854775807 }",
+                "n_routed_experts = 9223372036854775807",
+            ),
+            (
+                "[model]\noverrides = { first_k_dense_replace = 1, intermediate_size = 4611686018427387904 }",
+                "intermediate_size = 4611686018427387904",
+            ),
+            (
+                "[model]\noverrides = { num_hidden_layers = 9223372036854775807 }",
+                "num_hidden_layers = 9223372036854775807",
+            ),
         ] {
             let err = LearnerConfig::from_toml(text).unwrap_err().to_string();
             assert!(

@@ -4,7 +4,10 @@
 //! # Brief overview
 //!
 //! - [`ModelConfig`] (serde/TOML; presets `tiny`, `small`, `k3-shape`, `gpu-1b`) fixes every shape and
-//!   option; [`ModelConfig::validate`] names the bad field and value.
+//!   option; [`ModelConfig::validate`] names the bad field and value, and refuses a model past
+//!   libtorch's sizes (parameters counted with checked arithmetic).
+//!   [`ModelConfig::check_fits`], which [`MoePolicy::new`] runs before it allocates anything,
+//!   refuses one whose weights exceed the memory of its device.
 //! - [`MoePolicy`] is the decoder-only transformer. [`MoePolicy::forward`] runs a packed batch
 //!   `[B, T]` and returns logits `[B, T, V]`, the balance loss, per-layer [`MoeHealth`] and the
 //!   [`BalanceStats`] that [`MoePolicy::update_balance`] consumes after each optimizer step.
@@ -81,8 +84,8 @@ pub mod sample;
 pub use attention::DecodeCore;
 pub use cache::KvCache;
 pub use config::{
-    AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, ParamCounts, RopeScaling,
-    ScoreFunc,
+    AttnGate, BalanceMode, BuildBytes, ExpertAct, ExpertDispatch, ModelConfig, ParamCounts,
+    RopeScaling, ScoreFunc,
 };
 pub use health::MoeHealth;
 pub use model::{BalanceStats, ForwardOutput, MoePolicy};
@@ -105,8 +108,22 @@ pub enum ModelError {
         /// Its value.
         value: String,
         /// The rule it breaks.
-        why: &'static str,
+        why: String,
     },
+    /// The config's weights cannot fit the memory of the device it is built on (checked
+    /// before anything is allocated, [`ModelConfig::check_fits`]).
+    #[error("model config too large for {device}: {detail}")]
+    TooLarge {
+        /// The device (`cpu`, `cuda:0`).
+        device: String,
+        /// The config field that drives the size.
+        field: &'static str,
+        /// The size, the limit, where the limit comes from and the largest part.
+        detail: String,
+    },
+    /// The model's device does not exist.
+    #[error("model device: {0}")]
+    Device(String),
     /// Bad input to a forward or sampler (shapes, token ids, positions).
     #[error("model input: {0}")]
     Input(String),

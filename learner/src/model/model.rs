@@ -105,8 +105,17 @@ pub struct MoePolicy {
 impl MoePolicy {
     /// Creates every parameter under `vs` (names: `embed_tokens.weight`,
     /// `layers.{i}.self_attn.*`, `layers.{i}.mlp.*`, `norm.weight`, `lm_head.weight`).
+    ///
+    /// Every way of building a model comes here first: before any tensor is allocated,
+    /// [`ModelConfig::check_fits`] refuses an invalid config, one past libtorch's sizes and one
+    /// whose weights exceed the memory of `vs`'s device, with an error naming the field.
     pub fn new(vs: &nn::Path, cfg: &ModelConfig) -> Result<Self, ModelError> {
-        cfg.validate()?;
+        Self::build(vs, cfg, Kind::Float)
+    }
+
+    /// [`MoePolicy::new`], with the memory check sized for weights that end up in `kind`.
+    fn build(vs: &nn::Path, cfg: &ModelConfig, kind: Kind) -> Result<Self, ModelError> {
+        cfg.check_fits(vs.device(), kind)?;
         let d = cfg.hidden_size;
         let embed_vd = (vs / "embed_tokens").var(
             "weight",
@@ -166,7 +175,7 @@ impl MoePolicy {
         cfg: &ModelConfig,
         kind: Kind,
     ) -> Result<Self, ModelError> {
-        let model = Self::new(&vs.root(), cfg)?;
+        let model = Self::build(&vs.root(), cfg, kind)?;
         super::precision::cast_weights(vs, kind)?;
         Ok(model)
     }
@@ -202,7 +211,7 @@ impl MoePolicy {
             rope_scaling: scaling,
             ..self.cfg.clone()
         };
-        cfg.validate()?;
+        cfg.check_fits(self.device, Kind::Float)?;
         self.rope = Rope::new(
             cfg.qk_rope_head_dim,
             cfg.rope_theta,

@@ -150,6 +150,17 @@ pub fn driver_loadable() -> Result<(), CudaError> {
     }
 }
 
+/// Total memory of CUDA device `ordinal` in bytes (`cuDeviceTotalMem`, no context created);
+/// `None` when the driver library cannot be loaded or does not answer.
+pub fn device_total_memory(ordinal: usize) -> Option<u64> {
+    driver_loadable().ok()?;
+    cudarc::driver::result::init().ok()?;
+    let dev = cudarc::driver::result::device::get(i32::try_from(ordinal).ok()?).ok()?;
+    // SAFETY: `dev` was returned by `cuDeviceGet` just above.
+    let bytes = unsafe { cudarc::driver::result::device::total_mem(dev) }.ok()?;
+    u64::try_from(bytes).ok()
+}
+
 /// Ok when the custom kernels can run on `device`: a CUDA device libtorch sees, the driver
 /// library and NVRTC.
 pub fn availability(device: Device) -> Result<(), CudaError> {
