@@ -59,6 +59,16 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    if matches!(
+        cli.command,
+        Command::Model(_)
+            | Command::Tasks(_)
+            | Command::Replay(_)
+            | Command::Report(_)
+            | Command::Sandbox(_)
+    ) {
+        quiet_on_closed_stdout();
+    }
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
@@ -88,6 +98,20 @@ fn main() -> ExitCode {
             eprintln!("error: {}", error_text(&err));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Lets a closed stdout end the process quietly, as it ends `cat` or `grep`
+/// (`corvid tasks show … | head`): `println!` panics on a write to a closed pipe while Rust
+/// ignores SIGPIPE. Only for the commands that read files and print: commands that talk
+/// gRPC or supervise child processes keep SIGPIPE ignored, so that a peer that went away
+/// is an error they handle, not a signal that kills them (children inherit the setting).
+fn quiet_on_closed_stdout() {
+    #[cfg(unix)]
+    // SAFETY: called once at start-up, before any other thread exists; it only resets one
+    // signal's disposition to the default.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }
 

@@ -600,3 +600,32 @@ ablation = ""
     assert!(!run_checkpoints(&d.join("runs/a")).is_empty(), "{log}");
     assert!(!d.join("runs/a/eval").join("rl.json").exists(), "{log}");
 }
+
+#[test]
+fn printing_commands_end_quietly_when_their_reader_goes_away() {
+    use std::os::unix::process::ExitStatusExt;
+    // `corvid tasks show … | head`: the reader closes the pipe before the command writes.
+    for args in [
+        &["model", "info", "--preset", "tiny"][..],
+        &[
+            "tasks", "show", "--family", "hops", "--level", "3", "--oracle",
+        ],
+    ] {
+        let mut child = Command::new(corvid())
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("running corvid");
+        drop(child.stdout.take());
+        let out = child.wait_with_output().expect("waiting for corvid");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!stderr.contains("panicked"), "corvid {args:?}: {stderr}");
+        assert!(
+            // 13: SIGPIPE, as `cat` ends.
+            out.status.success() || out.status.signal() == Some(13),
+            "corvid {args:?} ended with {:?}: {stderr}",
+            out.status
+        );
+    }
+}
