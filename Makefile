@@ -1,12 +1,13 @@
 # Corvid: two commands on a fresh machine.
 #   make demo   sets everything up and runs the main job
 #   make test   sets everything up and runs the test suite
+# Also: make doc builds the API docs with rustdoc warnings (broken links) as errors.
 # Every target runs scripts/bootstrap.sh first (idempotent, well under 5 s when done).
 
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: all bootstrap build release test demo bench lint fmt
+.PHONY: all bootstrap build release test doc demo bench lint fmt
 
 all: build
 
@@ -23,6 +24,10 @@ release: bootstrap
 test: bootstrap
 	$(CARGO) build --workspace --bins
 	$(CARGO) test --workspace
+
+# Overrides .cargo/config.toml's build.rustdocflags, which only matter to doctests.
+doc: bootstrap
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps
 
 demo: release
 	@./scripts/demo.sh

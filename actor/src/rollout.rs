@@ -17,7 +17,7 @@
 //!    log-prob, policy version recorded).
 //! 3. A row whose turn ends (`</tool_call>`, `<|end|>`, `max_new_tokens`, or the end of the
 //!    context budget) stops decoding; its call goes to the episode's sandbox worker
-//!    ([`crate::tools`]) while the others decode on.
+//!    (`crate::tools`) while the others decode on.
 //! 4. The tool's result (or the parse error of a malformed call) is queued as the next
 //!    turn's context, masked, and the episode is ready again — or it ends: `answered`,
 //!    `max_turns`, `context_full` (the budget ended mid-turn, or leaves no room for the

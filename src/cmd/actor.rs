@@ -33,7 +33,7 @@ pub struct ActorArgs {
     /// Stop after this many episodes (default: until stopped).
     #[arg(long, value_name = "M")]
     max_episodes: Option<u64>,
-    /// Spool folder for journals and unsent trajectories (default .corvid/spool/<name>).
+    /// Spool folder for journals and unsent trajectories (default `.corvid/spool/<name>`).
     #[arg(long, value_name = "DIR")]
     spool: Option<PathBuf>,
     /// Name shown in the learner's logs.

@@ -84,7 +84,7 @@ pub struct EvalArgs {
     /// Where evaluation episodes are stored.
     #[arg(long, value_name = "DIR", default_value = "runs/eval/store")]
     pub store: PathBuf,
-    /// Prefix of the stored trajectory ids (default: eval-<unix seconds>).
+    /// Prefix of the stored trajectory ids (default: `eval-<unix seconds>`).
     #[arg(long)]
     pub label: Option<String>,
     /// Print the result as JSON (the format `corvid report` reads).

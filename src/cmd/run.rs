@@ -66,7 +66,7 @@ pub struct RunArgs {
     /// The run config (a learner config with a [run] table).
     #[arg(long, value_name = "FILE")]
     config: PathBuf,
-    /// Run name (default: `run_name` in the config); the run folder is runs/<name>.
+    /// Run name (default: `run_name` in the config); the run folder is `runs/<name>`.
     #[arg(long)]
     name: Option<String>,
     /// Override `[run] rl_minutes`: a fixed RL budget per arm (turns `run_minutes` off).

@@ -222,7 +222,7 @@ pub struct Report {
     pub notes: Vec<String>,
 }
 
-/// What [`write`] produced: paths and the headline figures.
+/// What [`fn@write`] produced: paths and the headline figures.
 #[derive(Debug, Clone)]
 pub struct ReportSummary {
     /// `report.json`.

@@ -16,7 +16,7 @@
 //!   [`MoePolicy::forward_cached`] appends tokens to every sequence of a batch (prefill, a new
 //!   turn, or one decode step) using the absorbed attention; [`MoePolicy::forward_ragged`] lets
 //!   each row append its own number of tokens (the actor's batched prefill and decode).
-//!   [`sample`] draws the next token with temperature and top-p and returns its log-prob.
+//!   [`fn@sample`] draws the next token with temperature and top-p and returns its log-prob.
 //! - `latent_token_shift` (off in the presets, on in the demo) feeds each token's previous
 //!   layer input into its latent and RoPE key ("smeared keys"), which lets a single layer copy
 //!   by content; `latent_shift_taps` (1–4, the demo uses 2) reaches that many tokens back,

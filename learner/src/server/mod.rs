@@ -3,9 +3,9 @@
 //! - Authentication is an interceptor ([`AuthInterceptor`]): every RPC without the
 //!   run's token is refused with UNAUTHENTICATED before any handler runs.
 //! - `SubmitTrajectory` folds each chunk into the store as it arrives
-//!   ([`submit`]), so memory stays bounded by one chunk per stream.
+//!   (`submit`), so memory stays bounded by one chunk per stream.
 //! - Message sizes are capped on both directions at
-//!   [`MAX_MESSAGE_BYTES`](corvid_proto::limits::MAX_MESSAGE_BYTES).
+//!   [`MAX_MESSAGE_BYTES`].
 //!
 //! - `Register` ([`register`]) hands out actor ids and the run's [`RunSettings`];
 //!   `NextTasks` ([`tasks`]) hands out groups of assignments from the

@@ -33,7 +33,7 @@
 //! reader, including other flushes, and when those fill the thread pool that runs
 //! sled's log writes, the write the first flush waits for never runs: the whole store
 //! deadlocks (sled issue #1301; a demo learner stopped answering RPCs mid-run, and
-//! `tests/store.rs` reproduced it). [`GATE`] orders the two from outside: our flushes
+//! `tests/store.rs` reproduced it). `GATE` orders the two from outside: our flushes
 //! share it, our transactions and batches hold it alone, so none of them ever waits
 //! inside sled while one of our flushes holds sled's lock, and no flush runs on sled's
 //! pool (`flush_async` would put it there).

@@ -39,10 +39,10 @@ impl Example {
     }
 }
 
-/// The result of [`pack`] or [`concat`].
+/// The result of [`pack`] or [`fn@concat`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct Packing {
-    /// Rows of length `seq_len` ([`pack`]) or at most `seq_len` ([`concat`]).
+    /// Rows of length `seq_len` ([`pack`]) or at most `seq_len` ([`fn@concat`]).
     pub rows: Vec<PackedRow>,
     /// Indices of the examples longer than `seq_len` (left out).
     pub too_long: Vec<usize>,

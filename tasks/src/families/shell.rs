@@ -2,12 +2,12 @@
 //!
 //! Each instance has one *kind*, drawn from the seed as `KINDS[seed % 5]`, so every level
 //! mixes kinds and seeds `0..5` cover all of them:
-//! - [`count`]: count ERROR lines across log files (`grep`), write the total to `report.txt`;
-//! - [`find`]: find the record file with an id (`grep -rl`), follow `next:` ids to the end
+//! - `count`: count ERROR lines across log files (`grep`), write the total to `report.txt`;
+//! - `find`: find the record file with an id (`grep -rl`), follow `next:` ids to the end
 //!   of the chain, answer the last file's number;
-//! - [`stats`]: the most requested path of each access log
+//! - `stats`: the most requested path of each access log
 //!   (`cut | sort | uniq -c | sort -rn`), written to `report.txt`;
-//! - [`csv`]: keep the `name,score` columns of the rows of one city
+//! - `csv`: keep the `name,score` columns of the rows of one city
 //!   (`grep | cut > FILE`), one output file per input;
 //! - [`config`]: list a config file's malformed lines with the check command
 //!   (`grep -nvE`), repair them with `sed -i` until it lists none.
@@ -16,7 +16,7 @@
 //! has about [`CHAIN_CALLS`]`[L−1]` calls: one call and ~200–400 tokens at level 1,
 //! ≥ 16 calls and ≥ 8K tokens at level 8. From [`RECOVERY_FROM`] up the oracle first
 //! guesses a file name that does not exist (the command fails), then lists the
-//! directory and goes on ([`recover`]).
+//! directory and goes on (`recover`).
 
 pub mod config;
 mod count;

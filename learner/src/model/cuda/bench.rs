@@ -1,7 +1,7 @@
 //! What `corvid bench gpu` measures on one CUDA device, in this order (the CLI prints the
 //! table and writes the JSON):
 //!
-//! 1. **checks** — [`check::run_checks`]: every kernel against its reference.
+//! 1. **checks** — [`check::run_checks`](super::check::run_checks): every kernel against its reference.
 //! 2. **attention** — `scaled_dot_product_attention` forward and forward+backward TFLOP/s in
 //!    bf16, causal, with the backend `_fused_sdp_choice` picks (0 math, 1 flash,
 //!    2 efficient, 3 cuDNN, 4 overrideable), for the MLA head shapes with V padded to the

@@ -14,7 +14,7 @@
 //!   accumulation, no atomics), with ATen references.
 //! - [`check`]: every kernel against its reference on fresh random inputs, outputs poisoned
 //!   with NaN first, within bf16 / fp32 tolerance.
-//! - [`bench`]: what `corvid bench gpu` measures on a CUDA device.
+//! - [`mod@bench`]: what `corvid bench gpu` measures on a CUDA device.
 //!
 //! Kernels run on the null stream of the device's primary context: the stream and context
 //! libtorch uses when nothing set another (tch never does), so they are ordered with ATen work

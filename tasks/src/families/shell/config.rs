@@ -1,6 +1,6 @@
 //! `config`: service config files under `conf/` with `key=value` settings and `#`
 //! comments, some lines malformed (`key: value`, `key = value`, `key value`). The check
-//! command [`CHECK`] lists the malformed lines of a file; the agent repairs them with
+//! command ([`check_command`]) lists the malformed lines of a file; the agent repairs them with
 //! `sed -i` (each to `key=value`, keeping key and value) until the check lists none.
 //! Level 1 names the broken line; from level 2 the oracle runs the check to find the
 //! lines, from level 3 it reads the file first. The checker compares every file with
