@@ -47,8 +47,9 @@ pub enum TasksError {
     #[error("{} error(s) in task pack:\n{}", .0.len(), .0.iter().map(|d| d.to_string()).collect::<Vec<_>>().join("\n"))]
     Pack(Vec<PackDiagnostic>),
     /// A valid task pack cannot build one instance with the values it drew (for example two
-    /// `[files]` keys rendered to one path); validation reports what it finds beforehand,
-    /// but past its rendering cap it does not try every combination of values.
+    /// `[files]` keys rendered to one path, or one to a folder of the other's path);
+    /// validation reports what it finds beforehand, but past its rendering cap it does not
+    /// try every combination of values.
     #[error("task pack {file}: instance {instance} ({vars}): {message}")]
     PackInstance {
         /// The pack file.

@@ -455,18 +455,18 @@ fn assignments(raw: &RawPack, names: &BTreeSet<&str>) -> BTreeSet<BTreeMap<Strin
 }
 
 /// A rendering of a template that a check rejects.
-struct BadRendering {
+struct BadRendering<R = String> {
     /// The first rejected assignment (in sorted order) and its rendering.
     vars: BTreeMap<String, String>,
     rendered: String,
     /// Why it was rejected.
-    reason: String,
+    reason: R,
     /// Rejected / rendered assignments.
     failed: usize,
     checked: usize,
 }
 
-impl BadRendering {
+impl<R> BadRendering<R> {
     /// `a = "x", b = "y"`.
     fn vars(&self) -> String {
         self.vars
@@ -490,12 +490,12 @@ impl BadRendering {
 /// use and runs `check` on each set of renderings (in the order of `templates`); the first
 /// rejected one, if any, with `rendered` the rendering of the first template. `None` too
 /// when a template has an unclosed `{` (reported with the other template errors).
-fn first_bad_rendering(
+fn first_bad_rendering<R>(
     raw: &RawPack,
     declared: &BTreeSet<&str>,
     templates: &[&str],
-    check: impl Fn(&[String]) -> Result<(), String>,
-) -> Option<BadRendering> {
+    check: impl Fn(&[String]) -> Result<(), R>,
+) -> Option<BadRendering<R>> {
     let mut names = BTreeSet::new();
     for t in templates {
         let used = placeholders(t).ok()?;
@@ -505,7 +505,7 @@ fn first_bad_rendering(
         );
     }
     let all = assignments(raw, &names);
-    let mut bad: Option<BadRendering> = None;
+    let mut bad: Option<BadRendering<R>> = None;
     let mut failed = 0;
     for vars in &all {
         let rendered: Vec<String> = templates.iter().map(|t| render(t, vars)).collect();
@@ -554,7 +554,8 @@ fn clean_workspace_path(p: &str) -> String {
 /// How errors name the keys of one map of workspace paths of a pack: the `[files]` paths,
 /// or a `file_state` checker's. Both are templates rendered with the instance's variables;
 /// both must render to paths the sandbox accepts, and to distinct ones (a map holds one
-/// value per path: another key rendered to it would be lost).
+/// value per path: another key rendered to it would be lost); `[files]` paths also to
+/// paths none of which is a folder of another (see [`Clash`]).
 struct PathKeys {
     /// One key, as errors name it: `[files] path`.
     one: &'static str,
@@ -564,6 +565,9 @@ struct PathKeys {
     refused: &'static str,
     /// What two keys rendered to one path would lose.
     lost: &'static str,
+    /// Whether a key rendered to a folder of another's path is an error (files need their
+    /// folders; expectations do not: `a` may be expected absent beside `a/b`).
+    nested: bool,
 }
 
 /// The `[files]` paths.
@@ -572,6 +576,7 @@ const FILES: PathKeys = PathKeys {
     two: "[files] paths",
     refused: "the sandbox refuses it",
     lost: "one file's content would replace the other's",
+    nested: true,
 };
 
 /// A `file_state` checker's paths.
@@ -580,12 +585,71 @@ const FILE_STATE: PathKeys = PathKeys {
     two: "checker file_state keys",
     refused: "instances refuse it (no workspace holds such a path)",
     lost: "one expectation would replace the other",
+    nested: false,
 };
+
+/// Why two rendered paths of one map of workspace paths cannot both be in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Clash {
+    /// Both are this path.
+    Same(String),
+    /// The two paths, in the order compared, one of which is a folder of the other: the
+    /// sandbox would have to create it as a file and as a folder at once, and cannot create
+    /// the workspace (`a.txt` and `a.txt/b.txt`).
+    Nested([String; 2]),
+}
+
+impl Clash {
+    /// How the rendered paths `a` and `b` of `keys` clash, if they do. Paths are compared by
+    /// their components: a path the sandbox accepts has nothing to normalise (no leading
+    /// '/', no empty, `.` or `..` component; [`workspace_path_problem`]), and one it refuses
+    /// is reported on its own, so it is compared only as written, for equality.
+    fn find(keys: &PathKeys, a: &str, b: &str) -> Option<Self> {
+        if a == b {
+            return Some(Self::Same(a.to_string()));
+        }
+        if !keys.nested
+            || workspace_path_problem(a).is_some()
+            || workspace_path_problem(b).is_some()
+        {
+            return None;
+        }
+        let (ca, cb): (Vec<&str>, Vec<&str>) = (a.split('/').collect(), b.split('/').collect());
+        (cb.starts_with(&ca) || ca.starts_with(&cb))
+            .then(|| Self::Nested([a.to_string(), b.to_string()]))
+    }
+
+    /// What the two templates render to: `both render to "p"`, or
+    /// `render to "a.txt" and "a.txt/b.txt"`.
+    fn rendered(&self) -> String {
+        match self {
+            Self::Same(p) => format!("both render to {p:?}"),
+            Self::Nested([a, b]) => format!("render to {a:?} and {b:?}"),
+        }
+    }
+
+    /// What the clash breaks.
+    fn consequence(&self, keys: &PathKeys) -> String {
+        match self {
+            Self::Same(_) => keys.lost.to_string(),
+            Self::Nested(paths) => {
+                let [folder, file] = if paths[0].len() < paths[1].len() {
+                    [&paths[0], &paths[1]]
+                } else {
+                    [&paths[1], &paths[0]]
+                };
+                format!(
+                    "{folder:?} would be both a file and the folder of {file:?}, which the sandbox cannot create"
+                )
+            }
+        }
+    }
+}
 
 /// Renders the path templates of `entries` with `vars`, keeping each value. A rendered
 /// path the sandbox refuses (when `check_paths`; instances leave `[files]` paths to the
-/// sandbox, which refuses them by name) and two templates rendered to one path are errors
-/// naming the templates and what they rendered to.
+/// sandbox, which refuses them by name) and two templates whose renderings [`Clash`] are
+/// errors naming the templates and what they rendered to.
 fn render_paths<V>(
     keys: &PathKeys,
     entries: impl IntoIterator<Item = (String, V)>,
@@ -593,7 +657,8 @@ fn render_paths<V>(
     check_paths: bool,
 ) -> Result<BTreeMap<String, V>, String> {
     let mut out = BTreeMap::new();
-    let mut templates: BTreeMap<String, String> = BTreeMap::new();
+    // (template, rendering) of the entries so far.
+    let mut seen: Vec<(String, String)> = Vec::new();
     for (t, v) in entries {
         let p = render(&t, vars);
         if let Some(why) = workspace_path_problem(&p).filter(|_| check_paths) {
@@ -602,13 +667,17 @@ fn render_paths<V>(
                 keys.one
             ));
         }
-        if let Some(first) = templates.get(&p) {
-            return Err(format!(
-                "{} {first:?} and {t:?} both render to {p:?}; {}",
-                keys.two, keys.lost
-            ));
+        for (first, q) in &seen {
+            if let Some(clash) = Clash::find(keys, q, &p) {
+                return Err(format!(
+                    "{} {first:?} and {t:?} {}; {}",
+                    keys.two,
+                    clash.rendered(),
+                    clash.consequence(keys)
+                ));
+            }
         }
-        templates.insert(p.clone(), t);
+        seen.push((t, p.clone()));
         out.insert(p, v);
     }
     Ok(out)
@@ -644,9 +713,10 @@ fn checker_file_keys(src: &str, raw: &RawPack) -> Vec<(Range<usize>, String)> {
 }
 
 /// Every path of `paths` (templates in file order, located), rendered as instances render
-/// it, must be one the sandbox accepts, and no two may render to the same path with any
-/// values validation tries: an instance refuses either, so every episode that draws it is
-/// lost (the sandbox refuses a `[files]` path itself, the workspace as a whole).
+/// it, must be one the sandbox accepts, and no two may [`Clash`] (render to the same path,
+/// or `[files]` paths one of which is a folder of the other) with any values validation
+/// tries: an instance refuses either, so every episode that draws it is lost (the sandbox
+/// refuses a `[files]` path itself, the workspace as a whole).
 fn check_path_keys(
     d: &mut Diags<'_>,
     raw: &RawPack,
@@ -700,29 +770,44 @@ fn check_path_keys(
     for (i, (_, first)) in paths.iter().enumerate() {
         for (at, second) in &paths[i + 1..] {
             let Some(bad) = first_bad_rendering(raw, declared, &[first, second], |r| {
-                if r[0] == r[1] {
-                    Err("same path".into())
-                } else {
-                    Ok(())
-                }
+                Clash::find(keys, &r[0], &r[1]).map_or(Ok(()), Err)
             }) else {
                 continue;
+            };
+            // Two fixed paths can only nest (TOML refuses a key written twice).
+            let (with, who) = if bad.vars.is_empty() {
+                (String::new(), "no instance can start".to_string())
+            } else {
+                (
+                    format!(" with {}", bad.vars()),
+                    format!(
+                        "instances that draw these values cannot start ({} of {} renderings checked collide)",
+                        bad.failed, bad.checked
+                    ),
+                )
+            };
+            let hint = match &bad.reason {
+                Clash::Same(_) => format!(
+                    "paths that differ for every value of {}, e.g. each with a fixed part of its own: \"in/{{a}}.txt\" and \"out/{{b}}.txt\"",
+                    bad.names()
+                ),
+                Clash::Nested(_) if bad.vars.is_empty() => {
+                    "paths none of which is the folder of another, e.g. \"a.txt\" and \"a/b.txt\" rather than \"a.txt/b.txt\"".to_string()
+                }
+                Clash::Nested(_) => format!(
+                    "paths none of which is the folder of another for any value of {}, e.g. each under a fixed folder of its own: \"in/{{a}}\" and \"out/{{b}}/c.txt\"",
+                    bad.names()
+                ),
             };
             d.push(
                 at.clone(),
                 format!(
-                    "{} {first:?} and {second:?} both render to {:?} with {}; {}, so instances that draw these values cannot start ({} of {} renderings checked collide)",
+                    "{} {first:?} and {second:?} {}{with}; {}, so {who}",
                     keys.two,
-                    bad.rendered,
-                    bad.vars(),
-                    keys.lost,
-                    bad.failed,
-                    bad.checked
+                    bad.reason.rendered(),
+                    bad.reason.consequence(keys),
                 ),
-                format!(
-                    "paths that differ for every value of {}, e.g. each with a fixed part of its own: \"in/{{a}}.txt\" and \"out/{{b}}.txt\"",
-                    bad.names()
-                ),
+                hint,
             );
         }
     }

@@ -213,3 +213,126 @@ args = { path = "{dir}/out.txt", content = "n = {n}\n" }
         );
     }
 }
+
+/// A pack whose `[files]` hold `{f}` and `a.txt/b.txt`: with `f = "a.txt"` one path is a
+/// file and the other needs it as its folder.
+const NESTED_FILES_PACK: &str = r#"prompt = "Read {f} and answer its number."
+
+[pack]
+name = "nested-files"
+
+[vars]
+f = { choices = ["a.txt", "c.txt"] }
+n = { min = 1, max = 9 }
+
+[tools]
+read_file = {}
+answer = {}
+
+[[levels]]
+level = 1
+max_turns = 3
+context_budget = 1024
+
+[files]
+"{f}" = "n = {n}\n"
+"a.txt/b.txt" = "not this one\n"
+
+[checker]
+kind = "exact"
+expected = "{n}"
+
+[oracle]
+answer = "{n}"
+
+[[oracle.calls]]
+tool = "read_file"
+args = { path = "{f}" }
+"#;
+
+#[test]
+fn files_where_one_path_is_the_folder_of_another_never_reach_the_sandbox() {
+    let env = env();
+    // What the sandbox does with such files: it cannot create the workspace at all, so
+    // every episode that drew them would end before its first turn as an infra error.
+    let hops = corvid_tasks::builtin_family("hops").expect("hops");
+    let mut task = hops.instance(1, 0).expect("instance");
+    task.files = [
+        ("a.txt".to_string(), b"n = 1\n".to_vec()),
+        ("a.txt/b.txt".to_string(), b"not this one\n".to_vec()),
+    ]
+    .into_iter()
+    .collect();
+    let e = Episode::start(&env, &task).expect_err("a file and a folder at one path");
+    assert!(
+        matches!(&e, corvid_tasks::TasksError::Sandbox { message, .. }
+            if message.contains("create_dir at a.txt")),
+        "{e}"
+    );
+    // So validation refuses a pack that can draw them, naming both templates (before this
+    // check the pack validated and seed 0's episode failed as above).
+    match corvid_tasks::TaskPack::parse("nested.toml", NESTED_FILES_PACK) {
+        Err(corvid_tasks::TasksError::Pack(d)) => assert!(
+            d.iter().any(|e| e.to_string().starts_with(
+                "nested.toml:21:1: [files] paths \"{f}\" and \"a.txt/b.txt\" render to \"a.txt\" and \"a.txt/b.txt\" with f = \"a.txt\""
+            )),
+            "{d:?}"
+        ),
+        Err(e) => panic!("not a pack error: {e}"),
+        Ok(pack) => {
+            for seed in 0..8 {
+                let task = pack.instance(1, seed).expect("instance");
+                if let Err(e) = Episode::start(&env, &task) {
+                    panic!("validated, then the episode failed to start: {e}");
+                }
+            }
+            panic!("validated, and no seed drew f = \"a.txt\"");
+        }
+    }
+    // Past validation's rendering cap (100 x 100 values, meeting at "s" only off its
+    // diagonal) `instance` refuses the nesting pair, and every instance it builds starts.
+    let a: Vec<String> = (0..100)
+        .map(|i| if i < 50 { "s".into() } else { format!("a{i}") })
+        .collect();
+    let b: Vec<String> = (0..100)
+        .map(|i| if i < 50 { format!("b{i}") } else { "s".into() })
+        .collect();
+    let src = NESTED_FILES_PACK
+        .replacen(
+            "n = { min = 1, max = 9 }",
+            &format!(
+                "n = {{ min = 1, max = 9 }}\na = {{ choices = {a:?} }}\nb = {{ choices = {b:?} }}"
+            ),
+            1,
+        )
+        .replacen(
+            "\"a.txt/b.txt\" = ",
+            "\"x{a}\" = \"first\\n\"\n\"x{b}/in.txt\" = ",
+            1,
+        );
+    let pack = corvid_tasks::TaskPack::parse("nested.toml", &src).expect("valid past the cap");
+    let (mut started, mut refused) = (0, 0);
+    for seed in 0..200 {
+        match pack.instance(1, seed) {
+            Ok(task) => {
+                Episode::start(&env, &task).expect("an instance that builds starts");
+                started += 1;
+            }
+            Err(e) => {
+                assert!(
+                    matches!(&e, corvid_tasks::TasksError::PackInstance { .. }),
+                    "{e}"
+                );
+                assert!(
+                    e.to_string().contains("[files] paths \"x{a}\" and \"x{b}/in.txt\" render to \"xs\" and \"xs/in.txt\""),
+                    "{e}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    assert!(
+        started > 0 && refused > 0,
+        "{started} started, {refused} refused"
+    );
+}

@@ -724,3 +724,89 @@ fn files_keys_that_collide_past_the_cap_are_an_instance_error_naming_both() {
     }
     assert!(refused > 0, "no seed drew a = b = \"s\"");
 }
+
+#[test]
+fn files_keys_where_one_is_the_folder_of_another_are_reported_naming_both() {
+    // `{f}` draws "a.txt" or "b.txt"; "a.txt/in.txt" needs "a.txt" as its folder, and the
+    // sandbox cannot create a workspace with both (every episode drawing it would fail).
+    let src = broken(
+        "\"{f}\" = \"n = {n}\\n\"\n",
+        "\"{f}\" = \"n = {n}\\n\"\n\"a.txt/in.txt\" = \"other\\n\"\n",
+    );
+    let hits = diagnostics_with(&src, "folder of");
+    assert_eq!(hits.len(), 1, "{hits:?}");
+    let line = line_of(&src, "\"a.txt/in.txt\" = ");
+    assert_eq!(
+        hits[0],
+        format!(
+            "p.toml:{line}:1: [files] paths \"{{f}}\" and \"a.txt/in.txt\" render to \"a.txt\" and \"a.txt/in.txt\" with f = \"a.txt\"; \"a.txt\" would be both a file and the folder of \"a.txt/in.txt\", which the sandbox cannot create, so instances that draw these values cannot start (1 of 2 renderings checked collide)\n  write instead: paths none of which is the folder of another for any value of `f`, e.g. each under a fixed folder of its own: \"in/{{a}}\" and \"out/{{b}}/c.txt\""
+        )
+    );
+    // The folder second in the file, drawn from a variable.
+    let src = broken("\"{f}\" = ", "\"{f}/in.txt\" = \"x\"\n\"b.txt\" = ");
+    diagnostics_with(
+        &src,
+        "[files] paths \"{f}/in.txt\" and \"b.txt\" render to \"b.txt/in.txt\" and \"b.txt\" with f = \"b.txt\"; \"b.txt\" would be both a file and the folder of \"b.txt/in.txt\"",
+    );
+    // Two fixed paths: no values to blame, no instance starts.
+    let src = broken(
+        "\"{f}\" = ",
+        "\"sub\" = \"x\"\n\"sub/deep/in.txt\" = \"y\"\n\"{f}\" = ",
+    );
+    let hits = diagnostics_with(&src, "[files] paths \"sub\" and \"sub/deep/in.txt\" render to \"sub\" and \"sub/deep/in.txt\"; \"sub\" would be both a file and the folder of \"sub/deep/in.txt\", which the sandbox cannot create, so no instance can start");
+    assert!(
+        hits[0].contains("write instead: paths none of which is the folder of another, e.g."),
+        "{}",
+        hits[0]
+    );
+    // Paths are compared by components: "a.txt" is no folder of "a.txt.d/in.txt", and
+    // files side by side in one folder are fine.
+    let ok = broken(
+        "\"{f}\" = ",
+        "\"a.txt.d/in.txt\" = \"x\"\n\"in/{n}.txt\" = \"y\"\n\"in/{f}\" = \"z\"\n\"{f}\" = ",
+    );
+    let p = TaskPack::parse("p.toml", &ok).unwrap();
+    for seed in 0..20 {
+        assert_eq!(p.instance(1, seed).unwrap().files.len(), 4);
+    }
+}
+
+#[test]
+fn file_state_keys_may_name_a_folder_of_another() {
+    // Expectations are not files: `out.txt` holds the text, so `out.txt/old` is absent.
+    let src = out_dir_pack(&["data", "logs"]).replacen(
+        "\"{dir}/tmp.txt\" = { kind = \"absent\" }",
+        "\"{dir}/out.txt/old\" = { kind = \"absent\" }",
+        1,
+    );
+    let p = TaskPack::parse("p.toml", &src).unwrap();
+    p.instance(1, 0).unwrap();
+}
+
+#[test]
+fn files_keys_that_nest_past_the_cap_are_an_instance_error_naming_both() {
+    // `colliding_pair_pack` with `x{b}` a folder: `a = b = "s"` (off validation's
+    // diagonal) renders "xs" and "xs/in.txt".
+    let src = colliding_pair_pack().replacen("\"x{b}\" = ", "\"x{b}/in.txt\" = ", 1);
+    let p = TaskPack::parse("packs/p.toml", &src).expect("valid past the cap");
+    let mut refused = 0;
+    for seed in 0..200 {
+        match p.instance(1, seed) {
+            Ok(t) => assert_eq!(t.files.len(), 3, "{}", t.id),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(
+                    e.starts_with("task pack packs/p.toml: instance t-pack/L1/s"),
+                    "{e}"
+                );
+                assert!(
+                    e.contains("[files] paths \"x{a}\" and \"x{b}/in.txt\" render to \"xs\" and \"xs/in.txt\"; \"xs\" would be both a file and the folder of \"xs/in.txt\", which the sandbox cannot create"),
+                    "{e}"
+                );
+                assert!(e.contains("a = \"s\"") && e.contains("b = \"s\""), "{e}");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "no seed drew a = b = \"s\"");
+}
