@@ -569,6 +569,10 @@ fn live_gauges(s: &Shared) -> Vec<(String, f64)> {
         ("groups_expired_total".to_owned(), d.groups_expired as f64),
         ("episodes_issued_total".to_owned(), d.episodes_issued as f64),
         (
+            "instances_refused_total".to_owned(),
+            d.instances_refused as f64,
+        ),
+        (
             "policy_version_published".to_owned(),
             s.control.policies.latest_version() as f64,
         ),

@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use corvid_proto::{SamplingParams, TaskRef};
-use corvid_tasks::{Curriculum, SplitMix64, TaskFamily, TasksError};
+use corvid_tasks::{Curriculum, SplitMix64, TaskFamily, TaskInstance, TasksError};
 use serde::{Deserialize, Serialize};
 
 use crate::config::{LearnerConfig, SamplingSection};
@@ -127,6 +127,10 @@ pub struct DispenserCounters {
     pub episodes_issued: u64,
     /// Calls answered with nothing because of back-pressure.
     pub empty_answers: u64,
+    /// Instances a task pack refused for the values one seed drew (two paths rendered to
+    /// one, past what validation tries); another seed was drawn instead.
+    #[serde(default)]
+    pub instances_refused: u64,
 }
 
 /// The serialisable state of the dispenser.
@@ -171,6 +175,10 @@ struct Inner {
     budget: Option<u64>,
     counters: DispenserCounters,
 }
+
+/// Seeds a pack may refuse in a row before opening a group fails: a pack whose instances
+/// are refused this often is broken for the level, not unlucky.
+pub const MAX_REFUSED_DRAWS: u32 = 16;
 
 /// A failure to open a group.
 #[derive(Debug, thiserror::Error)]
@@ -313,8 +321,7 @@ impl TaskDispenser {
             let mut c = self.curriculum.lock().unwrap_or_else(|p| p.into_inner());
             c.sample_level(family.name())?
         };
-        let seed = inner.rng.next_u64();
-        let instance = family.instance(level, seed)?;
+        let instance = Self::draw_instance(family.as_ref(), level, inner)?;
         let group_id = format!("g{:08}", inner.next_group);
         inner.next_group += 1;
         inner.counters.groups_opened += 1;
@@ -334,6 +341,32 @@ impl TaskDispenser {
             },
             last_issued: Instant::now(),
         })
+    }
+
+    /// The instance of a fresh seed at `level`. A task pack can refuse the values one seed
+    /// draws ([`TasksError::PackInstance`]: validation renders up to 4,096 combinations, not
+    /// every one); that seed is skipped, counted and logged, and another drawn, up to
+    /// [`MAX_REFUSED_DRAWS`] in a row. Any other error is returned at once.
+    fn draw_instance(
+        family: &dyn TaskFamily,
+        level: u32,
+        inner: &mut Inner,
+    ) -> Result<TaskInstance, DispenseError> {
+        let mut refused = 0;
+        loop {
+            let seed = inner.rng.next_u64();
+            match family.instance(level, seed) {
+                Err(e @ TasksError::PackInstance { .. }) => {
+                    inner.counters.instances_refused += 1;
+                    refused += 1;
+                    tracing::warn!(error = %e, "task pack refused an instance; drawing another seed");
+                    if refused == MAX_REFUSED_DRAWS {
+                        return Err(e.into());
+                    }
+                }
+                other => return Ok(other?),
+            }
+        }
     }
 
     /// Rule 4: drop incomplete groups idle for longer than the timeout.
@@ -420,6 +453,20 @@ mod tests {
     use corvid_tasks::CurriculumConfig;
 
     fn dispenser(g: u32, max_open: usize, timeout: Duration) -> TaskDispenser {
+        dispenser_of(
+            g,
+            max_open,
+            timeout,
+            corvid_tasks::builtin_family("hops").unwrap(),
+        )
+    }
+
+    fn dispenser_of(
+        g: u32,
+        max_open: usize,
+        timeout: Duration,
+        family: Box<dyn TaskFamily>,
+    ) -> TaskDispenser {
         let c = Curriculum::new(CurriculumConfig::default(), &[("hops", 3)], 1).unwrap();
         TaskDispenser::new(
             DispenserConfig {
@@ -429,7 +476,7 @@ mod tests {
                 sampling: SamplingSection::default(),
                 max_context: 4096,
             },
-            vec![corvid_tasks::builtin_family("hops").unwrap()],
+            vec![family],
             Arc::new(Mutex::new(c)),
             DispenserState::new(7),
         )
@@ -454,6 +501,65 @@ mod tests {
         seeds.dedup();
         assert_eq!(seeds.len(), 4);
         assert_ne!(all[4].group_id, all[0].group_id);
+    }
+
+    /// `hops`, as a task pack that refuses the values of the seeds `refuse` picks would.
+    struct Refusing(fn(u64) -> bool);
+
+    impl TaskFamily for Refusing {
+        fn name(&self) -> &str {
+            "hops"
+        }
+        fn description(&self) -> &str {
+            "hops, refusing some seeds"
+        }
+        fn levels(&self) -> u32 {
+            corvid_tasks::Hops.levels()
+        }
+        fn instance(&self, level: u32, seed: u64) -> Result<TaskInstance, TasksError> {
+            if (self.0)(seed) {
+                return Err(TasksError::PackInstance {
+                    file: "packs/p.toml".into(),
+                    instance: format!("hops/L{level}/s{seed}"),
+                    vars: "a = \"s\", b = \"s\"".into(),
+                    message: "[files] paths \"x{a}\" and \"x{b}\" both render to \"xs\"".into(),
+                });
+            }
+            corvid_tasks::Hops.instance(level, seed)
+        }
+    }
+
+    #[test]
+    fn a_seed_a_pack_refuses_is_counted_and_another_drawn() {
+        let d = dispenser_of(
+            1,
+            64,
+            Duration::from_secs(60),
+            Box::new(Refusing(|s| s % 3 != 0)),
+        );
+        let got = d.next(40).unwrap();
+        assert_eq!(
+            got.len(),
+            40,
+            "every group opened on a seed the pack accepts"
+        );
+        assert!(got.iter().all(|a| a.task.seed % 3 == 0));
+        // Two in three seeds are refused: about 80 refusals for 40 groups.
+        let refused = d.counters().instances_refused;
+        assert!((40..=160).contains(&refused), "{refused}");
+        assert_eq!(d.counters().groups_opened, 40);
+    }
+
+    #[test]
+    fn a_pack_that_refuses_every_seed_fails_after_a_bounded_number_of_draws() {
+        let d = dispenser_of(1, 64, Duration::from_secs(60), Box::new(Refusing(|_| true)));
+        let e = d.next(1).unwrap_err().to_string();
+        assert!(
+            e.starts_with("cannot draw a task: task pack packs/p.toml: instance hops/L1/s"),
+            "{e}"
+        );
+        assert_eq!(d.counters().instances_refused, u64::from(MAX_REFUSED_DRAWS));
+        assert_eq!(d.counters().groups_opened, 0);
     }
 
     #[test]
