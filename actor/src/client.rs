@@ -198,9 +198,7 @@ impl NetworkFailure {
     pub fn from_chain(err: &(dyn std::error::Error + 'static)) -> Self {
         let mut cause = None;
         let mut parts: Vec<String> = Vec::new();
-        let mut link = Some(err);
-        while let Some(e) = link {
-            link = e.source();
+        for e in chain(err) {
             if cause.is_none() {
                 cause = if let Some(io) = e.downcast_ref::<std::io::Error>() {
                     NetworkCause::of_io(io.kind())
@@ -258,16 +256,16 @@ pub(crate) fn unreachable_message(
     }
 }
 
+/// `err`, then each error of its `source()` chain.
+fn chain<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(err), |e| e.source())
+}
+
 /// Whether `err` or an error in its source chain is a `T`.
 fn chain_has<T: std::error::Error + 'static>(err: &(dyn std::error::Error + 'static)) -> bool {
-    let mut link = Some(err);
-    while let Some(e) = link {
-        if e.is::<T>() {
-            return true;
-        }
-        link = e.source();
-    }
-    false
+    chain(err).any(|e| e.is::<T>())
 }
 
 fn connect_message(e: &ConnectError) -> String {

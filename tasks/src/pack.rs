@@ -563,6 +563,10 @@ struct PathKeys {
     two: &'static str,
     /// What happens to an instance with an invalid key.
     refused: &'static str,
+    /// Whether `instance()` refuses an invalid rendered key itself (the sandbox refuses an
+    /// invalid `[files]` path by name when the episode starts; no workspace checks a
+    /// checker's).
+    instance_checks: bool,
     /// What two keys rendered to one path would lose.
     lost: &'static str,
     /// Whether a key rendered to a folder of another's path is an error (files need their
@@ -575,6 +579,7 @@ const FILES: PathKeys = PathKeys {
     one: "[files] path",
     two: "[files] paths",
     refused: "the sandbox refuses it",
+    instance_checks: false,
     lost: "one file's content would replace the other's",
     nested: true,
 };
@@ -584,6 +589,7 @@ const FILE_STATE: PathKeys = PathKeys {
     one: "checker file_state key",
     two: "checker file_state keys",
     refused: "instances refuse it (no workspace holds such a path)",
+    instance_checks: true,
     lost: "one expectation would replace the other",
     nested: false,
 };
@@ -647,21 +653,19 @@ impl Clash {
 }
 
 /// Renders the path templates of `entries` with `vars`, keeping each value. A rendered
-/// path the sandbox refuses (when `check_paths`; instances leave `[files]` paths to the
-/// sandbox, which refuses them by name) and two templates whose renderings [`Clash`] are
+/// path the sandbox refuses (where `keys.instance_checks`) and two templates whose renderings [`Clash`] are
 /// errors naming the templates and what they rendered to.
 fn render_paths<V>(
     keys: &PathKeys,
     entries: impl IntoIterator<Item = (String, V)>,
     vars: &BTreeMap<String, String>,
-    check_paths: bool,
 ) -> Result<BTreeMap<String, V>, String> {
     let mut out = BTreeMap::new();
     // (template, rendering) of the entries so far.
     let mut seen: Vec<(String, String)> = Vec::new();
     for (t, v) in entries {
         let p = render(&t, vars);
-        if let Some(why) = workspace_path_problem(&p).filter(|_| check_paths) {
+        if let Some(why) = workspace_path_problem(&p).filter(|_| keys.instance_checks) {
             return Err(format!(
                 "{} {t:?} renders to {p:?}, which is not a valid workspace path: {why}",
                 keys.one
@@ -1174,7 +1178,6 @@ impl TaskFamily for TaskPack {
                 .iter()
                 .map(|(p, c)| (p.get_ref().clone(), render(c.get_ref(), &vars).into_bytes())),
             &vars,
-            false,
         )
         .map_err(refused)?;
         let mut checker: Checker = render_value(self.raw.checker.get_ref(), &vars)
@@ -1185,8 +1188,7 @@ impl TaskFamily for TaskPack {
         checker.validate()?;
         if let Checker::FileState { files } = &mut checker {
             // `render_value` renders values only; the paths are the table's keys.
-            *files =
-                render_paths(&FILE_STATE, std::mem::take(files), &vars, true).map_err(refused)?;
+            *files = render_paths(&FILE_STATE, std::mem::take(files), &vars).map_err(refused)?;
         }
         if let Checker::Wasi { module, .. } = &mut checker {
             // The module path is written relative to the pack file.

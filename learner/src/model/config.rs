@@ -775,8 +775,9 @@ impl ModelConfig {
     /// the fp32 router biases, and the f64 RoPE tables (computed on the CPU, then kept on the
     /// model's device). Validates first.
     pub fn build_bytes(&self, kind: Kind) -> Result<BuildBytes, ModelError> {
-        self.validate()?;
+        // `validate`, counting the parameters once.
         let p = self.try_param_counts()?;
+        self.check_rope_size()?;
         let per_param = BUILD_BYTES_PER_PARAM.max(kind.elt_size_in_bytes() as u64);
         // Validated: every value below is non-negative and their products fit MAX_ELEMENTS.
         let moe_layers = (self.num_hidden_layers - self.first_k_dense_replace) as u128;
