@@ -60,6 +60,10 @@ max_levels = { hops = 2 }
 
 [rollout]
 max_open_groups = 4
+# A SIGKILLed actor's episodes never arrive, so its groups stay open until this timeout.
+# When it held an episode of all four open groups, the default 600 s stalled the test
+# past its wait (seen once in session 23's `make test`).
+group_timeout_s = 30
 policy_poll_interval_ms = 200
 [rollout.sampling]
 max_new_tokens = 32
