@@ -347,7 +347,7 @@ fn an_unusable_url_or_token_stops_the_actor_instead_of_retrying_forever() {
 }
 
 #[test]
-fn a_call_to_a_learner_that_went_away_names_its_url_and_the_refused_connection() {
+fn a_call_to_a_learner_that_went_away_names_its_url_and_what_failed() {
     let mut l = TestLearner::start(LearnerOpts::default());
     let rt = actor_runtime();
     let link = LearnerLink::new(&l.url(), TOKEN);
@@ -364,11 +364,14 @@ fn a_call_to_a_learner_that_went_away_names_its_url_and_the_refused_connection()
         )),
         "{text}"
     );
-    assert!(
-        text.to_lowercase().contains("connection refused")
-            && text.ends_with("is `corvid learner` running and listening at that address?"),
-        "{text}"
-    );
+    // Which error the dead connection gives depends on timing: the redial is refused, or
+    // the request goes out on the old socket before its close is seen (broken pipe, reset).
+    let lower = text.to_lowercase();
+    let refused = lower.contains("connection refused")
+        && text.ends_with("is `corvid learner` running and listening at that address?");
+    let closed = (lower.contains("broken pipe") || lower.contains("reset"))
+        && text.contains("the connection was closed; the learner may be restarting");
+    assert!(refused || closed, "{text}");
     // The next call connects afresh, and says the same from the connect error.
     let text = rt.block_on(link.policy_info()).unwrap_err().to_string();
     assert!(
