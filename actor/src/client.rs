@@ -204,6 +204,11 @@ impl NetworkFailure {
                     NetworkCause::of_io(io.kind())
                 } else if e.is::<tonic::TimeoutExpired>() {
                     Some(NetworkCause::TimedOut)
+                } else if let Some(h) = e.downcast_ref::<hyper::Error>() {
+                    // A request on a connection the peer closed before or while it was
+                    // sent: "operation was canceled: connection closed".
+                    (h.is_canceled() || h.is_closed() || h.is_incomplete_message())
+                        .then_some(NetworkCause::Closed)
                 } else {
                     None
                 };
