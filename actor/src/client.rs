@@ -487,12 +487,15 @@ impl LearnerLink {
         r
     }
 
-    /// `PolicyInfo`.
-    pub async fn policy_info(&self) -> Result<PolicyInfo, LinkError> {
+    /// `PolicyInfo`, as the actor `actor_id` (its sign of life to the learner; empty for
+    /// a caller that is not a registered actor).
+    pub async fn policy_info(&self, actor_id: &str) -> Result<PolicyInfo, LinkError> {
         let r = async {
             let mut c = self.client().await?;
             let i = c
-                .policy_info(pb::PolicyInfoRequest {})
+                .policy_info(pb::PolicyInfoRequest {
+                    actor_id: actor_id.into(),
+                })
                 .await
                 .map_err(|s| self.status_error("PolicyInfo", s))?
                 .into_inner();
@@ -759,7 +762,7 @@ mod tests {
             }
         });
         let e = LearnerLink::new(&url, "s3cret")
-            .policy_info()
+            .policy_info("")
             .await
             .unwrap_err();
         assert!(e.is_retryable(), "{e}");
@@ -791,7 +794,7 @@ mod tests {
 
         // The token is refused as such even though the learner is down too.
         let e = LearnerLink::new("http://127.0.0.1:1", "s3c\u{1}ret")
-            .policy_info()
+            .policy_info("")
             .await
             .unwrap_err();
         assert!(

@@ -429,9 +429,11 @@ impl Feeder {
     }
 }
 
-/// Polls `PolicyInfo` and hands newer weights to the engine.
+/// Polls `PolicyInfo` as `actor_id` (which keeps the actor's episodes its own at the
+/// learner) and hands newer weights to the engine.
 async fn poll_policy(
     link: LearnerLink,
+    actor_id: String,
     engine: EngineHandle,
     interval: Duration,
     version: Arc<AtomicU64>,
@@ -447,7 +449,7 @@ async fn poll_policy(
             return updates;
         }
         let known = version.load(Ordering::SeqCst);
-        let info = match link.policy_info().await {
+        let info = match link.policy_info(&actor_id).await {
             Ok(i) => i,
             Err(e) => {
                 tracing::debug!(error = %e, "PolicyInfo failed");
@@ -610,6 +612,7 @@ pub async fn run_actor(
     ));
     let poller = tokio::spawn(poll_policy(
         link.clone(),
+        reg.actor_id.clone(),
         engine.clone(),
         reg.policy_poll_interval,
         version.clone(),

@@ -351,10 +351,10 @@ fn a_call_to_a_learner_that_went_away_names_its_url_and_what_failed() {
     let mut l = TestLearner::start(LearnerOpts::default());
     let rt = actor_runtime();
     let link = LearnerLink::new(&l.url(), TOKEN);
-    rt.block_on(link.policy_info()).unwrap();
+    rt.block_on(link.policy_info("")).unwrap();
     l.kill();
     // The connected channel redials and fails: a status made from the transport error.
-    let e = rt.block_on(link.policy_info()).unwrap_err();
+    let e = rt.block_on(link.policy_info("")).unwrap_err();
     assert!(e.is_retryable(), "{e}");
     let text = e.to_string();
     assert!(
@@ -375,7 +375,7 @@ fn a_call_to_a_learner_that_went_away_names_its_url_and_what_failed() {
     );
     assert!(refused || closed, "{text}");
     // The next call connects afresh, and says the same from the connect error.
-    let text = rt.block_on(link.policy_info()).unwrap_err().to_string();
+    let text = rt.block_on(link.policy_info("")).unwrap_err().to_string();
     assert!(
         text.starts_with(&format!("cannot connect to the learner at {}: ", l.url()))
             && text.to_lowercase().contains("connection refused"),

@@ -217,6 +217,10 @@ pub struct RolloutSection {
     /// (its actor may have died); its slot is freed and the group is counted as expired.
     /// Default 600.
     pub group_timeout_s: u64,
+    /// Seconds of silence after which an actor counts as gone and the episodes it holds
+    /// are handed out again (same task, same sampler seed). Actors poll `PolicyInfo` every
+    /// `policy_poll_interval_ms`, so this must be at least three poll intervals. Default 60.
+    pub actor_timeout_s: u64,
     /// How actors sample.
     pub sampling: SamplingSection,
     /// How often actors ask for a newer policy version, milliseconds. Default 1000.
@@ -231,6 +235,7 @@ impl Default for RolloutSection {
         Self {
             max_open_groups: 16,
             group_timeout_s: 600,
+            actor_timeout_s: 60,
             sampling: SamplingSection::default(),
             policy_poll_interval_ms: 1000,
             keep_policy_versions: 4,
@@ -525,6 +530,18 @@ impl LearnerConfig {
         if r.group_timeout_s == 0 {
             return Err(invalid("rollout.group_timeout_s", 0, "at least 1 second"));
         }
+        if r.actor_timeout_s.saturating_mul(1000) < 3 * u64::from(r.policy_poll_interval_ms.max(1))
+        {
+            return Err(invalid(
+                "rollout.actor_timeout_s",
+                r.actor_timeout_s,
+                &format!(
+                    "at least 3 policy polls ({} ms each, rollout.policy_poll_interval_ms): \
+                     a live actor must not be taken for gone between two polls",
+                    r.policy_poll_interval_ms
+                ),
+            ));
+        }
         let s = &r.sampling;
         if !(s.temperature.is_finite() && s.temperature >= 0.0) {
             return Err(invalid(
@@ -648,6 +665,10 @@ mod tests {
             ),
             ("[rl]\ngroup_size = 5000", "rl.group_size"),
             ("[rollout]\nmax_open_groups = 0", "rollout.max_open_groups"),
+            (
+                "[rollout]\nactor_timeout_s = 2\npolicy_poll_interval_ms = 1000",
+                "`rollout.actor_timeout_s` = 2: expected at least 3 policy polls (1000 ms each",
+            ),
             ("[tasks]\nfamilies = [\"nope\"]", "tasks.families"),
             (
                 "[tasks]\nmax_levels = { hops = 99 }",

@@ -555,7 +555,9 @@ fn live_gauges(s: &Shared) -> Vec<(String, f64)> {
         ),
         (
             "actors_active".to_owned(),
-            s.control.actors.active(Duration::from_secs(60)) as f64,
+            s.control
+                .actors
+                .active(s.control.dispenser.config().actor_timeout) as f64,
         ),
         (
             "groups_open".to_owned(),
@@ -568,6 +570,10 @@ fn live_gauges(s: &Shared) -> Vec<(String, f64)> {
         ),
         ("groups_expired_total".to_owned(), d.groups_expired as f64),
         ("episodes_issued_total".to_owned(), d.episodes_issued as f64),
+        (
+            "episodes_reclaimed_total".to_owned(),
+            d.episodes_reclaimed as f64,
+        ),
         (
             "instances_refused_total".to_owned(),
             d.instances_refused as f64,

@@ -193,7 +193,10 @@ pub struct ServiceFigures {
     pub groups_completed: u64,
     /// Groups expired so far.
     pub groups_expired: u64,
-    /// Actors heard from in the last minute.
+    /// Episodes taken back from silent actors and handed out again, so far.
+    #[serde(default)]
+    pub episodes_reclaimed: u64,
+    /// Actors heard from within `[rollout] actor_timeout_s`.
     pub actors_active: u64,
     /// Finished trajectories the trainer has read from the store, over the whole run.
     pub trajectories_read: u64,
@@ -503,6 +506,7 @@ pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) 
         ("service_open_groups", sv.open_groups),
         ("service_groups_completed", sv.groups_completed),
         ("service_groups_expired", sv.groups_expired),
+        ("service_episodes_reclaimed", sv.episodes_reclaimed),
         ("service_actors_active", sv.actors_active),
         ("service_trajectories_read", sv.trajectories_read),
         ("service_batches_skipped", sv.batches_skipped),

@@ -882,7 +882,13 @@ impl Trainer {
             open_groups: self.shared.control.dispenser.open_groups() as u64,
             groups_completed: d.groups_completed,
             groups_expired: d.groups_expired,
-            actors_active: self.shared.control.actors.active(Duration::from_secs(60)) as u64,
+            episodes_reclaimed: d.episodes_reclaimed,
+            actors_active: self
+                .shared
+                .control
+                .actors
+                .active(self.shared.control.dispenser.config().actor_timeout)
+                as u64,
             trajectories_read: self.state.totals.trajectories_read,
             batches_skipped: self.state.totals.batches_skipped,
         }

@@ -175,7 +175,7 @@ async fn missing_or_wrong_token_is_unauthenticated() {
     assert_eq!(err.code(), Code::Unauthenticated);
     assert!(err.message().contains("missing"), "{}", err.message());
     let err = anonymous
-        .policy_info(pb::PolicyInfoRequest {})
+        .policy_info(pb::PolicyInfoRequest::default())
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);

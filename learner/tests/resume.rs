@@ -148,13 +148,13 @@ fn store_one(store: &Arc<TrajectoryStore>, a: &Assignment, id: &str, version: u6
 fn feed(shared: &Shared, groups: usize, version: u64, tag: &str) -> Vec<String> {
     let d = &shared.control.dispenser;
     let g = d.config().group_size as usize;
-    let assignments = d.next((groups * g) as u32).unwrap();
+    let assignments = d.next("actor-1", (groups * g) as u32).unwrap();
     assert_eq!(assignments.len(), groups * g);
     let mut ids = Vec::new();
     for (i, a) in assignments.iter().enumerate() {
         let id = format!("{tag}-{i}");
         store_one(&shared.store, a, &id, version);
-        d.complete(&a.group_id);
+        d.complete(&a.group_id, "actor-1", a.sampling.seed);
         ids.push(id);
     }
     ids
@@ -194,7 +194,7 @@ fn a_restored_learner_has_the_same_state_and_makes_the_same_next_update() {
     );
     // Two more groups, and one episode of a fifth that stays pending across the restart.
     feed(&shared, 2, 3, "second");
-    let extra = shared.control.dispenser.next(1).unwrap();
+    let extra = shared.control.dispenser.next("actor-1", 1).unwrap();
     store_one(&shared.store, &extra[0], "lonely", 3);
     a.poll().unwrap();
     let first = &std::fs::read_to_string(dir.path().join("run/metrics/metrics.jsonl")).unwrap();
@@ -279,7 +279,7 @@ fn after_a_kill_without_checkpoint_no_stored_trajectory_is_lost() {
     a.poll().unwrap();
     assert!(a.try_update().unwrap().is_some());
     all.extend(feed(&shared, 1, 3, "c"));
-    let extra = shared.control.dispenser.next(1).unwrap();
+    let extra = shared.control.dispenser.next("actor-1", 1).unwrap();
     store_one(&shared.store, &extra[0], "d-0", 3);
     all.insert("d-0".into());
     drop(a); // SIGKILL: no checkpoint, nothing flushed by the trainer
@@ -311,7 +311,7 @@ fn a_run_folder_is_never_silently_restarted() {
     assert!(err.contains("no checkpoint"), "{err}");
     // Trajectories but no checkpoint (a run killed before its first one): refused too.
     let p = prepare(config(dir.path()), false).unwrap();
-    let a = p.shared.control.dispenser.next(1).unwrap();
+    let a = p.shared.control.dispenser.next("actor-1", 1).unwrap();
     store_one(&p.shared.store, &a[0], "orphan", 1);
     drop(p);
     let err = prepare(config(dir.path()), false).unwrap_err().to_string();
@@ -459,7 +459,12 @@ fn a_resume_takes_the_curriculum_settings_from_the_config_and_the_progress_from_
 fn feed_refused(shared: &Shared, groups: usize, tag: &str) {
     let d = &shared.control.dispenser;
     let g = d.config().group_size as usize;
-    for (i, a) in d.next((groups * g) as u32).unwrap().iter().enumerate() {
+    for (i, a) in d
+        .next("actor-1", (groups * g) as u32)
+        .unwrap()
+        .iter()
+        .enumerate()
+    {
         let (header, _, mut footer) = episode(a, &format!("{tag}-{i}"), 1);
         footer.termination = Termination::InfraError;
         footer.success = false;
@@ -471,7 +476,7 @@ fn feed_refused(shared: &Shared, groups: usize, tag: &str) {
             panic!("stored twice")
         };
         w.finish_blocking(footer).unwrap();
-        d.complete(&a.group_id);
+        d.complete(&a.group_id, "actor-1", a.sampling.seed);
     }
 }
 
@@ -536,25 +541,29 @@ fn sync_mode_opens_one_batch_of_groups_per_version() {
     let (mut t, shared) = open_with(cfg, false);
     let d = Arc::clone(&shared.control.dispenser);
     assert!(
-        d.next(100).unwrap().is_empty(),
+        d.next("actor-1", 100).unwrap().is_empty(),
         "nothing before the first version"
     );
     assert!(t.try_update().unwrap().is_none());
     // Version 1 is out: exactly groups_per_update (2) groups of G (2).
-    let batch = d.next(100).unwrap();
+    let batch = d.next("actor-1", 100).unwrap();
     assert_eq!(batch.len(), 4);
     assert!(
-        d.next(100).unwrap().is_empty(),
+        d.next("actor-1", 100).unwrap().is_empty(),
         "the next batch waits for the update"
     );
     for (i, a) in batch.iter().enumerate() {
         store_one(&shared.store, a, &format!("s{i}"), 1);
-        d.complete(&a.group_id);
+        d.complete(&a.group_id, "actor-1", a.sampling.seed);
     }
     t.poll().unwrap();
     let rec = t.try_update().unwrap().expect("the batch is complete");
     assert_eq!(rec.rollout.staleness_max, 0);
-    assert_eq!(d.next(100).unwrap().len(), 4, "one new batch for version 2");
+    assert_eq!(
+        d.next("actor-1", 100).unwrap().len(),
+        4,
+        "one new batch for version 2"
+    );
 }
 
 /// The lines of the test learner's `metrics/sft.jsonl`.
@@ -714,7 +723,10 @@ async fn the_learner_process_checkpoints_on_stop_and_resumes() {
         assert!(Instant::now() < deadline, "learner did not come up");
         if let Ok(token) = std::fs::read_to_string(root.join("run/token")) {
             if let Ok(mut c) = connect(&url, token.trim()).await {
-                if c.policy_info(pb::PolicyInfoRequest {}).await.is_ok() {
+                if c.policy_info(pb::PolicyInfoRequest::default())
+                    .await
+                    .is_ok()
+                {
                     break c;
                 }
             }
@@ -762,7 +774,7 @@ async fn the_learner_process_checkpoints_on_stop_and_resumes() {
         loop {
             assert!(Instant::now() < deadline, "no update after round {round}");
             let v = client
-                .policy_info(pb::PolicyInfoRequest {})
+                .policy_info(pb::PolicyInfoRequest::default())
                 .await
                 .unwrap()
                 .into_inner()

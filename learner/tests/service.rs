@@ -55,6 +55,10 @@ async fn start() -> Learner {
 }
 
 async fn start_with(publish: bool) -> Learner {
+    start_configured(publish, |_| {}).await
+}
+
+async fn start_configured(publish: bool, edit: impl FnOnce(&mut LearnerConfig)) -> Learner {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(TrajectoryStore::open(dir.path().join("store")).unwrap());
     let (model_cfg, weights) = small_model();
@@ -70,6 +74,8 @@ async fn start_with(publish: bool) -> Learner {
         top_p: 0.95,
         max_new_tokens: 64,
     };
+    edit(&mut cfg);
+    cfg.validate().unwrap();
     let curriculum = Curriculum::new(CurriculumConfig::default(), &[("hops", 3)], 5).unwrap();
     let dispenser = TaskDispenser::new(
         DispenserConfig::from_learner(&cfg, 4096),
@@ -121,8 +127,21 @@ async fn submit(
     id: &str,
     group_id: &str,
 ) -> Result<pb::SubmitAck, tonic::Status> {
+    submit_as(c, id, group_id, "synthetic", 0).await
+}
+
+/// A trajectory of `group_id` that `actor` ran with the sampler seed `seed`.
+async fn submit_as(
+    c: &mut AuthedClient,
+    id: &str,
+    group_id: &str,
+    actor: &str,
+    seed: u64,
+) -> Result<pb::SubmitAck, tonic::Status> {
     let mut header = synthetic::header(id, "hops", 1, 1);
     header.group_id = group_id.to_owned();
+    header.actor_id = actor.to_owned();
+    header.sampling.seed = seed;
     let parts = trajectory_parts(
         header,
         synthetic::steps(id, SHAPE),
@@ -308,9 +327,12 @@ async fn next_tasks_forms_groups_of_g_and_waits_for_completion() {
     }
 
     // Completing one group (G stored trajectories) frees exactly one group's worth.
-    let (gid, _) = groups.iter().next().unwrap();
-    for i in 0..G {
-        let ack = submit(&mut a, &format!("{gid}-ep{i}"), gid).await.unwrap();
+    let (gid, members) = groups.iter().next().unwrap();
+    for (i, m) in members.iter().enumerate() {
+        let seed = m.sampling.unwrap().seed;
+        let ack = submit_as(&mut a, &format!("{gid}-ep{i}"), gid, &id_a, seed)
+            .await
+            .unwrap();
         assert!(!ack.duplicate);
     }
     // A resend is a duplicate and must not count twice.
@@ -338,6 +360,81 @@ async fn next_tasks_forms_groups_of_g_and_waits_for_completion() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_actors_episodes_go_to_the_next_actor_and_a_polling_one_keeps_its_own() {
+    use std::time::Duration;
+    let l = start_configured(true, |c| {
+        c.rollout.actor_timeout_s = 1;
+        c.rollout.policy_poll_interval_ms = 100;
+    })
+    .await;
+    let mut a = connect(&l.url, TOKEN).await.unwrap();
+    let mut b = connect(&l.url, TOKEN).await.unwrap();
+    let reg = pb::RegisterRequest {
+        actor_name: "n".into(),
+        hostname: "h".into(),
+        concurrency: 8,
+    };
+    let id_a = a.register(reg.clone()).await.unwrap().into_inner().actor_id;
+    let id_b = b.register(reg).await.unwrap().into_inner().actor_id;
+    let ask = |c: &AuthedClient, id: &str| {
+        let mut c = c.clone();
+        let req = pb::NextTasksRequest {
+            actor_id: id.to_owned(),
+            max_tasks: 10,
+        };
+        async move { c.next_tasks(req).await.unwrap().into_inner().assignments }
+    };
+    let poll = |c: &AuthedClient, id: &str| {
+        let mut c = c.clone();
+        let req = pb::PolicyInfoRequest {
+            actor_id: id.to_owned(),
+        };
+        async move { c.policy_info(req).await.unwrap() }
+    };
+    let held = ask(&a, &id_a).await;
+    assert_eq!(held.len(), G as usize * MAX_OPEN);
+
+    // `a` polls PolicyInfo as a running actor does, for longer than the timeout: it keeps
+    // its episodes.
+    for _ in 0..15 {
+        poll(&a, &id_a).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(ask(&b, &id_b).await.is_empty());
+    assert_eq!(l.control.dispenser.counters().episodes_reclaimed, 0);
+
+    // Then `a` goes silent (a SIGKILL): after the timeout `b` gets the same episodes.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    let again = ask(&b, &id_b).await;
+    let key = |x: &pb::TaskAssignment| (x.group_id.clone(), x.sampling.unwrap().seed);
+    let mut want: Vec<_> = held.iter().map(key).collect();
+    let mut got: Vec<_> = again.iter().map(key).collect();
+    want.sort();
+    got.sort();
+    assert_eq!(got, want, "the same episodes: groups and sampler seeds");
+    assert_eq!(
+        l.control.dispenser.counters().episodes_reclaimed,
+        held.len() as u64
+    );
+
+    // `b` finishes them; a late trajectory from `a` is stored but closes nothing twice.
+    for (i, x) in again.iter().enumerate() {
+        let (gid, seed) = key(x);
+        submit_as(&mut b, &format!("b-{i}"), &gid, &id_b, seed)
+            .await
+            .unwrap();
+    }
+    let (gid, seed) = key(&held[0]);
+    let late = submit_as(&mut a, "a-late", &gid, &id_a, seed)
+        .await
+        .unwrap();
+    assert!(!late.duplicate, "stored: nothing an actor sends is dropped");
+    let counters = l.control.dispenser.counters();
+    assert_eq!(counters.groups_completed, MAX_OPEN as u64);
+    assert_eq!(l.control.dispenser.open_groups(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn before_the_first_policy_there_are_no_tasks_and_no_weights() {
     let l = start_with(false).await;
     let mut c = connect(&l.url, TOKEN).await.unwrap();
@@ -361,7 +458,10 @@ async fn before_the_first_policy_there_are_no_tasks_and_no_weights() {
         .into_inner();
     assert!(tasks.assignments.is_empty());
     assert_eq!(l.control.dispenser.counters().groups_opened, 0);
-    let err = c.policy_info(pb::PolicyInfoRequest {}).await.unwrap_err();
+    let err = c
+        .policy_info(pb::PolicyInfoRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unavailable);
     let err = c
         .fetch_policy(pb::FetchPolicyRequest { version: 0 })
@@ -375,7 +475,7 @@ async fn fetched_weights_equal_the_learners_and_match_the_checksum() {
     let l = start().await;
     let mut c = connect(&l.url, TOKEN).await.unwrap();
     let info = c
-        .policy_info(pb::PolicyInfoRequest {})
+        .policy_info(pb::PolicyInfoRequest::default())
         .await
         .unwrap()
         .into_inner();
@@ -458,7 +558,7 @@ async fn a_wrong_or_missing_token_is_unauthenticated_on_every_rpc() {
                 .map(|_| ())
                 .unwrap_err()
                 .code(),
-                c.policy_info(pb::PolicyInfoRequest {})
+                c.policy_info(pb::PolicyInfoRequest::default())
                     .await
                     .map(|_| ())
                     .unwrap_err()
@@ -500,7 +600,10 @@ async fn an_ingest_only_service_refuses_the_control_rpcs_with_a_reason() {
         let _ = stopped.await;
     }));
     let mut c = connect(&url, TOKEN).await.unwrap();
-    let err = c.policy_info(pb::PolicyInfoRequest {}).await.unwrap_err();
+    let err = c
+        .policy_info(pb::PolicyInfoRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.message().contains("only ingests"), "{}", err.message());
 }

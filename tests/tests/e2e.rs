@@ -60,9 +60,10 @@ max_levels = { hops = 2 }
 
 [rollout]
 max_open_groups = 4
-# A SIGKILLed actor's episodes never arrive, so its groups stay open until this timeout.
-# When it held an episode of all four open groups, the default 600 s stalled the test
-# past its wait (seen once in session 23's `make test`).
+# The SIGKILLed actor's episodes go to the survivor after 3 s of silence; before that
+# existed, a killed actor holding an episode of all four open groups stalled the test until
+# group_timeout_s (seen once in session 23's `make test`), kept short as the backstop.
+actor_timeout_s = 3
 group_timeout_s = 30
 policy_poll_interval_ms = 200
 [rollout.sampling]

@@ -156,13 +156,15 @@ impl pb::learner_server::Learner for LearnerService {
         }
         // Opening a group generates a task instance: blocking work, off the reactor.
         let dispenser = Arc::clone(&c.dispenser);
-        let assignments = tokio::task::spawn_blocking(move || dispenser.next(req.max_tasks))
-            .await
-            .map_err(|e| Status::internal(format!("task dispenser panicked: {e}")))?
-            .map_err(|e| {
-                tracing::error!(error = %e, "task dispenser failed");
-                Status::internal(e.to_string())
-            })?;
+        let actor = req.actor_id.clone();
+        let assignments =
+            tokio::task::spawn_blocking(move || dispenser.next(&actor, req.max_tasks))
+                .await
+                .map_err(|e| Status::internal(format!("task dispenser panicked: {e}")))?
+                .map_err(|e| {
+                    tracing::error!(error = %e, "task dispenser failed");
+                    Status::internal(e.to_string())
+                })?;
         if !c.actors.seen(&req.actor_id, assignments.len() as u64) {
             tracing::debug!(actor = %req.actor_id, "NextTasks from an actor registered before a restart");
         }
@@ -173,9 +175,15 @@ impl pb::learner_server::Learner for LearnerService {
 
     async fn policy_info(
         &self,
-        _req: Request<pb::PolicyInfoRequest>,
+        req: Request<pb::PolicyInfoRequest>,
     ) -> Result<Response<pb::PolicyInfoResponse>, Status> {
         let c = self.control("PolicyInfo")?;
+        let actor = req.into_inner().actor_id;
+        if !actor.is_empty() {
+            // An actor's poll is its sign of life (tasks, rule 6).
+            c.dispenser.heard_from(&actor);
+            c.actors.seen(&actor, 0);
+        }
         policy::info(&c.policies).map(Response::new)
     }
 
@@ -197,7 +205,12 @@ impl pb::learner_server::Learner for LearnerService {
         if let (Some(c), false) = (&self.control, ack.duplicate) {
             // A new trajectory counts towards its group's completion (tasks, rule 4).
             match self.store.get(&ack.trajectory_id) {
-                Ok(Some(rec)) => c.dispenser.complete(&rec.header.group_id),
+                Ok(Some(rec)) => {
+                    let h = &rec.header;
+                    c.dispenser.heard_from(&h.actor_id);
+                    c.dispenser
+                        .complete(&h.group_id, &h.actor_id, h.sampling.seed);
+                }
                 Ok(None) => {}
                 Err(e) => tracing::warn!(error = %e, "cannot read back a stored trajectory"),
             }

@@ -11,20 +11,30 @@
 //! 3. **Back-pressure.** At most `rollout.max_open_groups` groups are open (handed out, not
 //!    yet completed). When every open group is fully handed out and no new one may open,
 //!    the answer is empty: the actor waits and asks again. Nothing is queued unboundedly.
-//! 4. **Completion.** A group completes when G of its trajectories are stored (the submit
-//!    path calls [`TaskDispenser::complete`]). A group whose last hand-out is older than
+//! 4. **Completion.** Episode `i` of a group always runs with the sampler seed derived from
+//!    the group's seed and `i`, whoever runs it. A group completes when each of its G
+//!    episodes has a stored trajectory (the submit path calls [`TaskDispenser::complete`]
+//!    with the trajectory's sampler seed); a second trajectory of the same episode (rule 6)
+//!    is stored but not counted again. A group whose last hand-out is older than
 //!    `rollout.group_timeout_s` and is still incomplete *expires*: its slot is freed and it
-//!    is counted, so a crashed actor cannot starve the run.
+//!    is counted. This is the backstop for holders rule 6 cannot name.
 //!    Before the first policy version is published (while SFT runs) the service answers
 //!    `NextTasks` with nothing at all, so no group opens that no actor could start.
 //! 5. **Budget (synchronous mode).** With a budget set, only that many new groups may
 //!    open until [`TaskDispenser::allow_groups`] grants more; the learner grants one batch
 //!    per policy version. Without a budget (asynchronous mode) only rule 3 bounds it.
+//! 6. **Silent actors.** Every call that carries an actor id (`NextTasks`, `PolicyInfo`,
+//!    a submitted trajectory's header) is a sign of life ([`TaskDispenser::heard_from`]).
+//!    The episodes an actor holds are taken back once it has been silent for
+//!    `rollout.actor_timeout_s` and go to the next actor that asks, first among the
+//!    episodes of their group: a crashed or killed actor costs its episodes' rollout time,
+//!    not the groups they belong to. Actors poll `PolicyInfo` every
+//!    `rollout.policy_poll_interval_ms`, so a busy actor is never silent for long.
 //!
 //! The whole state — RNG, group counter, open groups, budget, counters — is serialisable
 //! ([`DispenserState`]) and goes into every run checkpoint.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -76,6 +86,8 @@ pub struct DispenserConfig {
     pub max_open_groups: usize,
     /// Expiry of an incomplete group (rule 4).
     pub group_timeout: Duration,
+    /// Silence after which an actor's episodes are handed out again (rule 6).
+    pub actor_timeout: Duration,
     /// Sampling handed to actors (the seed is set per episode).
     pub sampling: SamplingSection,
     /// Upper bound on any context budget handed out (the model's position limit).
@@ -89,10 +101,25 @@ impl DispenserConfig {
             group_size: u32::try_from(cfg.rl.group_size).unwrap_or(u32::MAX),
             max_open_groups: cfg.rollout.max_open_groups,
             group_timeout: Duration::from_secs(cfg.rollout.group_timeout_s),
+            actor_timeout: Duration::from_secs(cfg.rollout.actor_timeout_s),
             sampling: cfg.rollout.sampling,
             max_context,
         }
     }
+}
+
+/// Where one episode of an open group stands.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EpisodeSlot {
+    /// Not handed out yet, or taken back from an actor that went silent (rule 6).
+    Free,
+    /// Handed to the actor with this id; its trajectory is not stored yet. An empty id: the
+    /// holder is not known (a group restored from a checkpoint written before slots were
+    /// saved), so rule 6 cannot take it back; rule 4 still can.
+    Held(String),
+    /// Its trajectory is stored.
+    Stored,
 }
 
 /// One open group, as saved in a checkpoint.
@@ -108,10 +135,48 @@ pub struct SavedGroup {
     pub context_budget: u32,
     /// Base of the episodes' sampler seeds.
     pub seed: u64,
-    /// Episodes handed out.
-    pub issued: u32,
-    /// Trajectories stored.
-    pub completed: u32,
+    /// Episode `i`'s state, G of them (see [`EpisodeSlot`]).
+    #[serde(default)]
+    pub slots: Vec<EpisodeSlot>,
+    /// Checkpoints written before `slots` counted instead: episodes handed out and
+    /// trajectories stored. Read once to rebuild `slots`, never written.
+    #[serde(default, skip_serializing, rename = "issued")]
+    legacy_issued: u32,
+    /// See `legacy_issued`.
+    #[serde(default, skip_serializing, rename = "completed")]
+    legacy_completed: u32,
+}
+
+impl SavedGroup {
+    /// `slots` for G episodes; a group from an older checkpoint gets them from its counts,
+    /// the first `completed` taken as stored and the rest handed out as holders unknown
+    /// ([`TaskDispenser::complete`] corrects the guess by seed).
+    fn with_slots(mut self, g: u32) -> Self {
+        if self.slots.len() != g as usize {
+            let (issued, done) = (self.legacy_issued.min(g), self.legacy_completed.min(g));
+            self.slots = (0..g)
+                .map(|i| match i {
+                    i if i < done => EpisodeSlot::Stored,
+                    i if i < issued => EpisodeSlot::Held(String::new()),
+                    _ => EpisodeSlot::Free,
+                })
+                .collect();
+        }
+        self
+    }
+
+    /// The first episode to hand out (rule 2), if any.
+    fn free_slot(&self) -> Option<usize> {
+        self.slots.iter().position(|s| *s == EpisodeSlot::Free)
+    }
+
+    /// Episodes whose trajectories are stored.
+    pub fn stored(&self) -> usize {
+        self.slots
+            .iter()
+            .filter(|s| **s == EpisodeSlot::Stored)
+            .count()
+    }
 }
 
 /// Running totals.
@@ -123,8 +188,11 @@ pub struct DispenserCounters {
     pub groups_completed: u64,
     /// Groups given up after the timeout (rule 4).
     pub groups_expired: u64,
-    /// Episodes handed out.
+    /// Episodes handed out, again-handed-out ones included.
     pub episodes_issued: u64,
+    /// Episodes taken back from actors that went silent (rule 6).
+    #[serde(default)]
+    pub episodes_reclaimed: u64,
     /// Calls answered with nothing because of back-pressure.
     pub empty_answers: u64,
     /// Instances a task pack refused for the values one seed drew (two paths rendered to
@@ -174,6 +242,8 @@ struct Inner {
     open: VecDeque<OpenGroup>,
     budget: Option<u64>,
     counters: DispenserCounters,
+    /// When each actor that holds or held episodes was last heard from (rule 6).
+    heard: HashMap<String, Instant>,
 }
 
 /// Seeds a pack may refuse in a row before opening a group fails: a pack whose instances
@@ -208,6 +278,11 @@ impl std::fmt::Debug for TaskDispenser {
     }
 }
 
+/// The sampler seed of episode `i` of a group seeded `group_seed`.
+fn episode_seed(group_seed: u64, i: usize) -> u64 {
+    mix(group_seed ^ i as u64)
+}
+
 /// SplitMix64 finaliser: spreads (group seed, episode index) into a sampler seed.
 fn mix(mut z: u64) -> u64 {
     z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
@@ -231,6 +306,23 @@ impl TaskDispenser {
             }
         }
         let now = Instant::now();
+        let open: VecDeque<OpenGroup> = state
+            .open
+            .into_iter()
+            .map(|saved| OpenGroup {
+                saved: saved.with_slots(cfg.group_size),
+                last_issued: now,
+            })
+            .collect();
+        // The holders of restored episodes get the full timeout to call again.
+        let heard = open
+            .iter()
+            .flat_map(|o| &o.saved.slots)
+            .filter_map(|s| match s {
+                EpisodeSlot::Held(a) if !a.is_empty() => Some((a.clone(), now)),
+                _ => None,
+            })
+            .collect();
         Ok(Self {
             cfg,
             families,
@@ -238,16 +330,10 @@ impl TaskDispenser {
             inner: Mutex::new(Inner {
                 rng: state.rng,
                 next_group: state.next_group,
-                open: state
-                    .open
-                    .into_iter()
-                    .map(|saved| OpenGroup {
-                        saved,
-                        last_issued: now,
-                    })
-                    .collect(),
+                open,
                 budget: state.budget,
                 counters: state.counters,
+                heard,
             }),
         })
     }
@@ -266,16 +352,20 @@ impl TaskDispenser {
         &self.cfg
     }
 
-    /// Up to `max` assignments (rules 1–5); empty under back-pressure.
-    pub fn next(&self, max: u32) -> Result<Vec<Assignment>, DispenseError> {
+    /// Up to `max` assignments for the actor `actor` (rules 1–6); empty under back-pressure.
+    pub fn next(&self, actor: &str, max: u32) -> Result<Vec<Assignment>, DispenseError> {
         let max = max.min(MAX_TASKS_PER_CALL) as usize;
         let g = self.cfg.group_size;
         let mut inner = self.lock();
+        inner.heard.insert(actor.to_owned(), Instant::now());
+        self.reclaim(&mut inner);
         self.expire(&mut inner);
         let mut out = Vec::with_capacity(max);
         while out.len() < max {
-            let idx = match inner.open.iter().position(|o| o.saved.issued < g) {
-                Some(i) => i,
+            let found =
+                (inner.open.iter().enumerate()).find_map(|(i, o)| Some((i, o.saved.free_slot()?)));
+            let (idx, episode) = match found {
+                Some(found) => found,
                 None => {
                     let may_open = inner.open.len() < self.cfg.max_open_groups
                         && inner.budget.is_none_or(|b| b > 0);
@@ -284,15 +374,13 @@ impl TaskDispenser {
                     }
                     let group = self.open_group(&mut inner)?;
                     inner.open.push_back(group);
-                    inner.open.len() - 1
+                    (inner.open.len() - 1, 0)
                 }
             };
-            let now = Instant::now();
             let open = &mut inner.open[idx];
             let s = &mut open.saved;
-            let episode = s.issued;
-            s.issued += 1;
-            open.last_issued = now;
+            s.slots[episode] = EpisodeSlot::Held(actor.to_owned());
+            open.last_issued = Instant::now();
             out.push(Assignment {
                 task: s.task.clone(),
                 group_id: s.group_id.clone(),
@@ -303,7 +391,7 @@ impl TaskDispenser {
                     temperature: self.cfg.sampling.temperature,
                     top_p: self.cfg.sampling.top_p,
                     max_new_tokens: self.cfg.sampling.max_new_tokens,
-                    seed: mix(s.seed ^ u64::from(episode)),
+                    seed: episode_seed(s.seed, episode),
                 },
             });
         }
@@ -336,8 +424,9 @@ impl TaskDispenser {
                 max_turns: instance.max_turns,
                 context_budget: instance.context_budget.min(self.cfg.max_context),
                 seed: inner.rng.next_u64(),
-                issued: 0,
-                completed: 0,
+                slots: vec![EpisodeSlot::Free; self.cfg.group_size as usize],
+                legacy_issued: 0,
+                legacy_completed: 0,
             },
             last_issued: Instant::now(),
         })
@@ -369,6 +458,43 @@ impl TaskDispenser {
         }
     }
 
+    /// Rule 6: notes a sign of life from `actor`.
+    pub fn heard_from(&self, actor: &str) {
+        if !actor.is_empty() {
+            self.lock().heard.insert(actor.to_owned(), Instant::now());
+        }
+    }
+
+    /// Rule 6: frees the episodes of actors silent for longer than the actor timeout.
+    fn reclaim(&self, inner: &mut Inner) {
+        let timeout = self.cfg.actor_timeout;
+        let silent: Vec<String> = inner
+            .heard
+            .iter()
+            .filter(|(_, t)| t.elapsed() >= timeout)
+            .map(|(a, _)| a.clone())
+            .collect();
+        for actor in silent {
+            inner.heard.remove(&actor);
+            let mut taken = 0u64;
+            for slot in inner.open.iter_mut().flat_map(|o| o.saved.slots.iter_mut()) {
+                if matches!(slot, EpisodeSlot::Held(a) if *a == actor) {
+                    *slot = EpisodeSlot::Free;
+                    taken += 1;
+                }
+            }
+            if taken > 0 {
+                inner.counters.episodes_reclaimed += taken;
+                tracing::warn!(
+                    actor = %actor,
+                    episodes = taken,
+                    silent_s = timeout.as_secs(),
+                    "actor went silent; its episodes are handed out again"
+                );
+            }
+        }
+    }
+
     /// Rule 4: drop incomplete groups idle for longer than the timeout.
     fn expire(&self, inner: &mut Inner) {
         let timeout = self.cfg.group_timeout;
@@ -378,8 +504,7 @@ impl TaskDispenser {
             if !keep {
                 tracing::warn!(
                     group = %o.saved.group_id,
-                    issued = o.saved.issued,
-                    completed = o.saved.completed,
+                    stored = o.saved.stored(),
                     "group expired before all its trajectories arrived"
                 );
             }
@@ -388,20 +513,44 @@ impl TaskDispenser {
         inner.counters.groups_expired += (before - inner.open.len()) as u64;
     }
 
-    /// Records one stored trajectory of `group_id`; the group closes at G. Unknown ids
-    /// (an expired group, or one from before a restart without checkpoint) are ignored.
-    pub fn complete(&self, group_id: &str) {
-        let g = self.cfg.group_size;
+    /// Records a stored trajectory of `group_id` that `actor` ran with `sampler_seed`
+    /// (rule 4); the group closes when every episode has one. The episode is the one of that
+    /// seed; an actor that does not echo its assigned seed completes one of the episodes it
+    /// holds. A second trajectory of an episode (its first holder was taken for gone and
+    /// was not) and unknown group ids (an expired group, or one from before a restart
+    /// without checkpoint) change nothing.
+    pub fn complete(&self, group_id: &str, actor: &str, sampler_seed: u64) {
         let mut inner = self.lock();
-        if let Some(i) = inner.open.iter().position(|o| o.saved.group_id == group_id) {
-            let o = &mut inner.open[i];
-            o.saved.completed += 1;
-            if o.saved.completed >= g {
-                inner.open.remove(i);
-                inner.counters.groups_completed += 1;
-            }
-        } else {
+        let Some(gi) = inner.open.iter().position(|o| o.saved.group_id == group_id) else {
             tracing::debug!(group = %group_id, "trajectory for a group that is not open");
+            return;
+        };
+        let s = &mut inner.open[gi].saved;
+        let by_seed = (0..s.slots.len()).find(|&i| episode_seed(s.seed, i) == sampler_seed);
+        let held_by = |who: &str| {
+            s.slots
+                .iter()
+                .position(|x| matches!(x, EpisodeSlot::Held(a) if a == who))
+        };
+        let slot = match by_seed {
+            Some(i) if s.slots[i] != EpisodeSlot::Stored => Some(i),
+            // A restored older checkpoint guessed which episodes were stored; a stored seed
+            // while a holder is unknown corrects the guess.
+            Some(_) => held_by(""),
+            None => held_by(actor).or_else(|| held_by("")),
+        };
+        let Some(i) = slot else {
+            tracing::debug!(
+                group = %group_id,
+                sampler_seed,
+                "trajectory of an episode already stored, or of none of the group's; not counted"
+            );
+            return;
+        };
+        s.slots[i] = EpisodeSlot::Stored;
+        if s.stored() == s.slots.len() {
+            inner.open.remove(gi);
+            inner.counters.groups_completed += 1;
         }
     }
 
@@ -452,42 +601,53 @@ mod tests {
     use super::*;
     use corvid_tasks::CurriculumConfig;
 
+    fn config(g: u32, max_open: usize, group_timeout: Duration) -> DispenserConfig {
+        DispenserConfig {
+            group_size: g,
+            max_open_groups: max_open,
+            group_timeout,
+            actor_timeout: Duration::from_secs(60),
+            sampling: SamplingSection::default(),
+            max_context: 4096,
+        }
+    }
+
     fn dispenser(g: u32, max_open: usize, timeout: Duration) -> TaskDispenser {
-        dispenser_of(
-            g,
-            max_open,
-            timeout,
-            corvid_tasks::builtin_family("hops").unwrap(),
-        )
+        dispenser_with(config(g, max_open, timeout), DispenserState::new(7))
+    }
+
+    fn dispenser_with(cfg: DispenserConfig, state: DispenserState) -> TaskDispenser {
+        dispenser_of(cfg, corvid_tasks::builtin_family("hops").unwrap(), state)
     }
 
     fn dispenser_of(
-        g: u32,
-        max_open: usize,
-        timeout: Duration,
+        cfg: DispenserConfig,
         family: Box<dyn TaskFamily>,
+        state: DispenserState,
     ) -> TaskDispenser {
         let c = Curriculum::new(CurriculumConfig::default(), &[("hops", 3)], 1).unwrap();
-        TaskDispenser::new(
-            DispenserConfig {
-                group_size: g,
-                max_open_groups: max_open,
-                group_timeout: timeout,
-                sampling: SamplingSection::default(),
-                max_context: 4096,
-            },
-            vec![family],
-            Arc::new(Mutex::new(c)),
-            DispenserState::new(7),
-        )
-        .unwrap()
+        TaskDispenser::new(cfg, vec![family], Arc::new(Mutex::new(c)), state).unwrap()
+    }
+
+    /// Actors count as gone after this much silence in the tests of rule 6: long enough
+    /// that a loaded machine does not stall a test's two calls in a row past it.
+    const SILENCE: Duration = Duration::from_millis(500);
+
+    fn quick_config(g: u32, max_open: usize) -> DispenserConfig {
+        let mut cfg = config(g, max_open, Duration::from_secs(60));
+        cfg.actor_timeout = SILENCE;
+        cfg
+    }
+
+    fn quick_to_reclaim(g: u32, max_open: usize) -> TaskDispenser {
+        dispenser_with(quick_config(g, max_open), DispenserState::new(7))
     }
 
     #[test]
     fn a_group_is_handed_out_g_times_across_calls_with_distinct_seeds() {
         let d = dispenser(4, 8, Duration::from_secs(60));
-        let mut all = d.next(3).unwrap();
-        all.extend(d.next(3).unwrap());
+        let mut all = d.next("a", 3).unwrap();
+        all.extend(d.next("a", 3).unwrap());
         assert_eq!(all.len(), 6);
         let first: Vec<_> = all
             .iter()
@@ -532,12 +692,11 @@ mod tests {
     #[test]
     fn a_seed_a_pack_refuses_is_counted_and_another_drawn() {
         let d = dispenser_of(
-            1,
-            64,
-            Duration::from_secs(60),
+            config(1, 64, Duration::from_secs(60)),
             Box::new(Refusing(|s| s % 3 != 0)),
+            DispenserState::new(7),
         );
-        let got = d.next(40).unwrap();
+        let got = d.next("a", 40).unwrap();
         assert_eq!(
             got.len(),
             40,
@@ -552,8 +711,12 @@ mod tests {
 
     #[test]
     fn a_pack_that_refuses_every_seed_fails_after_a_bounded_number_of_draws() {
-        let d = dispenser_of(1, 64, Duration::from_secs(60), Box::new(Refusing(|_| true)));
-        let e = d.next(1).unwrap_err().to_string();
+        let d = dispenser_of(
+            config(1, 64, Duration::from_secs(60)),
+            Box::new(Refusing(|_| true)),
+            DispenserState::new(7),
+        );
+        let e = d.next("a", 1).unwrap_err().to_string();
         assert!(
             e.starts_with("cannot draw a task: task pack packs/p.toml: instance hops/L1/s"),
             "{e}"
@@ -565,27 +728,27 @@ mod tests {
     #[test]
     fn open_groups_are_bounded_and_completion_frees_a_slot() {
         let d = dispenser(2, 2, Duration::from_secs(60));
-        let got = d.next(10).unwrap();
+        let got = d.next("a", 10).unwrap();
         assert_eq!(got.len(), 4, "two groups of two, then back-pressure");
-        assert!(d.next(1).unwrap().is_empty());
+        assert!(d.next("a", 1).unwrap().is_empty());
         assert_eq!(d.counters().empty_answers, 1);
-        d.complete(&got[0].group_id);
+        d.complete(&got[0].group_id, "a", got[0].sampling.seed);
         assert!(
-            d.next(1).unwrap().is_empty(),
+            d.next("a", 1).unwrap().is_empty(),
             "one of two is not a completed group"
         );
-        d.complete(&got[0].group_id);
-        assert_eq!(d.next(10).unwrap().len(), 2);
+        d.complete(&got[1].group_id, "a", got[1].sampling.seed);
+        assert_eq!(d.next("a", 10).unwrap().len(), 2);
         assert_eq!(d.counters().groups_completed, 1);
     }
 
     #[test]
     fn an_idle_incomplete_group_expires() {
         let d = dispenser(2, 1, Duration::from_millis(20));
-        assert_eq!(d.next(5).unwrap().len(), 2);
-        assert!(d.next(1).unwrap().is_empty());
+        assert_eq!(d.next("a", 5).unwrap().len(), 2);
+        assert!(d.next("a", 1).unwrap().is_empty());
         std::thread::sleep(Duration::from_millis(40));
-        assert_eq!(d.next(1).unwrap().len(), 1);
+        assert_eq!(d.next("a", 1).unwrap().len(), 1);
         assert_eq!(d.counters().groups_expired, 1);
     }
 
@@ -593,16 +756,16 @@ mod tests {
     fn the_budget_bounds_new_groups() {
         let d = dispenser(2, 8, Duration::from_secs(60));
         d.set_budget(Some(1));
-        assert_eq!(d.next(10).unwrap().len(), 2);
+        assert_eq!(d.next("a", 10).unwrap().len(), 2);
         d.allow_groups(2);
-        assert_eq!(d.next(10).unwrap().len(), 4);
-        assert!(d.next(10).unwrap().is_empty());
+        assert_eq!(d.next("a", 10).unwrap().len(), 4);
+        assert!(d.next("a", 10).unwrap().is_empty());
     }
 
     #[test]
     fn a_restored_state_continues_the_same_sequence() {
         let a = dispenser(3, 8, Duration::from_secs(60));
-        a.next(4).unwrap();
+        a.next("a", 4).unwrap();
         let saved = a.state();
         let b = dispenser(3, 8, Duration::from_secs(60));
         // Same curriculum RNG position: rebuild b's curriculum from a's.
@@ -615,6 +778,115 @@ mod tests {
             saved,
         )
         .unwrap();
-        assert_eq!(a.next(7).unwrap(), b.next(7).unwrap());
+        assert_eq!(a.next("a", 7).unwrap(), b.next("a", 7).unwrap());
+    }
+
+    #[test]
+    fn a_silent_actors_episodes_go_to_the_next_actor_that_asks_with_the_same_seeds() {
+        let d = quick_to_reclaim(3, 1);
+        let held = d.next("dead", 2).unwrap();
+        let alive = d.next("alive", 5).unwrap();
+        assert_eq!(alive.len(), 1, "the third episode, then back-pressure");
+        std::thread::sleep(SILENCE + Duration::from_millis(100));
+        let again = d.next("alive", 5).unwrap();
+        assert_eq!(
+            again, held,
+            "the same episodes: group, task and sampler seed"
+        );
+        assert_eq!(d.counters().episodes_reclaimed, 2);
+        assert_eq!(d.counters().episodes_issued, 5);
+        for a in alive.iter().chain(&again) {
+            d.complete(&a.group_id, "alive", a.sampling.seed);
+        }
+        assert_eq!(d.counters().groups_completed, 1);
+        assert_eq!(d.open_groups(), 0);
+    }
+
+    #[test]
+    fn an_actor_that_keeps_calling_keeps_its_episodes() {
+        let d = quick_to_reclaim(2, 1);
+        let held = d.next("slow", 2).unwrap();
+        for _ in 0..8 {
+            std::thread::sleep(SILENCE / 5);
+            d.heard_from("slow"); // what its PolicyInfo polls do
+        }
+        assert!(d.next("other", 2).unwrap().is_empty());
+        assert_eq!(d.counters().episodes_reclaimed, 0);
+        assert!(d.is_open(&held[0].group_id));
+    }
+
+    #[test]
+    fn a_second_trajectory_of_an_episode_is_not_counted_twice() {
+        let d = quick_to_reclaim(2, 1);
+        let first = d.next("dead", 2).unwrap();
+        std::thread::sleep(SILENCE + Duration::from_millis(100));
+        let second = d.next("alive", 2).unwrap();
+        assert_eq!(second, first);
+        // The actor taken for dead was slow, not gone: both copies of episode 0 arrive.
+        d.complete(&first[0].group_id, "dead", first[0].sampling.seed);
+        d.complete(&second[0].group_id, "alive", second[0].sampling.seed);
+        assert!(d.is_open(&first[0].group_id), "episode 1 is still out");
+        d.complete(&second[1].group_id, "alive", second[1].sampling.seed);
+        assert!(!d.is_open(&first[0].group_id));
+        assert_eq!(d.counters().groups_completed, 1);
+        // A trajectory of a closed group changes nothing.
+        d.complete(&first[1].group_id, "dead", first[1].sampling.seed);
+        assert_eq!(d.counters().groups_completed, 1);
+    }
+
+    #[test]
+    fn restored_holders_get_the_full_timeout_and_then_lose_their_episodes() {
+        let a = quick_to_reclaim(2, 1);
+        let held = a.next("before-restart", 2).unwrap();
+        let state = a.state();
+        assert_eq!(
+            state.open[0].slots,
+            vec![EpisodeSlot::Held("before-restart".into()); 2]
+        );
+        let b = dispenser_with(quick_config(2, 1), state);
+        assert!(
+            b.next("other", 2).unwrap().is_empty(),
+            "held, not yet silent"
+        );
+        std::thread::sleep(SILENCE + Duration::from_millis(100));
+        assert_eq!(b.next("other", 2).unwrap(), held);
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_slots_restores_its_counts() {
+        let a = dispenser(3, 1, Duration::from_secs(60));
+        let got = a.next("a", 2).unwrap();
+        // What a checkpoint said before slots: two of three handed out, one stored.
+        let mut json = serde_json::to_value(a.state()).unwrap();
+        let g = json["open"][0].as_object_mut().unwrap();
+        g.remove("slots");
+        g.insert("issued".into(), 2.into());
+        g.insert("completed".into(), 1.into());
+        let state: DispenserState = serde_json::from_value(json).unwrap();
+        let b = dispenser_with(config(3, 1, Duration::from_secs(60)), state);
+        let third = b.next("a", 5).unwrap();
+        assert_eq!(third.len(), 1, "one episode was never handed out");
+        assert_ne!(third[0].sampling.seed, got[0].sampling.seed);
+        assert_ne!(third[0].sampling.seed, got[1].sampling.seed);
+        // The stored one was episode 1, not the guessed 0: episode 0's trajectory still counts.
+        b.complete(&got[0].group_id, "a", got[0].sampling.seed);
+        assert!(b.is_open(&got[0].group_id));
+        b.complete(&third[0].group_id, "a", third[0].sampling.seed);
+        assert!(!b.is_open(&got[0].group_id), "three stored: closed");
+        assert!(!serde_json::to_string(&b.state())
+            .unwrap()
+            .contains("issued"));
+    }
+
+    #[test]
+    fn an_actor_that_does_not_echo_its_seed_completes_an_episode_it_holds() {
+        let d = dispenser(2, 1, Duration::from_secs(60));
+        let got = d.next("x", 1).unwrap();
+        let other = d.next("y", 1).unwrap();
+        d.complete(&got[0].group_id, "x", 12345);
+        d.complete(&got[0].group_id, "x", 12345);
+        assert!(d.is_open(&got[0].group_id), "x held one episode, not two");
+        d.complete(&other[0].group_id, "y", other[0].sampling.seed);
+        assert!(!d.is_open(&got[0].group_id));
     }
 }
