@@ -769,6 +769,9 @@ mod tests {
         let text = e.to_string();
         assert!(text.contains(&format!("the learner at {url}: ")), "{text}");
         assert!(!text.contains("transport error"), "{text}");
+        // "connection error: connection reset" or, by timing, hyper's "operation was
+        // canceled: connection closed": either way the closed-connection hint.
+        assert!(text.ends_with(NetworkCause::Closed.hint()), "{text}");
     }
 
     #[tokio::test]

@@ -868,14 +868,15 @@ mod tests {
         assert_eq!(third.len(), 1, "one episode was never handed out");
         assert_ne!(third[0].sampling.seed, got[0].sampling.seed);
         assert_ne!(third[0].sampling.seed, got[1].sampling.seed);
+        // It is saved with slots from now on.
+        let saved = serde_json::to_value(&b.state().open[0]).unwrap();
+        assert!(saved.get("issued").is_none() && saved.get("completed").is_none());
+        assert_eq!(saved["slots"].as_array().map(Vec::len), Some(3));
         // The stored one was episode 1, not the guessed 0: episode 0's trajectory still counts.
         b.complete(&got[0].group_id, "a", got[0].sampling.seed);
         assert!(b.is_open(&got[0].group_id));
         b.complete(&third[0].group_id, "a", third[0].sampling.seed);
         assert!(!b.is_open(&got[0].group_id), "three stored: closed");
-        assert!(!serde_json::to_string(&b.state())
-            .unwrap()
-            .contains("issued"));
     }
 
     #[test]
