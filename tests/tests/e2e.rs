@@ -44,52 +44,8 @@ fn corvid() -> PathBuf {
     .clone()
 }
 
-const CONFIG: &str = r#"
-run_name = "e2e"
-seed = 1
-threads = 1
-
-[model]
-preset = "tiny"
-[model.overrides]
-num_hidden_layers = 2
-
-[tasks]
-families = ["hops"]
-max_levels = { hops = 2 }
-
-[rollout]
-max_open_groups = 4
-# The SIGKILLed actor's episodes go to the survivor after 3 s of silence; before that
-# existed, a killed actor holding an episode of all four open groups stalled the test until
-# group_timeout_s (seen once in session 23's `make test`), kept short as the backstop.
-actor_timeout_s = 3
-group_timeout_s = 30
-policy_poll_interval_ms = 200
-[rollout.sampling]
-max_new_tokens = 32
-
-[sft]
-steps = 4
-batch_tokens = 2048
-seq_len = 512
-micro_batch_tokens = 2048
-levels = { hops = [1] }
-heldout_per_level = 2
-eval_every = 0
-
-[rl]
-groups_per_update = 2
-group_size = 3
-
-[schedule]
-checkpoint_every = 1
-max_updates = 3
-poll_ms = 100
-
-[metrics]
-prometheus = ""
-"#;
+/// The tiny run every test here starts from.
+const CONFIG: &str = include_str!("../e2e.toml");
 
 struct Kid(Child);
 
