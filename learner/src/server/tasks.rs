@@ -152,7 +152,11 @@ impl SavedGroup {
     /// the first `completed` taken as stored and the rest handed out as holders unknown
     /// ([`TaskDispenser::complete`] corrects the guess by seed).
     fn with_slots(mut self, g: u32) -> Self {
-        if self.slots.len() != g as usize {
+        if !self.slots.is_empty() {
+            // A run resumed with another `rl.group_size`: the group keeps the episodes
+            // below the new G and hands out any new ones.
+            self.slots.resize(g as usize, EpisodeSlot::Free);
+        } else {
             let (issued, done) = (self.legacy_issued.min(g), self.legacy_completed.min(g));
             self.slots = (0..g)
                 .map(|i| match i {
@@ -362,8 +366,11 @@ impl TaskDispenser {
         self.expire(&mut inner);
         let mut out = Vec::with_capacity(max);
         while out.len() < max {
-            let found =
-                (inner.open.iter().enumerate()).find_map(|(i, o)| Some((i, o.saved.free_slot()?)));
+            let found = inner
+                .open
+                .iter()
+                .enumerate()
+                .find_map(|(i, o)| Some((i, o.saved.free_slot()?)));
             let (idx, episode) = match found {
                 Some(found) => found,
                 None => {
