@@ -552,12 +552,7 @@ fn live_gauges(s: &Shared) -> Vec<(String, f64)> {
             "actors_registered".to_owned(),
             s.control.actors.len() as f64,
         ),
-        (
-            "actors_active".to_owned(),
-            s.control
-                .actors
-                .active(s.control.dispenser.config().actor_timeout) as f64,
-        ),
+        ("actors_active".to_owned(), s.control.actors_active() as f64),
         (
             "groups_open".to_owned(),
             s.control.dispenser.open_groups() as f64,

@@ -883,12 +883,7 @@ impl Trainer {
             groups_completed: d.groups_completed,
             groups_expired: d.groups_expired,
             episodes_reclaimed: d.episodes_reclaimed,
-            actors_active: self
-                .shared
-                .control
-                .actors
-                .active(self.shared.control.dispenser.config().actor_timeout)
-                as u64,
+            actors_active: self.shared.control.actors_active() as u64,
             trajectories_read: self.state.totals.trajectories_read,
             batches_skipped: self.state.totals.batches_skipped,
         }

@@ -74,6 +74,14 @@ pub struct Control {
     pub actors: Arc<ActorRegistry>,
 }
 
+impl Control {
+    /// Actors heard from within `[rollout] actor_timeout_s`: those whose episodes the
+    /// dispenser still counts as theirs (tasks, rule 6).
+    pub fn actors_active(&self) -> usize {
+        self.actors.active(self.dispenser.config().actor_timeout)
+    }
+}
+
 /// The learner's gRPC service.
 #[derive(Debug, Clone)]
 pub struct LearnerService {
