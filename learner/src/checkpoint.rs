@@ -41,6 +41,7 @@ use corvid_tasks::{Curriculum, SplitMix64};
 use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
 
+use crate::collect::TakenGroup;
 use crate::metrics::SpikeDetector;
 use crate::model::checkpoint::{
     load_weights_from_bytes, weights_to_bytes, CONFIG_FILE, WEIGHTS_FILE,
@@ -116,6 +117,8 @@ pub struct Totals {
     pub stale_skipped: u64,
     /// Episodes skipped as unscored (infra error, abandoned).
     pub unscored_skipped: u64,
+    /// Second copies of episodes, stored but not trained on (collector, rule 4).
+    pub copies_skipped: u64,
     /// Episodes of groups given up before they were complete.
     pub incomplete_dropped: u64,
     /// Batches consumed without an update: none of their episodes was scored.
@@ -155,6 +158,10 @@ pub struct RunState {
     pub read_cursor: u64,
     /// Trajectories read (position ≤ `read_cursor`) but not yet trained on, by id.
     pub pending: Vec<String>,
+    /// Groups recently taken for training, whose late second copies are skipped (collector,
+    /// rule 4; absent in checkpoints written before it existed).
+    #[serde(default)]
+    pub taken_groups: Vec<TakenGroup>,
     /// The learner's RNG (seeds libtorch before each update).
     pub rng: SplitMix64,
     /// The task dispenser.
@@ -452,6 +459,10 @@ mod tests {
             policy_version: 4,
             read_cursor: 17,
             pending: vec!["a".into()],
+            taken_groups: vec![TakenGroup {
+                group_id: "g1".into(),
+                seeds: vec![3, 4],
+            }],
             rng: SplitMix64::new(9),
             dispenser: DispenserState::new(1),
             spikes: SpikeDetector::new(4.0, 10, 3),
@@ -546,6 +557,13 @@ mod tests {
         let path = ckpt.join(STATE_FILE);
         std::fs::write(&path, serde_json::to_vec(&st).unwrap()).unwrap();
         assert_eq!(read_state(&ckpt).unwrap(), Some(st.clone()));
+        // A state written before the collector remembered taken groups still reads.
+        let mut older = serde_json::to_value(&st).unwrap();
+        older.as_object_mut().unwrap().remove("taken_groups");
+        std::fs::write(&path, serde_json::to_vec(&older).unwrap()).unwrap();
+        let read = read_state(&ckpt).unwrap().unwrap();
+        assert!(read.taken_groups.is_empty());
+        assert_eq!(read.pending, st.pending);
         // Another format and bad JSON are refused, naming the file.
         let other = RunState {
             format: STATE_FORMAT + 1,

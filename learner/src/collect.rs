@@ -13,16 +13,40 @@
 //!    with no new member for `partial_after` is ready as it is, with fewer members.
 //! 3. **Order.** Ready groups are taken oldest first (by the finish position of their first
 //!    member).
+//! 4. **Second copies.** An episode is its group and its sampler seed (the dispenser gives
+//!    each of a group's G episodes its own). When the dispenser takes an actor for gone and
+//!    hands its episodes to another (its rule 6), the first actor may still finish them: a
+//!    trajectory whose sampler seed is already pending in its group, or was in its group
+//!    when that was taken in one of the last [`REMEMBERED_GROUPS`], is a second copy. It
+//!    stays in the store, is neither trained on nor passed to the caller's `on_new` (the
+//!    curriculum counts each episode once), and is counted ([`Collector::take_copies`]).
+//!    Seed 0 is an episode whose sender did not seed it, never a copy. The remembered
+//!    groups go into every checkpoint with the pending ids.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use corvid_proto::{Step, TrajectoryFooter, TrajectoryHeader};
+use serde::{Deserialize, Serialize};
 
 use crate::store::{StoreError, TrajectoryStore};
 
 /// Most trajectories read from the store in one poll (bounds one poll's memory).
 pub const MAX_READ_PER_POLL: usize = 4096;
+
+/// Taken groups whose episodes rule 4 still recognises (a second copy arrives within
+/// `rollout.actor_timeout_s` plus an episode of its group being taken; 1,024 groups are
+/// 256 updates of the demo's 4 groups).
+pub const REMEMBERED_GROUPS: usize = 1024;
+
+/// A group handed out for training, as rule 4 remembers it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TakenGroup {
+    /// The group id.
+    pub group_id: String,
+    /// Its members' sampler seeds.
+    pub seeds: Vec<u64>,
+}
 
 /// One finished trajectory, loaded whole for training.
 #[derive(Debug, Clone, PartialEq)]
@@ -77,6 +101,10 @@ pub struct Collector {
     partial_after: Duration,
     read_cursor: u64,
     groups: BTreeMap<String, PendingGroup>,
+    /// The last [`REMEMBERED_GROUPS`] taken, oldest first (rule 4).
+    taken: VecDeque<TakenGroup>,
+    /// Second copies skipped since the last [`Collector::take_copies`].
+    copies: u64,
 }
 
 impl Collector {
@@ -87,7 +115,44 @@ impl Collector {
             partial_after,
             read_cursor,
             groups: BTreeMap::new(),
+            taken: VecDeque::new(),
+            copies: 0,
         }
+    }
+
+    /// Rule 4 on resume: the groups a checkpoint remembers as taken.
+    pub fn restore_taken(&mut self, taken: Vec<TakenGroup>) {
+        self.taken = taken.into();
+        while self.taken.len() > REMEMBERED_GROUPS {
+            self.taken.pop_front();
+        }
+    }
+
+    /// The groups rule 4 remembers, oldest first (for checkpoints).
+    pub fn taken_groups(&self) -> Vec<TakenGroup> {
+        self.taken.iter().cloned().collect()
+    }
+
+    /// Second copies skipped since the last call (rule 4).
+    pub fn take_copies(&mut self) -> u64 {
+        std::mem::take(&mut self.copies)
+    }
+
+    /// Rule 4: whether `h` is a second copy of an episode pending or recently taken.
+    fn is_second_copy(&self, h: &TrajectoryHeader) -> bool {
+        let seed = h.sampling.seed;
+        if seed == 0 {
+            return false;
+        }
+        let pending = self
+            .groups
+            .get(&h.group_id)
+            .is_some_and(|g| g.members.iter().any(|t| t.header.sampling.seed == seed));
+        pending
+            || self
+                .taken
+                .iter()
+                .any(|g| g.group_id == h.group_id && g.seeds.contains(&seed))
     }
 
     /// Rule 1 on resume: reloads the `pending` trajectories of a checkpoint. Ids no longer
@@ -123,7 +188,7 @@ impl Collector {
     }
 
     /// Reads newly finished trajectories (at most [`MAX_READ_PER_POLL`]), calling `on_new`
-    /// on each. Returns how many were read.
+    /// on each but second copies (rule 4). Returns how many were read, copies included.
     pub fn poll(
         &mut self,
         store: &TrajectoryStore,
@@ -137,9 +202,20 @@ impl Collector {
             .collect::<Result<_, _>>()?;
         for (seq, id) in ids {
             if let Some(t) = LoadedTrajectory::load(store, &id, seq)? {
-                on_new(&t);
-                self.add(t);
                 n += 1;
+                if self.is_second_copy(&t.header) {
+                    tracing::warn!(
+                        trajectory = %id,
+                        group = %t.header.group_id,
+                        actor = %t.header.actor_id,
+                        sampler_seed = t.header.sampling.seed,
+                        "second copy of an episode (its first actor was taken for gone and was not); stored, not trained on"
+                    );
+                    self.copies += 1;
+                } else {
+                    on_new(&t);
+                    self.add(t);
+                }
             }
             self.read_cursor = seq;
         }
@@ -176,9 +252,14 @@ impl Collector {
         ready
             .into_iter()
             .take(max)
-            .filter_map(|(_, id)| self.groups.remove(&id))
-            .map(|mut g| {
+            .filter_map(|(_, id)| self.groups.remove(&id).map(|g| (id, g)))
+            .map(|(group_id, mut g)| {
                 g.members.sort_by_key(|t| t.finish_seq);
+                let seeds = g.members.iter().map(|t| t.header.sampling.seed).collect();
+                if self.taken.len() == REMEMBERED_GROUPS {
+                    self.taken.pop_front();
+                }
+                self.taken.push_back(TakenGroup { group_id, seeds });
                 g.members
             })
             .collect()
@@ -224,8 +305,13 @@ mod tests {
     };
 
     fn put(store: &Arc<TrajectoryStore>, id: &str, group: &str) {
+        put_seeded(store, id, group, 0);
+    }
+
+    fn put_seeded(store: &Arc<TrajectoryStore>, id: &str, group: &str, seed: u64) {
         let mut h = synthetic::header(id, "hops", 1, 1);
         h.group_id = group.into();
+        h.sampling.seed = seed;
         let crate::store::Begin::New(mut w) = store.begin(h).unwrap() else {
             panic!("duplicate {id}")
         };
@@ -288,5 +374,113 @@ mod tests {
             "an open group waits for all G"
         );
         assert_eq!(c.take_ready(1, &|_| false).len(), 1);
+    }
+
+    fn ids(group: &[LoadedTrajectory]) -> Vec<&str> {
+        group
+            .iter()
+            .map(|t| t.header.trajectory_id.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn a_second_copy_of_an_episode_is_neither_a_member_nor_new() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(TrajectoryStore::open(dir.path()).unwrap());
+        let open = |_: &str| true;
+        let mut c = Collector::new(3, Duration::from_secs(60), 0);
+        // Episode 12 was handed out again; both its actors finished it before episode 13.
+        put_seeded(&store, "a11", "A", 11);
+        put_seeded(&store, "a12-reissued", "A", 12);
+        put_seeded(&store, "a12-slow", "A", 12);
+        let mut new = Vec::new();
+        let read = c
+            .poll(&store, |t| new.push(t.header.trajectory_id.clone()))
+            .unwrap();
+        assert_eq!(read, 3, "a copy is still read");
+        assert_eq!(new, ["a11", "a12-reissued"], "a copy is not passed on");
+        assert_eq!(
+            c.ready_groups(&open),
+            0,
+            "two episodes of three are not a group"
+        );
+        assert_eq!(c.take_copies(), 1);
+        assert_eq!(c.take_copies(), 0, "counted once");
+
+        put_seeded(&store, "a13", "A", 13);
+        c.poll(&store, |_| {}).unwrap();
+        let got = c.take_ready(5, &open);
+        assert_eq!(ids(&got[0]), ["a11", "a12-reissued", "a13"]);
+        assert!(
+            store.get("a12-slow").unwrap().is_some(),
+            "the copy stays stored"
+        );
+    }
+
+    #[test]
+    fn a_copy_after_its_group_was_taken_is_skipped_also_after_a_restart() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(TrajectoryStore::open(dir.path()).unwrap());
+        let open = |_: &str| true;
+        let mut c = Collector::new(2, Duration::from_millis(1), 0);
+        put_seeded(&store, "b1", "B", 21);
+        put_seeded(&store, "b2", "B", 22);
+        c.poll(&store, |_| {}).unwrap();
+        assert_eq!(c.take_ready(5, &open).len(), 1);
+        let taken = c.taken_groups();
+        assert_eq!(
+            taken,
+            [TakenGroup {
+                group_id: "B".into(),
+                seeds: vec![21, 22]
+            }]
+        );
+
+        // A late copy of episode 22 and a late episode 23 of the same group.
+        put_seeded(&store, "b2-slow", "B", 22);
+        put_seeded(&store, "b3", "B", 23);
+        let mut c2 = Collector::new(2, Duration::from_millis(1), c.read_cursor());
+        c2.restore_taken(taken);
+        let mut new = Vec::new();
+        c2.poll(&store, |t| new.push(t.header.trajectory_id.clone()))
+            .unwrap();
+        assert_eq!(new, ["b3"], "an episode the group never had is new");
+        assert_eq!(c2.take_copies(), 1);
+        std::thread::sleep(Duration::from_millis(5));
+        let got = c2.take_ready(5, &|_| false);
+        assert_eq!(ids(&got[0]), ["b3"]);
+    }
+
+    #[test]
+    fn unseeded_episodes_are_never_copies_and_memory_is_bounded() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(TrajectoryStore::open(dir.path()).unwrap());
+        let open = |_: &str| true;
+        let mut c = Collector::new(2, Duration::from_secs(60), 0);
+        put(&store, "u1", "U");
+        put(&store, "u2", "U");
+        c.poll(&store, |_| {}).unwrap();
+        assert_eq!(ids(&c.take_ready(1, &open)[0]), ["u1", "u2"]);
+        assert_eq!(c.take_copies(), 0);
+
+        let many = (0..REMEMBERED_GROUPS + 5)
+            .map(|i| TakenGroup {
+                group_id: format!("g{i}"),
+                seeds: vec![1],
+            })
+            .collect();
+        c.restore_taken(many);
+        assert_eq!(c.taken_groups().len(), REMEMBERED_GROUPS);
+        assert_eq!(
+            c.taken_groups()[0].group_id,
+            "g5",
+            "the oldest are forgotten"
+        );
+        put_seeded(&store, "v1", "V", 7);
+        put_seeded(&store, "v2", "V", 8);
+        c.poll(&store, |_| {}).unwrap();
+        c.take_ready(1, &open);
+        assert_eq!(c.taken_groups().len(), REMEMBERED_GROUPS);
+        assert_eq!(c.taken_groups().last().unwrap().group_id, "V");
     }
 }

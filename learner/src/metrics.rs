@@ -90,6 +90,10 @@ pub struct RolloutFigures {
     /// Episodes left out as untrainable (token ids outside the vocabulary, non-finite
     /// behaviour log-probs).
     pub invalid_skipped: u64,
+    /// Second copies of episodes read since the previous update, stored but not trained on
+    /// (an actor taken for gone finished them after all; absent in metrics written before).
+    #[serde(default)]
+    pub copies_skipped: u64,
 }
 
 /// The loss terms and their diagnostics (means over the generated tokens trained on).
@@ -443,6 +447,7 @@ pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) 
         ),
         ("rollout_too_long_skipped", ro.too_long_skipped as f64),
         ("rollout_invalid_skipped", ro.invalid_skipped as f64),
+        ("rollout_copies_skipped", ro.copies_skipped as f64),
     ] {
         gauge(&mut out, name, &[], v);
     }

@@ -279,6 +279,7 @@ impl Trainer {
                     policy_version: 0,
                     read_cursor: 0,
                     pending: Vec::new(),
+                    taken_groups: Vec::new(),
                     rng: SplitMix64::derive(cfg.seed, "learner"),
                     dispenser: shared.control.dispenser.state(),
                     spikes: SpikeDetector::new(m.spike_k, m.spike_window, m.spike_min_samples),
@@ -320,6 +321,7 @@ impl Trainer {
             state.read_cursor,
         );
         let missing = collector.restore_pending(&shared.store, &state.pending)?;
+        collector.restore_taken(state.taken_groups.clone());
         if !missing.is_empty() {
             return Err(LearnerError::RunDir(format!(
                 "the checkpoint lists {} pending trajectories the store does not hold (first: {}); is this the run's own store?",
@@ -384,6 +386,7 @@ impl Trainer {
         let mut s = self.state.clone();
         s.read_cursor = self.collector.read_cursor();
         s.pending = self.collector.pending_ids();
+        s.taken_groups = self.collector.taken_groups();
         s.dispenser = self.shared.control.dispenser.state();
         if let Some(Policy::Sft(t)) = &self.policy {
             s.sft_tokens = t.tokens_seen();
@@ -447,9 +450,7 @@ impl Trainer {
     /// Reads newly finished trajectories and records their outcomes into the curriculum.
     pub fn poll(&mut self) -> Result<usize, LearnerError> {
         let curriculum = Arc::clone(self.shared.curriculum());
-        let read = &mut self.state.totals.trajectories_read;
         let n = self.collector.poll(&self.shared.store, |t| {
-            *read += 1;
             if !t.footer.termination.is_scored() {
                 return;
             }
@@ -460,6 +461,7 @@ impl Trainer {
                 Err(e) => tracing::debug!(trajectory = %t.header.trajectory_id, error = %e, "outcome not recorded"),
             }
         })?;
+        self.state.totals.trajectories_read += n as u64;
         Ok(n)
     }
 
@@ -737,6 +739,7 @@ impl Trainer {
         record.unix_ms = now_unix_ms();
         record.update_s = update_s;
         record.rollout.invalid_skipped = invalid;
+        record.rollout.copies_skipped = self.collector.take_copies();
         record.rollout.episodes_per_s = self.windowed_episodes_per_s(started, ids.len());
         record.rollout.tokens_per_s = stats.total_tokens as f64 / update_s.max(1e-9);
         record.spikes = self.state.spikes.observe(record.loss.policy);
@@ -747,6 +750,7 @@ impl Trainer {
         t.tokens_trained += stats.tokens as u64;
         t.stale_skipped += stats.stale_skipped as u64;
         t.unscored_skipped += stats.unscored_excluded as u64;
+        t.copies_skipped += record.rollout.copies_skipped;
         self.metrics
             .write(&record)
             .map_err(io_err("writing", &self.paths.metrics))?;

@@ -79,6 +79,7 @@ fn run_state() -> RunState {
         policy_version: 0,
         read_cursor: 0,
         pending: Vec::new(),
+        taken_groups: Vec::new(),
         rng: SplitMix64::new(1),
         dispenser: DispenserState::new(1),
         spikes: SpikeDetector::new(4.0, 10, 3),
