@@ -7,6 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 
+use corvid_learner::collect::Collector;
 use corvid_learner::config::{LearnerConfig, SamplingSection};
 use corvid_learner::model::checkpoint::weights_to_bytes;
 use corvid_learner::model::{ModelConfig, MoePolicy};
@@ -432,6 +433,49 @@ async fn a_silent_actors_episodes_go_to_the_next_actor_and_a_polling_one_keeps_i
     let counters = l.control.dispenser.counters();
     assert_eq!(counters.groups_completed, MAX_OPEN as u64);
     assert_eq!(l.control.dispenser.open_groups(), 0);
+
+    // The trainer's collector forms each group of its G distinct episodes and skips the copy.
+    let mut collector = Collector::new(G as usize, Duration::from_secs(60), 0);
+    assert_eq!(
+        collector.poll(&l.store, |_| {}).unwrap(),
+        held.len() + 1,
+        "every stored trajectory is read"
+    );
+    assert_eq!(collector.take_copies(), 1);
+    let groups = collector.take_ready(MAX_OPEN + 1, &|_| false);
+    assert_eq!(groups.len(), MAX_OPEN);
+    for g in &groups {
+        let seeds: BTreeSet<u64> = g.iter().map(|t| t.header.sampling.seed).collect();
+        assert_eq!(seeds.len(), G as usize, "G distinct episodes");
+        assert!(g.iter().all(|t| t.header.actor_id == id_b));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_actor_from_before_a_restart_is_active_and_a_submission_is_a_sign_of_life() {
+    let l = start().await;
+    let mut c = connect(&l.url, TOKEN).await.unwrap();
+    assert_eq!(l.control.actors_active(), 0);
+    // This learner never registered the id: the actor registered with its previous life.
+    c.policy_info(pb::PolicyInfoRequest {
+        actor_id: "actor-7-0123abcd".into(),
+    })
+    .await
+    .unwrap();
+    assert_eq!(l.control.actors_active(), 1);
+    let known = l.control.actors.snapshot();
+    assert!(known.contains_key("actor-7-0123abcd"), "{known:?}");
+
+    // A trajectory submitted by another such actor counts for both clocks.
+    submit_as(&mut c, "t-1", "g00000000", "actor-8-4567abcd", 0)
+        .await
+        .unwrap();
+    assert_eq!(l.control.actors_active(), 2);
+    // An empty id (an older client's poll) is no one.
+    c.policy_info(pb::PolicyInfoRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(l.control.actors_active(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,6 +75,22 @@ pub struct Control {
 }
 
 impl Control {
+    /// A sign of life from `actor` (a `NextTasks` call that handed it `episodes`, a
+    /// `PolicyInfo` poll, a submitted trajectory): one clock for the registry's "active"
+    /// figure and the dispenser's rule 6. An empty id (an older client's poll) is no one.
+    pub fn heard_from(&self, actor: &str, episodes: u64) {
+        if actor.is_empty() {
+            return;
+        }
+        self.dispenser.heard_from(actor);
+        if !self.actors.seen(actor, episodes) {
+            tracing::info!(
+                actor,
+                "an actor registered before a learner restart is back"
+            );
+        }
+    }
+
     /// Actors heard from within `[rollout] actor_timeout_s`: those whose episodes the
     /// dispenser still counts as theirs (tasks, rule 6).
     pub fn actors_active(&self) -> usize {
@@ -173,9 +189,7 @@ impl pb::learner_server::Learner for LearnerService {
                     tracing::error!(error = %e, "task dispenser failed");
                     Status::internal(e.to_string())
                 })?;
-        if !c.actors.seen(&req.actor_id, assignments.len() as u64) {
-            tracing::debug!(actor = %req.actor_id, "NextTasks from an actor registered before a restart");
-        }
+        c.heard_from(&req.actor_id, assignments.len() as u64);
         Ok(Response::new(pb::NextTasksResponse {
             assignments: assignments.into_iter().map(Into::into).collect(),
         }))
@@ -186,12 +200,8 @@ impl pb::learner_server::Learner for LearnerService {
         req: Request<pb::PolicyInfoRequest>,
     ) -> Result<Response<pb::PolicyInfoResponse>, Status> {
         let c = self.control("PolicyInfo")?;
-        let actor = req.into_inner().actor_id;
-        if !actor.is_empty() {
-            // An actor's poll is its sign of life (tasks, rule 6).
-            c.dispenser.heard_from(&actor);
-            c.actors.seen(&actor, 0);
-        }
+        // An actor's poll is its sign of life (tasks, rule 6).
+        c.heard_from(&req.into_inner().actor_id, 0);
         policy::info(&c.policies).map(Response::new)
     }
 
@@ -215,7 +225,7 @@ impl pb::learner_server::Learner for LearnerService {
             match self.store.get(&ack.trajectory_id) {
                 Ok(Some(rec)) => {
                     let h = &rec.header;
-                    c.dispenser.heard_from(&h.actor_id);
+                    c.heard_from(&h.actor_id, 0);
                     c.dispenser
                         .complete(&h.group_id, &h.actor_id, h.sampling.seed);
                 }

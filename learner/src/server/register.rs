@@ -126,17 +126,24 @@ impl ActorRegistry {
     }
 
     /// Notes a call from `id` that was handed `episodes` episodes; returns whether the id
-    /// is known.
+    /// was known. An unknown id is an actor that registered before the learner restarted
+    /// (calls are authenticated): it is recorded from now on, with no name or host.
     pub fn seen(&self, id: &str, episodes: u64) -> bool {
+        let now = Instant::now();
+        let id = clip(id.to_owned());
         let mut actors = self.lock();
-        match actors.get_mut(id) {
-            Some(a) => {
-                a.last_seen = Instant::now();
-                a.episodes_assigned += episodes;
-                true
-            }
-            None => false,
-        }
+        let known = actors.contains_key(&id);
+        let a = actors.entry(id).or_insert_with(|| ActorInfo {
+            name: String::new(),
+            hostname: String::new(),
+            concurrency: 0,
+            registered: now,
+            last_seen: now,
+            episodes_assigned: 0,
+        });
+        a.last_seen = now;
+        a.episodes_assigned += episodes;
+        known
     }
 
     /// Registered actors.

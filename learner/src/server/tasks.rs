@@ -15,9 +15,10 @@
 //!    the group's seed and `i`, whoever runs it. A group completes when each of its G
 //!    episodes has a stored trajectory (the submit path calls [`TaskDispenser::complete`]
 //!    with the trajectory's sampler seed); a second trajectory of the same episode (rule 6)
-//!    is stored but not counted again. A group whose last hand-out is older than
-//!    `rollout.group_timeout_s` and is still incomplete *expires*: its slot is freed and it
-//!    is counted. This is the backstop for holders rule 6 cannot name.
+//!    is stored but not counted again (nor trained on: the collector's rule 4). A group
+//!    whose last hand-out is older than `rollout.group_timeout_s` and is still incomplete
+//!    *expires*: its slot is freed and it is counted. This is the backstop for episodes
+//!    whose holder keeps calling but never delivers them.
 //!    Before the first policy version is published (while SFT runs) the service answers
 //!    `NextTasks` with nothing at all, so no group opens that no actor could start.
 //! 5. **Budget (synchronous mode).** With a budget set, only that many new groups may
@@ -116,7 +117,8 @@ pub enum EpisodeSlot {
     Free,
     /// Handed to the actor with this id; its trajectory is not stored yet. An empty id: the
     /// holder is not known (a group restored from a checkpoint written before slots were
-    /// saved), so rule 6 cannot take it back; rule 4 still can.
+    /// saved); rule 6 takes it back once the timeout has passed since the restore, as from
+    /// an actor that never called again.
     Held(String),
     /// Its trajectory is stored.
     Stored,
@@ -318,12 +320,13 @@ impl TaskDispenser {
                 last_issued: now,
             })
             .collect();
-        // The holders of restored episodes get the full timeout to call again.
+        // The holders of restored episodes get the full timeout to call again; unknown
+        // holders (the empty id, which no call carries) never do.
         let heard = open
             .iter()
             .flat_map(|o| &o.saved.slots)
             .filter_map(|s| match s {
-                EpisodeSlot::Held(a) if !a.is_empty() => Some((a.clone(), now)),
+                EpisodeSlot::Held(a) => Some((a.clone(), now)),
                 _ => None,
             })
             .collect();
@@ -475,13 +478,13 @@ impl TaskDispenser {
     /// Rule 6: frees the episodes of actors silent for longer than the actor timeout.
     fn reclaim(&self, inner: &mut Inner) {
         let timeout = self.cfg.actor_timeout;
-        let silent: Vec<String> = inner
+        let silent: Vec<(String, Duration)> = inner
             .heard
             .iter()
-            .filter(|(_, t)| t.elapsed() >= timeout)
-            .map(|(a, _)| a.clone())
+            .map(|(a, t)| (a.clone(), t.elapsed()))
+            .filter(|(_, silent)| *silent >= timeout)
             .collect();
-        for actor in silent {
+        for (actor, silent) in silent {
             inner.heard.remove(&actor);
             let mut taken = 0u64;
             for slot in inner.open.iter_mut().flat_map(|o| o.saved.slots.iter_mut()) {
@@ -492,10 +495,15 @@ impl TaskDispenser {
             }
             if taken > 0 {
                 inner.counters.episodes_reclaimed += taken;
+                let actor = if actor.is_empty() {
+                    "(unknown: restored from an older checkpoint)"
+                } else {
+                    &actor
+                };
                 tracing::warn!(
-                    actor = %actor,
+                    actor,
                     episodes = taken,
-                    silent_s = timeout.as_secs(),
+                    silent_s = silent.as_secs(),
                     "actor went silent; its episodes are handed out again"
                 );
             }
@@ -884,6 +892,30 @@ mod tests {
         assert!(b.is_open(&got[0].group_id));
         b.complete(&third[0].group_id, "a", third[0].sampling.seed);
         assert!(!b.is_open(&got[0].group_id), "three stored: closed");
+    }
+
+    #[test]
+    fn a_checkpoint_from_before_slots_loses_its_unknown_holders_after_the_timeout() {
+        let a = quick_to_reclaim(2, 1);
+        let got = a.next("a", 2).unwrap();
+        let mut json = serde_json::to_value(a.state()).unwrap();
+        let g = json["open"][0].as_object_mut().unwrap();
+        g.remove("slots");
+        g.insert("issued".into(), 2.into());
+        g.insert("completed".into(), 0.into());
+        let state: DispenserState = serde_json::from_value(json).unwrap();
+        let b = dispenser_with(quick_config(2, 1), state);
+        assert!(
+            b.next("other", 2).unwrap().is_empty(),
+            "held, not yet silent"
+        );
+        std::thread::sleep(SILENCE + Duration::from_millis(100));
+        assert_eq!(
+            b.next("other", 2).unwrap(),
+            got,
+            "the same episodes, seeds included"
+        );
+        assert_eq!(b.counters().episodes_reclaimed, 2);
     }
 
     #[test]
