@@ -557,6 +557,10 @@ fn live_gauges(s: &Shared) -> Vec<(String, f64)> {
             "groups_open".to_owned(),
             s.control.dispenser.open_groups() as f64,
         ),
+        (
+            "groups_waiting".to_owned(),
+            s.control.dispenser.waiting() as f64,
+        ),
         ("groups_opened_total".to_owned(), d.groups_opened as f64),
         (
             "groups_completed_total".to_owned(),

@@ -193,6 +193,10 @@ pub struct CurriculumFigures {
 pub struct ServiceFigures {
     /// Groups handed out and not yet completed.
     pub open_groups: u64,
+    /// Completed groups waiting for the trainer after this update (they hold new groups
+    /// back: tasks, rule 3; absent in metrics written before).
+    #[serde(default)]
+    pub groups_waiting: u64,
     /// Groups completed so far.
     pub groups_completed: u64,
     /// Groups expired so far.
@@ -509,6 +513,7 @@ pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) 
     let sv = &r.service;
     for (name, v) in [
         ("service_open_groups", sv.open_groups),
+        ("service_groups_waiting", sv.groups_waiting),
         ("service_groups_completed", sv.groups_completed),
         ("service_groups_expired", sv.groups_expired),
         ("service_episodes_reclaimed", sv.episodes_reclaimed),

@@ -462,6 +462,7 @@ impl Trainer {
             }
         })?;
         self.state.totals.trajectories_read += n as u64;
+        self.report_waiting();
         Ok(n)
     }
 
@@ -644,6 +645,12 @@ impl Trainer {
         Ok(())
     }
 
+    /// Tells the dispenser how many completed groups wait to be trained (its rule 3).
+    fn report_waiting(&self) {
+        let d = &self.shared.control.dispenser;
+        d.set_waiting(self.collector.ready_groups(&|id| d.is_open(id)));
+    }
+
     /// Synchronous mode: allows the groups the next update still needs — one batch minus
     /// the groups already out or waiting to be trained (after a resume some may be).
     fn grant_sync_batch(&self) {
@@ -687,6 +694,7 @@ impl Trainer {
             return Ok(None);
         }
         let loaded = self.collector.take_ready(need, &is_open);
+        self.report_waiting();
         let ids: Vec<String> = loaded
             .iter()
             .flatten()
@@ -723,6 +731,11 @@ impl Trainer {
         };
         let stats = rl.update_mixed(&groups, version, &demos)?;
         let update_s = started.elapsed().as_secs_f64();
+        let mut record = update_record(&stats, &groups, version, self.cfg.rl.staleness_bound);
+        if stats.optimizer_steps == 0 && record.rollout.episodes == 0 {
+            self.skip_stale_batch(&ids, &stats)?;
+            return Ok(None);
+        }
 
         self.state.rl_step += 1;
         if stats.optimizer_steps > 0 {
@@ -733,7 +746,6 @@ impl Trainer {
             .store
             .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
 
-        let mut record = update_record(&stats, &groups, version, self.cfg.rl.staleness_bound);
         record.step = self.state.rl_step;
         record.policy_version = self.state.policy_version;
         record.unix_ms = now_unix_ms();
@@ -810,6 +822,32 @@ impl Trainer {
     /// learn from: its groups are consumed, but no update is counted and the policy version
     /// stays. [`MAX_UNSCORED_BATCHES_IN_A_ROW`] of them in a row stop the learner with an
     /// error: its actors cannot run the tasks, and waiting would never end a `max_updates` run.
+    /// A batch none of whose episodes is both scored and within `rl.staleness_bound`: the
+    /// trainer fell behind the actors. It is consumed and counted like an unscored batch, but
+    /// is no update (no step, no metrics line of zeros): the actors' rule-3 back-pressure
+    /// keeps this rare.
+    fn skip_stale_batch(
+        &mut self,
+        ids: &[String],
+        stats: &UpdateStats,
+    ) -> Result<(), LearnerError> {
+        self.shared
+            .store
+            .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
+        let t = &mut self.state.totals;
+        t.stale_skipped += stats.stale_skipped as u64;
+        t.unscored_skipped += stats.unscored_excluded as u64;
+        t.batches_skipped += 1;
+        self.metrics.note_batches_skipped(t.batches_skipped);
+        tracing::warn!(
+            episodes = ids.len(),
+            stale = stats.stale_skipped,
+            bound = self.cfg.rl.staleness_bound,
+            "no episode of the batch is within rl.staleness_bound policy versions; skipped (the trainer is slower than the actors: fewer actors, or a larger bound)"
+        );
+        Ok(())
+    }
+
     fn skip_unscored_batch(
         &mut self,
         ids: &[String],
@@ -884,6 +922,7 @@ impl Trainer {
         let d = self.shared.control.dispenser.counters();
         ServiceFigures {
             open_groups: self.shared.control.dispenser.open_groups() as u64,
+            groups_waiting: self.shared.control.dispenser.waiting() as u64,
             groups_completed: d.groups_completed,
             groups_expired: d.groups_expired,
             episodes_reclaimed: d.episodes_reclaimed,
@@ -927,6 +966,10 @@ impl Trainer {
                 return done(&mut self, StopReason::MaxUpdates);
             }
             self.poll()?;
+            if stop.load(Ordering::Relaxed) {
+                // Reading the store can take a while under load: no update starts after a stop.
+                return done(&mut self, StopReason::Signal);
+            }
             match self.try_update()? {
                 Some(_)
                     if self

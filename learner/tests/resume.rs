@@ -533,6 +533,58 @@ fn a_batch_that_actors_could_not_run_is_consumed_without_an_update() {
 }
 
 #[test]
+fn a_batch_staler_than_the_bound_is_consumed_without_an_update() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.rl.staleness_bound = 0;
+    let (mut t, shared) = open_with(cfg, false);
+    feed(&shared, 2, 1, "fresh");
+    t.poll().unwrap();
+    let rec = t.try_update().unwrap().expect("an update");
+    assert_eq!((rec.step, rec.policy_version), (1, 2));
+    // Episodes of version 1 are now one version behind: past a bound of 0.
+    feed(&shared, 2, 1, "old");
+    t.poll().unwrap();
+    assert!(
+        t.try_update().unwrap().is_none(),
+        "no update from stale episodes"
+    );
+    assert_eq!(metrics_steps(dir.path()), [1], "no line of zeros for it");
+    let latest = t.latest_record();
+    let shown = latest
+        .read()
+        .unwrap()
+        .as_ref()
+        .map(|r| r.service.batches_skipped);
+    assert_eq!(shown, Some(1), "the endpoint's record counts it");
+    feed(&shared, 2, 2, "new");
+    t.poll().unwrap();
+    let rec = t.try_update().unwrap().expect("an update");
+    assert_eq!((rec.step, rec.policy_version), (2, 3));
+    assert_eq!(rec.rollout.episodes, 4, "only the fresh batch");
+    assert_eq!(t.state().totals.stale_skipped, 4);
+}
+
+#[test]
+fn completed_groups_waiting_for_the_trainer_hold_new_groups_back() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let (mut t, shared) = open(dir.path(), false);
+    let d = Arc::clone(&shared.control.dispenser);
+    // max_open_groups = 8: six completed groups read by the trainer leave room for two.
+    feed(&shared, 6, 1, "a");
+    t.poll().unwrap();
+    assert_eq!(d.waiting(), 6);
+    assert_eq!(d.next("actor-2", 100).unwrap().len(), 2 * 2);
+    assert!(d.next("actor-2", 1).unwrap().is_empty());
+    // An update takes two of them: two more groups may open.
+    t.try_update().unwrap().expect("an update");
+    assert_eq!(d.waiting(), 4);
+    assert_eq!(d.next("actor-2", 100).unwrap().len(), 2 * 2);
+}
+
+#[test]
 fn sync_mode_opens_one_batch_of_groups_per_version() {
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();

@@ -9,8 +9,12 @@
 //!    groups: family uniformly at random, level from the curriculum's sampler
 //!    ([`Curriculum::sample_level`]), instance seed from the dispenser's RNG.
 //! 3. **Back-pressure.** At most `rollout.max_open_groups` groups are open (handed out, not
-//!    yet completed). When every open group is fully handed out and no new one may open,
-//!    the answer is empty: the actor waits and asks again. Nothing is queued unboundedly.
+//!    yet completed), and open groups plus completed groups *waiting* for the trainer
+//!    ([`TaskDispenser::set_waiting`]) are at most `max(max_open_groups,
+//!    rl.groups_per_update)`: when the trainer falls behind, actors stop starting episodes
+//!    that would be stale by the time they were trained on. When every open group is fully
+//!    handed out and no new one may open, the answer is empty: the actor waits and asks
+//!    again. Nothing is queued unboundedly.
 //! 4. **Completion.** Episode `i` of a group always runs with the sampler seed derived from
 //!    the group's seed and `i`, whoever runs it. A group completes when each of its G
 //!    episodes has a stored trajectory (the submit path calls [`TaskDispenser::complete`]
@@ -85,6 +89,8 @@ pub struct DispenserConfig {
     pub group_size: u32,
     /// Most open groups (rule 3).
     pub max_open_groups: usize,
+    /// Groups per trainer update: open plus waiting groups may always reach it (rule 3).
+    pub groups_per_update: usize,
     /// Expiry of an incomplete group (rule 4).
     pub group_timeout: Duration,
     /// Silence after which an actor's episodes are handed out again (rule 6).
@@ -101,6 +107,7 @@ impl DispenserConfig {
         Self {
             group_size: u32::try_from(cfg.rl.group_size).unwrap_or(u32::MAX),
             max_open_groups: cfg.rollout.max_open_groups,
+            groups_per_update: cfg.rl.groups_per_update,
             group_timeout: Duration::from_secs(cfg.rollout.group_timeout_s),
             actor_timeout: Duration::from_secs(cfg.rollout.actor_timeout_s),
             sampling: cfg.rollout.sampling,
@@ -250,6 +257,8 @@ struct Inner {
     counters: DispenserCounters,
     /// When each actor that holds or held episodes was last heard from (rule 6).
     heard: HashMap<String, Instant>,
+    /// Completed groups waiting for the trainer (rule 3).
+    waiting: usize,
 }
 
 /// Seeds a pack may refuse in a row before opening a group fails: a pack whose instances
@@ -341,6 +350,7 @@ impl TaskDispenser {
                 budget: state.budget,
                 counters: state.counters,
                 heard,
+                waiting: 0,
             }),
         })
     }
@@ -377,7 +387,9 @@ impl TaskDispenser {
             let (idx, episode) = match found {
                 Some(found) => found,
                 None => {
+                    let out_or_waiting = self.cfg.max_open_groups.max(self.cfg.groups_per_update);
                     let may_open = inner.open.len() < self.cfg.max_open_groups
+                        && inner.open.len() + inner.waiting < out_or_waiting
                         && inner.budget.is_none_or(|b| b > 0);
                     if !may_open {
                         break;
@@ -569,6 +581,16 @@ impl TaskDispenser {
         }
     }
 
+    /// Rule 3: the trainer's count of completed groups it has not trained on yet.
+    pub fn set_waiting(&self, groups: usize) {
+        self.lock().waiting = groups;
+    }
+
+    /// Rule 3: completed groups waiting for the trainer, as last set.
+    pub fn waiting(&self) -> usize {
+        self.lock().waiting
+    }
+
     /// Rule 5: sets the budget of new groups (`None` = unbounded, asynchronous mode).
     pub fn set_budget(&self, budget: Option<u64>) {
         self.lock().budget = budget;
@@ -620,6 +642,7 @@ mod tests {
         DispenserConfig {
             group_size: g,
             max_open_groups: max_open,
+            groups_per_update: 1,
             group_timeout,
             actor_timeout: Duration::from_secs(60),
             sampling: SamplingSection::default(),
@@ -755,6 +778,41 @@ mod tests {
         d.complete(&got[1].group_id, "a", got[1].sampling.seed);
         assert_eq!(d.next("a", 10).unwrap().len(), 2);
         assert_eq!(d.counters().groups_completed, 1);
+    }
+
+    #[test]
+    fn completed_groups_waiting_for_the_trainer_hold_new_groups_back() {
+        let mut cfg = config(2, 3, Duration::from_secs(60));
+        cfg.groups_per_update = 2;
+        let d = dispenser_with(cfg, DispenserState::new(7));
+        let got = d.next("a", 2).unwrap();
+        for a in &got {
+            d.complete(&a.group_id, "a", a.sampling.seed);
+        }
+        // One completed group is waiting and one is open: a third may open, a fourth not.
+        d.set_waiting(1);
+        assert_eq!(d.next("a", 2).unwrap().len(), 2);
+        assert_eq!(d.next("a", 2).unwrap().len(), 2);
+        assert!(d.next("a", 2).unwrap().is_empty(), "2 open + 1 waiting = 3");
+        // The trainer takes it: the slot is free again.
+        d.set_waiting(0);
+        assert_eq!(d.next("a", 2).unwrap().len(), 2);
+        assert_eq!(d.open_groups(), 3);
+
+        // With max_open_groups below groups_per_update, open plus waiting may still make
+        // up one update (or the trainer would wait for groups no one may open).
+        let mut cfg = config(1, 1, Duration::from_secs(60));
+        cfg.groups_per_update = 3;
+        let d = dispenser_with(cfg, DispenserState::new(7));
+        d.set_waiting(2);
+        let one = d.next("a", 5).unwrap();
+        assert_eq!(one.len(), 1);
+        d.complete(&one[0].group_id, "a", one[0].sampling.seed);
+        d.set_waiting(3);
+        assert!(
+            d.next("a", 5).unwrap().is_empty(),
+            "a full update is waiting"
+        );
     }
 
     #[test]
