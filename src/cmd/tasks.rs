@@ -3,6 +3,7 @@
 //! Exit codes: 0 success; 1 a pack has errors (`validate`) or the oracle episode did not
 //! pass its checker (`show --oracle`); 2 usage errors (clap).
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -123,9 +124,22 @@ fn list(packs: &Path, seed: u64) -> anyhow::Result<ExitCode> {
         println!();
     }
     if packs.exists() {
+        let mut named: BTreeMap<String, PathBuf> = BTreeMap::new();
         for file in pack_files(packs)? {
             match load_pack(&file) {
-                Ok(p) => level_table(&p, seed)?,
+                Ok(p) => {
+                    level_table(&p, seed)?;
+                    match named.get(p.name()) {
+                        Some(first) => println!(
+                            "  ({} has the same pack name as {}: a run cannot load both; `corvid tasks validate` says so)",
+                            file.display(),
+                            first.display()
+                        ),
+                        None => {
+                            named.insert(p.name().to_owned(), file.clone());
+                        }
+                    }
+                }
                 Err(e) => println!(
                     "{} — invalid, run `corvid tasks validate {}`: {e}",
                     file.display(),
@@ -253,14 +267,30 @@ fn validate(path: &Path) -> anyhow::Result<ExitCode> {
         anyhow::bail!("no *.toml packs under {}", path.display());
     }
     let mut bad = 0;
+    // A run loads one file per pack name: two files of one name in a folder are an error.
+    let mut named: BTreeMap<String, PathBuf> = BTreeMap::new();
     for f in &files {
         match load_pack(f) {
-            Ok(p) => println!(
-                "ok: {} (pack `{}`, {} level(s))",
-                f.display(),
-                p.name(),
-                p.levels()
-            ),
+            Ok(p) => match named.get(p.name()) {
+                Some(first) => {
+                    bad += 1;
+                    eprintln!(
+                        "error: {}: pack name `{}` is already the name of {} (a run loads one file per pack name); change `[pack] name` in one of them",
+                        f.display(),
+                        p.name(),
+                        first.display()
+                    );
+                }
+                None => {
+                    named.insert(p.name().to_owned(), f.clone());
+                    println!(
+                        "ok: {} (pack `{}`, {} level(s))",
+                        f.display(),
+                        p.name(),
+                        p.levels()
+                    );
+                }
+            },
             Err(TasksError::Pack(diags)) => {
                 bad += 1;
                 for d in diags {
@@ -361,6 +391,22 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: TasksArgs,
+    }
+
+    #[test]
+    fn validating_a_folder_refuses_two_packs_of_one_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let pack = Path::new(env!("CARGO_MANIFEST_DIR")).join("tasks/packs/greeting-fix.toml");
+        std::fs::copy(&pack, dir.path().join("a.toml")).unwrap();
+        assert_eq!(validate(dir.path()).unwrap(), ExitCode::SUCCESS);
+        std::fs::copy(&pack, dir.path().join("b.toml")).unwrap();
+        assert_eq!(validate(dir.path()).unwrap(), ExitCode::from(1));
+        // Renamed, the copy is a pack of its own.
+        let text = std::fs::read_to_string(&pack).unwrap();
+        let renamed = text.replacen("name = \"greeting-fix\"", "name = \"greeting-fix-2\"", 1);
+        assert_ne!(renamed, text, "the pack names itself greeting-fix");
+        std::fs::write(dir.path().join("b.toml"), renamed).unwrap();
+        assert_eq!(validate(dir.path()).unwrap(), ExitCode::SUCCESS);
     }
 
     #[test]
