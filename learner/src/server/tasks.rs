@@ -9,10 +9,12 @@
 //!    groups: family uniformly at random, level from the curriculum's sampler
 //!    ([`Curriculum::sample_level`]), instance seed from the dispenser's RNG.
 //! 3. **Back-pressure.** At most `rollout.max_open_groups` groups are open (handed out, not
-//!    yet completed), and open groups plus completed groups *waiting* for the trainer
-//!    ([`TaskDispenser::set_waiting`]) are at most `max(max_open_groups,
-//!    rl.groups_per_update)`: when the trainer falls behind, actors stop starting episodes
-//!    that would be stale by the time they were trained on. When every open group is fully
+//!    yet completed), and open groups plus completed groups *waiting* for the trainer are at
+//!    most `max(max_open_groups, rl.groups_per_update)`: when the trainer falls behind,
+//!    actors stop starting episodes that would be stale by the time they were trained on.
+//!    Each completion adds one waiting group; the trainer sets the exact count each time it
+//!    reads the store or takes groups ([`TaskDispenser::set_waiting`]), so groups completed
+//!    during a long update count at once. When every open group is fully
 //!    handed out and no new one may open, the answer is empty: the actor waits and asks
 //!    again. Nothing is queued unboundedly.
 //! 4. **Completion.** Episode `i` of a group always runs with the sampler seed derived from
@@ -578,6 +580,7 @@ impl TaskDispenser {
         if s.stored() == s.slots.len() {
             inner.open.remove(gi);
             inner.counters.groups_completed += 1;
+            inner.waiting += 1;
         }
     }
 
@@ -776,7 +779,12 @@ mod tests {
             "one of two is not a completed group"
         );
         d.complete(&got[1].group_id, "a", got[1].sampling.seed);
-        assert_eq!(d.next("a", 10).unwrap().len(), 2);
+        assert!(
+            d.next("a", 1).unwrap().is_empty(),
+            "completed, it waits for the trainer (rule 3)"
+        );
+        d.set_waiting(0);
+        assert_eq!(d.next("a", 10).unwrap().len(), 2, "taken: its slot is free");
         assert_eq!(d.counters().groups_completed, 1);
     }
 
@@ -789,8 +797,12 @@ mod tests {
         for a in &got {
             d.complete(&a.group_id, "a", a.sampling.seed);
         }
-        // One completed group is waiting and one is open: a third may open, a fourth not.
-        d.set_waiting(1);
+        // The completed group waits for the trainer; with it, two more may open, not three.
+        assert_eq!(
+            d.waiting(),
+            1,
+            "counted on completion, before the trainer reads it"
+        );
         assert_eq!(d.next("a", 2).unwrap().len(), 2);
         assert_eq!(d.next("a", 2).unwrap().len(), 2);
         assert!(d.next("a", 2).unwrap().is_empty(), "2 open + 1 waiting = 3");
@@ -808,7 +820,7 @@ mod tests {
         let one = d.next("a", 5).unwrap();
         assert_eq!(one.len(), 1);
         d.complete(&one[0].group_id, "a", one[0].sampling.seed);
-        d.set_waiting(3);
+        assert_eq!(d.waiting(), 3);
         assert!(
             d.next("a", 5).unwrap().is_empty(),
             "a full update is waiting"
