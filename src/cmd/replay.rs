@@ -208,7 +208,7 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
             if !json {
                 writeln!(
                     out,
-                    "{:<32} {:<14} {:>7} {:>7} {:<12} {:>7} {:>9} {:>8}",
+                    "{:<48} {:<14} {:>7} {:>7} {:<12} {:>7} {:>9} {:>8}",
                     "id",
                     "family/level",
                     "seed",
@@ -310,7 +310,7 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
             let (mut mismatched, mut not_scored, mut stale) = (0usize, 0usize, 0usize);
             writeln!(
                 out,
-                "{:<32} {:>6} {:>9} {:>7} {:>9}  note",
+                "{:<48} {:>6} {:>9} {:>7} {:>9}  note",
                 "id", "calls", "diverged", "stored", "rescored"
             )?;
             for rec in &records {
@@ -325,7 +325,7 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
                 }
                 writeln!(
                     out,
-                    "{:<32} {:>6} {:>9} {:>7} {:>9}  {}",
+                    "{:<48} {:>6} {:>9} {:>7} {:>9}  {}",
                     rec.header.trajectory_id,
                     r.calls,
                     r.diverged.len(),
@@ -390,7 +390,7 @@ fn write_row(out: &mut impl Write, rec: &TrajectoryRecord) -> Result<()> {
         .unwrap_or(("?", false, 0, 0.0));
     writeln!(
         out,
-        "{:<32} {:<14} {:>7} {:>7} {:<12} {:>7} {:>9} {:>8.3}",
+        "{:<48} {:<14} {:>7} {:>7} {:<12} {:>7} {:>9} {:>8.3}",
         h.trajectory_id,
         format!("{}/{}", h.task.family, h.task.level),
         h.task.seed,

@@ -56,9 +56,10 @@ use super::eval::{evaluate_into, open_store, EvalArgs, EvalResult};
   corvid report --run-dir runs/demo          rebuild the report of a finished or interrupted run
 
 The config is a learner config (see configs/demo.toml) plus a [run] table:
-  actors, actor_concurrency, rl_minutes, run_minutes, eval_reserve_minutes, eval_family,
-  eval_levels, eval_episodes, eval_concurrency, eval_max_new_tokens, ablation (another learner config, e.g.
-  configs/demo-grpo.toml, trained on a copy of the SFT result for the same budget).
+  actors, actor_concurrency, rl_minutes, run_minutes, eval_reserve_minutes, sft_timeout_minutes,
+  eval_family, eval_levels, eval_episodes, eval_concurrency, eval_max_new_tokens, eval_workers,
+  ablation (another learner config, e.g. configs/demo-grpo.toml, trained on a copy of the SFT
+  result for the same budget).
 Output: runs/<name>/ with learner.log, actor-<i>.log, store/, ckpt/, ref/, metrics/, eval/,
 run.json, report.json, report.html and PNG plots. Ctrl-C stops training cleanly (with a
 checkpoint) and still evaluates and reports; a second Ctrl-C skips evaluation.")]

@@ -535,6 +535,9 @@ pub struct Inputs {
     pub missing: Vec<String>,
     /// Inputs that are present but partly unreadable, one sentence each.
     pub notes: Vec<String>,
+    /// `[sft] heldout_loss_target` of the learner's own copy of its config (`config.toml`),
+    /// for runs without `run.json` (a learner started by hand).
+    pub config_sft_target: Option<f64>,
 }
 
 impl Inputs {
@@ -556,6 +559,10 @@ impl Inputs {
                 .missing
                 .push(format!("run.json is not valid JSON ({e})")),
         }
+
+        inputs.config_sft_target = read_text(&run_dir.join("config.toml"))?
+            .and_then(|t| t.parse::<toml::Table>().ok())
+            .and_then(|t| t.get("sft")?.get("heldout_loss_target")?.as_float());
 
         let metrics_path = run_dir.join("metrics").join("metrics.jsonl");
         match read_jsonl::<UpdateMetrics>(&metrics_path)? {
@@ -703,6 +710,27 @@ mod tests {
         assert!(read_jsonl::<UpdateMetrics>(&dir.path().join("absent"))
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn a_learner_run_without_run_json_takes_the_sft_target_from_its_config_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Inputs::read(dir.path()).unwrap().config_sft_target, None);
+        std::fs::write(
+            dir.path().join("config.toml"),
+            "run_name = \"x\"\n[sft]\nsteps = 6\nheldout_loss_target = 0.01\n",
+        )
+        .unwrap();
+        assert_eq!(
+            Inputs::read(dir.path()).unwrap().config_sft_target,
+            Some(0.01)
+        );
+        std::fs::write(dir.path().join("config.toml"), "[sft\n").unwrap();
+        assert_eq!(
+            Inputs::read(dir.path()).unwrap().config_sft_target,
+            None,
+            "an unreadable copy says nothing"
+        );
     }
 
     #[test]

@@ -701,7 +701,11 @@ fn training(inputs: &Inputs) -> Training {
     let tail = &u[u.len().saturating_sub(10)..];
     let (expert_load_updates, expert_load) = expert_load(u);
     let final_eval_loss = inputs.sft.iter().rev().find_map(|s| s.eval_loss);
-    let target = inputs.run.as_ref().and_then(|r| r.sft_heldout_loss_target);
+    let target = inputs
+        .run
+        .as_ref()
+        .and_then(|r| r.sft_heldout_loss_target)
+        .or(inputs.config_sft_target);
     Training {
         rl_updates: u.len(),
         last_update: last.and_then(|l| l.update),
