@@ -480,6 +480,18 @@ fn feed_refused(shared: &Shared, groups: usize, tag: &str) {
     }
 }
 
+/// `batches_skipped` of the record the Prometheus endpoint serves (no metrics line is
+/// written for a skipped batch).
+fn shown_batches_skipped(t: &Trainer) -> Option<u64> {
+    let latest = t.latest_record();
+    let shown = latest
+        .read()
+        .unwrap()
+        .as_ref()
+        .map(|r| r.service.batches_skipped);
+    shown
+}
+
 #[test]
 fn a_batch_that_actors_could_not_run_is_consumed_without_an_update() {
     tch::set_num_threads(1);
@@ -514,13 +526,7 @@ fn a_batch_that_actors_could_not_run_is_consumed_without_an_update() {
         if b + 1 < limit {
             assert!(r.unwrap().is_none(), "batch {b}");
             // No line is written for a skipped batch, but the endpoint's record counts it.
-            let latest = t.latest_record();
-            let shown = latest
-                .read()
-                .unwrap()
-                .as_ref()
-                .map(|r| r.service.batches_skipped);
-            assert_eq!(shown, Some(2 + b as u64), "batch {b}");
+            assert_eq!(shown_batches_skipped(&t), Some(2 + b as u64), "batch {b}");
         } else {
             let err = r.unwrap_err().to_string();
             assert!(
@@ -551,13 +557,11 @@ fn a_batch_staler_than_the_bound_is_consumed_without_an_update() {
         "no update from stale episodes"
     );
     assert_eq!(metrics_steps(dir.path()), [1], "no line of zeros for it");
-    let latest = t.latest_record();
-    let shown = latest
-        .read()
-        .unwrap()
-        .as_ref()
-        .map(|r| r.service.batches_skipped);
-    assert_eq!(shown, Some(1), "the endpoint's record counts it");
+    assert_eq!(
+        shown_batches_skipped(&t),
+        Some(1),
+        "the endpoint's record counts it"
+    );
     feed(&shared, 2, 2, "new");
     t.poll().unwrap();
     let rec = t.try_update().unwrap().expect("an update");

@@ -14,9 +14,9 @@
 //!    actors stop starting episodes that would be stale by the time they were trained on.
 //!    Each completion adds one waiting group; the trainer sets the exact count each time it
 //!    reads the store or takes groups ([`TaskDispenser::set_waiting`]), so groups completed
-//!    during a long update count at once. When every open group is fully
-//!    handed out and no new one may open, the answer is empty: the actor waits and asks
-//!    again. Nothing is queued unboundedly.
+//!    during a long update count at once. When every open group is fully handed out and no
+//!    new one may open, the answer is empty: the actor waits and asks again. Nothing is
+//!    queued unboundedly.
 //! 4. **Completion.** Episode `i` of a group always runs with the sampler seed derived from
 //!    the group's seed and `i`, whoever runs it. A group completes when each of its G
 //!    episodes has a stored trajectory (the submit path calls [`TaskDispenser::complete`]
@@ -331,8 +331,9 @@ impl TaskDispenser {
                 last_issued: now,
             })
             .collect();
-        // The holders of restored episodes get the full timeout to call again; unknown
-        // holders (the empty id, which no call carries) never do.
+        // The holders of restored episodes get the full timeout to call again. Unknown
+        // holders (the empty id, which no call carries) never call, so theirs are taken
+        // back once that timeout has passed.
         let heard = open
             .iter()
             .flat_map(|o| &o.saved.slots)
