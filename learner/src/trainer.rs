@@ -818,27 +818,31 @@ impl Trainer {
             .map_err(err)
     }
 
-    /// A batch with no scored episode (every one `infra_error` or `abandoned`) has nothing to
-    /// learn from: its groups are consumed, but no update is counted and the policy version
-    /// stays. [`MAX_UNSCORED_BATCHES_IN_A_ROW`] of them in a row stop the learner with an
-    /// error: its actors cannot run the tasks, and waiting would never end a `max_updates` run.
+    /// Consumes a batch that is no update: its trajectories are marked consumed, the batch
+    /// is counted in `batches_skipped` (the Prometheus record shows it; no metrics line is
+    /// written) and the policy version stays.
+    fn consume_skipped_batch(&mut self, ids: &[String]) -> Result<(), LearnerError> {
+        self.shared
+            .store
+            .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
+        self.state.totals.batches_skipped += 1;
+        self.metrics
+            .note_batches_skipped(self.state.totals.batches_skipped);
+        Ok(())
+    }
+
     /// A batch none of whose episodes is both scored and within `rl.staleness_bound`: the
-    /// trainer fell behind the actors. It is consumed and counted like an unscored batch, but
-    /// is no update (no step, no metrics line of zeros): the actors' rule-3 back-pressure
-    /// keeps this rare.
+    /// trainer fell behind the actors. It is skipped like an unscored batch (no step, no
+    /// metrics line of zeros); the actors' rule-3 back-pressure keeps this rare.
     fn skip_stale_batch(
         &mut self,
         ids: &[String],
         stats: &UpdateStats,
     ) -> Result<(), LearnerError> {
-        self.shared
-            .store
-            .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
+        self.consume_skipped_batch(ids)?;
         let t = &mut self.state.totals;
         t.stale_skipped += stats.stale_skipped as u64;
         t.unscored_skipped += stats.unscored_excluded as u64;
-        t.batches_skipped += 1;
-        self.metrics.note_batches_skipped(t.batches_skipped);
         tracing::warn!(
             episodes = ids.len(),
             stale = stats.stale_skipped,
@@ -848,6 +852,10 @@ impl Trainer {
         Ok(())
     }
 
+    /// A batch with no scored episode (every one `infra_error` or `abandoned`) has nothing to
+    /// learn from: its groups are consumed, but no update is counted and the policy version
+    /// stays. [`MAX_UNSCORED_BATCHES_IN_A_ROW`] of them in a row stop the learner with an
+    /// error: its actors cannot run the tasks, and waiting would never end a `max_updates` run.
     fn skip_unscored_batch(
         &mut self,
         ids: &[String],
@@ -859,13 +867,8 @@ impl Trainer {
                 .entry(t.footer.termination.as_str())
                 .or_default() += 1;
         }
-        self.shared
-            .store
-            .mark_consumed(ids.iter().map(String::as_str), self.state.rl_step)?;
+        self.consume_skipped_batch(ids)?;
         self.state.totals.unscored_skipped += ids.len() as u64;
-        self.state.totals.batches_skipped += 1;
-        self.metrics
-            .note_batches_skipped(self.state.totals.batches_skipped);
         self.skipped_in_a_row += 1;
         let why = "actors report infra_error when they cannot build a task (an actor started \
                    without --task-pack for a pack in [tasks] packs, a task spec that differs \

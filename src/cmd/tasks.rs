@@ -95,6 +95,22 @@ fn pack_files(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
     Ok(files)
 }
 
+/// The file an earlier pack of `name` came from, if any; otherwise `file` is recorded as
+/// that name's (a run loads one file per pack name).
+fn earlier_of_name(
+    named: &mut BTreeMap<String, PathBuf>,
+    name: &str,
+    file: &Path,
+) -> Option<PathBuf> {
+    match named.get(name) {
+        Some(first) => Some(first.clone()),
+        None => {
+            named.insert(name.to_owned(), file.to_path_buf());
+            None
+        }
+    }
+}
+
 fn level_table(fam: &dyn TaskFamily, seed: u64) -> anyhow::Result<()> {
     println!("{} — {}", fam.name(), fam.description());
     println!("  level  calls  tokens  max_turns  context");
@@ -124,20 +140,17 @@ fn list(packs: &Path, seed: u64) -> anyhow::Result<ExitCode> {
         println!();
     }
     if packs.exists() {
-        let mut named: BTreeMap<String, PathBuf> = BTreeMap::new();
+        let mut named = BTreeMap::new();
         for file in pack_files(packs)? {
             match load_pack(&file) {
                 Ok(p) => {
                     level_table(&p, seed)?;
-                    match named.get(p.name()) {
-                        Some(first) => println!(
+                    if let Some(first) = earlier_of_name(&mut named, p.name(), &file) {
+                        println!(
                             "  ({} has the same pack name as {}: a run cannot load both; `corvid tasks validate` says so)",
                             file.display(),
                             first.display()
-                        ),
-                        None => {
-                            named.insert(p.name().to_owned(), file.clone());
-                        }
+                        );
                     }
                 }
                 Err(e) => println!(
@@ -268,10 +281,10 @@ fn validate(path: &Path) -> anyhow::Result<ExitCode> {
     }
     let mut bad = 0;
     // A run loads one file per pack name: two files of one name in a folder are an error.
-    let mut named: BTreeMap<String, PathBuf> = BTreeMap::new();
+    let mut named = BTreeMap::new();
     for f in &files {
         match load_pack(f) {
-            Ok(p) => match named.get(p.name()) {
+            Ok(p) => match earlier_of_name(&mut named, p.name(), f) {
                 Some(first) => {
                     bad += 1;
                     eprintln!(
@@ -281,15 +294,12 @@ fn validate(path: &Path) -> anyhow::Result<ExitCode> {
                         first.display()
                     );
                 }
-                None => {
-                    named.insert(p.name().to_owned(), f.clone());
-                    println!(
-                        "ok: {} (pack `{}`, {} level(s))",
-                        f.display(),
-                        p.name(),
-                        p.levels()
-                    );
-                }
+                None => println!(
+                    "ok: {} (pack `{}`, {} level(s))",
+                    f.display(),
+                    p.name(),
+                    p.levels()
+                ),
             },
             Err(TasksError::Pack(diags)) => {
                 bad += 1;

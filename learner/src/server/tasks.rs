@@ -380,6 +380,8 @@ impl TaskDispenser {
         inner.heard.insert(actor.to_owned(), Instant::now());
         self.reclaim(&mut inner);
         self.expire(&mut inner);
+        // Rule 3: open plus waiting groups may always make up one update.
+        let out_or_waiting = self.cfg.max_open_groups.max(self.cfg.groups_per_update);
         let mut out = Vec::with_capacity(max);
         while out.len() < max {
             let found = inner
@@ -390,7 +392,6 @@ impl TaskDispenser {
             let (idx, episode) = match found {
                 Some(found) => found,
                 None => {
-                    let out_or_waiting = self.cfg.max_open_groups.max(self.cfg.groups_per_update);
                     let may_open = inner.open.len() < self.cfg.max_open_groups
                         && inner.open.len() + inner.waiting < out_or_waiting
                         && inner.budget.is_none_or(|b| b > 0);
@@ -938,17 +939,23 @@ mod tests {
         assert_eq!(b.next("other", 2).unwrap(), held);
     }
 
+    /// `state` as a checkpoint wrote it before slots: its first open group with counts of
+    /// episodes handed out and stored instead.
+    fn before_slots(state: DispenserState, issued: u32, completed: u32) -> DispenserState {
+        let mut json = serde_json::to_value(state).unwrap();
+        let g = json["open"][0].as_object_mut().unwrap();
+        g.remove("slots");
+        g.insert("issued".into(), issued.into());
+        g.insert("completed".into(), completed.into());
+        serde_json::from_value(json).unwrap()
+    }
+
     #[test]
     fn a_checkpoint_from_before_slots_restores_its_counts() {
         let a = dispenser(3, 1, Duration::from_secs(60));
         let got = a.next("a", 2).unwrap();
         // What a checkpoint said before slots: two of three handed out, one stored.
-        let mut json = serde_json::to_value(a.state()).unwrap();
-        let g = json["open"][0].as_object_mut().unwrap();
-        g.remove("slots");
-        g.insert("issued".into(), 2.into());
-        g.insert("completed".into(), 1.into());
-        let state: DispenserState = serde_json::from_value(json).unwrap();
+        let state = before_slots(a.state(), 2, 1);
         let b = dispenser_with(config(3, 1, Duration::from_secs(60)), state);
         let third = b.next("a", 5).unwrap();
         assert_eq!(third.len(), 1, "one episode was never handed out");
@@ -969,13 +976,7 @@ mod tests {
     fn a_checkpoint_from_before_slots_loses_its_unknown_holders_after_the_timeout() {
         let a = quick_to_reclaim(2, 1);
         let got = a.next("a", 2).unwrap();
-        let mut json = serde_json::to_value(a.state()).unwrap();
-        let g = json["open"][0].as_object_mut().unwrap();
-        g.remove("slots");
-        g.insert("issued".into(), 2.into());
-        g.insert("completed".into(), 0.into());
-        let state: DispenserState = serde_json::from_value(json).unwrap();
-        let b = dispenser_with(quick_config(2, 1), state);
+        let b = dispenser_with(quick_config(2, 1), before_slots(a.state(), 2, 0));
         assert!(
             b.next("other", 2).unwrap().is_empty(),
             "held, not yet silent"
