@@ -820,7 +820,8 @@ impl Trainer {
 
     /// Consumes a batch that is no update: its trajectories are marked consumed, the batch
     /// is counted in `batches_skipped` (the Prometheus record shows it; no metrics line is
-    /// written) and the policy version stays.
+    /// written) and the policy version stays. In synchronous mode the next batch is granted
+    /// here: no new version will grant it, and without it the actors would wait forever.
     fn consume_skipped_batch(&mut self, ids: &[String]) -> Result<(), LearnerError> {
         self.shared
             .store
@@ -828,6 +829,9 @@ impl Trainer {
         self.state.totals.batches_skipped += 1;
         self.metrics
             .note_batches_skipped(self.state.totals.batches_skipped);
+        if self.cfg.rl.sync {
+            self.grant_sync_batch();
+        }
         Ok(())
     }
 
@@ -885,9 +889,6 @@ impl Trainer {
             in_a_row = self.skipped_in_a_row,
             "no episode of this batch is scored, so no update: {why}"
         );
-        if self.cfg.rl.sync {
-            self.grant_sync_batch();
-        }
         Ok(())
     }
 

@@ -622,6 +622,31 @@ fn sync_mode_opens_one_batch_of_groups_per_version() {
     );
 }
 
+#[test]
+fn sync_mode_grants_a_new_batch_after_a_skipped_one() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(dir.path());
+    cfg.rl.sync = true;
+    cfg.rl.staleness_bound = 0;
+    let (mut t, shared) = open_with(cfg, false);
+    let d = Arc::clone(&shared.control.dispenser);
+    assert!(t.try_update().unwrap().is_none());
+    feed(&shared, 2, 1, "fresh");
+    t.poll().unwrap();
+    let rec = t.try_update().unwrap().expect("an update");
+    assert_eq!(rec.policy_version, 2);
+    // Version 2's batch comes back from an actor still on version 1: past a bound of 0.
+    feed(&shared, 2, 1, "late");
+    t.poll().unwrap();
+    assert!(t.try_update().unwrap().is_none(), "skipped");
+    assert_eq!(
+        d.next("actor-1", 100).unwrap().len(),
+        4,
+        "the skipped batch is replaced; before, no version came to grant it and the run stalled"
+    );
+}
+
 /// The lines of the test learner's `metrics/sft.jsonl`.
 fn sft_log(dir: &Path) -> Vec<serde_json::Value> {
     std::fs::read_to_string(dir.join("run/metrics/sft.jsonl"))
