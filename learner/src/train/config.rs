@@ -405,8 +405,40 @@ pub struct RlConfig {
     /// (on-policy; for comparison). Asynchronous by default. Default `false`.
     pub sync: bool,
     /// Optimizer settings. Default: [`OptimConfig::default`] with `lr = 2e-4`,
-    /// `warmup_steps = 10`.
+    /// `warmup_steps = 10`. A `[rl.optim]` table that names some fields keeps these RL
+    /// defaults for the others (not the SFT-scale struct defaults: `lr = 1e-3` would be 5×).
+    #[serde(deserialize_with = "rl_optim")]
     pub optim: OptimConfig,
+}
+
+/// `[rl.optim]` as written: each field `None` where the table leaves it out.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OptimFields {
+    lr: Option<f64>,
+    betas: Option<[f64; 2]>,
+    eps: Option<f64>,
+    weight_decay: Option<f64>,
+    warmup_steps: Option<u64>,
+    total_steps: Option<u64>,
+    min_lr_ratio: Option<f64>,
+    grad_clip: Option<f64>,
+}
+
+/// Reads `[rl.optim]` over the RL defaults ([`RlConfig::default`]'s `optim`).
+fn rl_optim<'de, D: serde::Deserializer<'de>>(d: D) -> Result<OptimConfig, D::Error> {
+    let f = OptimFields::deserialize(d)?;
+    let base = RlConfig::default().optim;
+    Ok(OptimConfig {
+        lr: f.lr.unwrap_or(base.lr),
+        betas: f.betas.unwrap_or(base.betas),
+        eps: f.eps.unwrap_or(base.eps),
+        weight_decay: f.weight_decay.unwrap_or(base.weight_decay),
+        warmup_steps: f.warmup_steps.unwrap_or(base.warmup_steps),
+        total_steps: f.total_steps.unwrap_or(base.total_steps),
+        min_lr_ratio: f.min_lr_ratio.unwrap_or(base.min_lr_ratio),
+        grad_clip: f.grad_clip.unwrap_or(base.grad_clip),
+    })
 }
 
 impl Default for RlConfig {
@@ -506,7 +538,12 @@ mod tests {
         assert_eq!(rl.clip_high, 0.3);
         assert_eq!(rl.clip_low, 0.2);
         assert_eq!(rl.optim.lr, 1e-4);
-        assert_eq!(rl.optim.warmup_steps, 100); // a table given in TOML takes struct defaults
+        // A partial [rl.optim] keeps the RL defaults, not OptimConfig's SFT-scale ones.
+        assert_eq!(rl.optim.warmup_steps, 10);
+        let rl: RlConfig = toml::from_str("[optim]\ngrad_clip = 0.5\n").unwrap();
+        assert_eq!(rl.optim.lr, RlConfig::default().optim.lr);
+        assert_eq!(rl.optim.grad_clip, 0.5);
+        assert!(toml::from_str::<RlConfig>("[optim]\nlr_max = 1.0\n").is_err());
         assert!(toml::from_str::<RlConfig>("clip_hihg = 0.3").is_err());
         let sft: SftConfig = toml::from_str("seq_len = 256\n[levels]\nhops = [1, 2, 3]\n").unwrap();
         assert_eq!(sft.levels["hops"], vec![1, 2, 3]);
