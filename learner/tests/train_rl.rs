@@ -170,6 +170,31 @@ fn one_update_raises_the_rewarded_action_grpo() {
 }
 
 /// The routers' balance biases, by variable name.
+/// Router noise is SFT's: RL scores every policy without it, so an on-policy update still
+/// sees importance weights of exactly 1 (with noise in the training forward they were not).
+#[test]
+fn rl_scores_without_router_noise() {
+    tch::manual_seed(5);
+    let cfg = ModelConfig {
+        num_hidden_layers: 2,
+        router_noise_std: 1.0,
+        ..ModelConfig::tiny()
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = MoePolicy::new(&vs.root(), &cfg).unwrap();
+    let tok = ByteTokenizer::new();
+    let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
+    let mut trainer = RlTrainer::new(vs, model, None, rl_config(AdvantageMode::Grpo)).unwrap();
+    let before = action_logprobs(trainer.model(), &[a, b]);
+    let group = vec![
+        one_step("a1", "g", a, before[0], 1.0, 0, Termination::Answered),
+        one_step("b1", "g", b, before[1], 0.0, 0, Termination::Answered),
+    ];
+    let st = trainer.update(&[group], 0).unwrap();
+    assert!((st.is_weight_mean - 1.0).abs() < 1e-5, "{st:?}");
+    assert!((st.is_weight_max - 1.0).abs() < 1e-5, "{st:?}");
+}
+
 fn router_biases(vs: &nn::VarStore) -> Vec<(String, Vec<f32>)> {
     params(vs)
         .into_iter()

@@ -183,6 +183,7 @@ pub struct ModelConfig {
     /// Multiplier on the routed output (DeepSeek-V3 uses 2.5 with 8 of 256).
     pub routed_scaling_factor: f64,
     /// Std of Gaussian noise added to router logits for selection, in training only (0 = off).
+    /// SFT only: RL turns it off (its ratio and KL compare policies scored without noise).
     pub router_noise_std: f64,
     /// Expert activation.
     pub expert_act: ExpertAct,

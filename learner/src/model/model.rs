@@ -618,6 +618,20 @@ impl MoePolicy {
         }
     }
 
+    /// Turns router selection noise (`router_noise_std`) off in every MoE layer; returns
+    /// whether any layer had it. RL does this: its loss compares `π_θ` with `π_prox`,
+    /// `π_ref` and the actors' `μ`, all scored without noise, so a noisy training forward
+    /// would put the noise into the importance ratio and the KL.
+    pub fn disable_router_noise(&mut self) -> bool {
+        let mut any = false;
+        for blk in &mut self.blocks {
+            if let Ffn::Moe(m) = &mut blk.ffn {
+                any |= m.router.disable_noise();
+            }
+        }
+        any
+    }
+
     /// The MoE layers' routers, for inspection and tests: `(layer, router)`.
     pub fn routers(&self) -> Vec<(i64, &super::router::Router)> {
         self.blocks

@@ -88,6 +88,11 @@ impl Router {
         self.score
     }
 
+    /// Turns selection noise off; returns whether it was on.
+    pub(crate) fn disable_noise(&mut self) -> bool {
+        std::mem::replace(&mut self.noise_std, 0.0) > 0.0
+    }
+
     /// Routes `x [T, d]`. Noise (if configured) perturbs selection in training only.
     pub fn forward(&self, x_td: &Tensor, train: bool) -> Routing {
         let work = router_kind(x_td.kind());

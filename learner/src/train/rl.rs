@@ -181,11 +181,16 @@ impl RlTrainer {
     /// the KL term; it is required when `cfg.kl_coef > 0` and unused otherwise.
     pub fn new(
         vs: nn::VarStore,
-        model: MoePolicy,
+        mut model: MoePolicy,
         reference: Option<(nn::VarStore, MoePolicy)>,
         cfg: RlConfig,
     ) -> Result<Self, TrainError> {
         cfg.validate()?;
+        if model.disable_router_noise() {
+            tracing::info!(
+                "router_noise_std is off in RL: the ratio and the KL compare policies scored without it"
+            );
+        }
         if cfg.kl_coef > 0.0 && reference.is_none() {
             return Err(TrainError::Config {
                 field: "kl_coef",
