@@ -324,6 +324,47 @@ fn two_turn(
 }
 
 #[test]
+fn a_turn_process_reward_is_weighted_then_clipped_by_hand() {
+    // Episode 1: p = (3.0, 0) (many rules fired at once), R = 0; episode 2: p = (0, 0), R = 1.
+    // Weight 0.5, clip 1: p = (1.0, 0) and (0, 0), where the unclipped 1.5 would make the
+    // reading turn worth more than the answer.
+    let e1 = two_turn(
+        "e1",
+        [3.0, 0.0],
+        0.0,
+        [(3, 1), (2, 1)],
+        Termination::MaxTurns,
+    );
+    let e2 = two_turn(
+        "e2",
+        [0.0, 0.0],
+        1.0,
+        [(3, 1), (2, 1)],
+        Termination::Answered,
+    );
+    let group = [&e1, &e2];
+    // Step level, γ = 1: G1 = (1, 0), G2 = (1, 1); turn means (1, 0.5).
+    let step = RlConfig {
+        normalize_step_advantages: false,
+        process_weight: 0.5,
+        process_clip: 1.0,
+        ..RlConfig::default()
+    };
+    let a = turn_advantages(&group, &step).unwrap();
+    let close = |x: &[f64], y: &[f64]| x.iter().zip(y).all(|(a, b)| (a - b).abs() < 1e-9);
+    assert!(close(a[0].as_ref().unwrap(), &[0.0, -0.5]), "{a:?}");
+    assert!(close(a[1].as_ref().unwrap(), &[0.0, 0.5]), "{a:?}");
+    // Trajectory level (Dr.GRPO): R_total = (1, 1), so neither episode is preferred.
+    let traj = RlConfig {
+        advantage: AdvantageMode::DrGrpo,
+        ..step
+    };
+    let a = turn_advantages(&group, &traj).unwrap();
+    assert!(close(a[0].as_ref().unwrap(), &[0.0, 0.0]), "{a:?}");
+    assert!(close(a[1].as_ref().unwrap(), &[0.0, 0.0]), "{a:?}");
+}
+
+#[test]
 fn step_advantages_broadcast_to_tokens_as_computed_by_hand() {
     // Episode 1: p = (0.1, 0), R = 1 → returns-to-go (γ = 1) G = (1.1, 1.0).
     // Episode 2: p = (0, 0.2), R = 0 → G = (0.2, 0.2).

@@ -17,8 +17,8 @@ use std::collections::BTreeMap;
 
 use corvid_proto::{Step, TrajectoryFooter, TrajectoryHeader};
 use corvid_rewards::{
-    broadcast_to_tokens, episode_reward, step_advantages, trajectory_advantages, StepBaseline,
-    StepEpisode, TrajectoryEstimator,
+    broadcast_to_tokens, episode_reward, step_advantages, trajectory_advantages,
+    ProcessRewardAggregation, StepBaseline, StepEpisode, TrajectoryEstimator,
 };
 
 use super::config::{AdvantageMode, RlConfig};
@@ -173,12 +173,23 @@ pub fn turn_advantages(
 ) -> Result<Vec<Option<Vec<f64>>>, TrainError> {
     let turns: Vec<Vec<(f64, usize)>> = group.iter().map(|t| t.turns()).collect();
     let terminations: Vec<_> = group.iter().map(|t| t.footer.termination).collect();
-    match cfg.advantage {
-        AdvantageMode::Step => {
-            let rewards: Vec<Vec<f64>> = turns
-                .iter()
-                .map(|ts| ts.iter().map(|(p, _)| cfg.process_weight * p).collect())
-                .collect();
+    // p_t = clamp(process_weight · (the turn's summed rule components), ±process_clip).
+    let aggregation = ProcessRewardAggregation {
+        weight: cfg.process_weight,
+        clip: cfg.process_clip,
+    };
+    let rewards: Vec<Vec<f64>> = turns
+        .iter()
+        .map(|ts| aggregation.aggregate(&ts.iter().map(|(p, _)| vec![*p]).collect::<Vec<_>>()))
+        .collect::<Result<_, _>>()?;
+    let estimator = match cfg.advantage {
+        AdvantageMode::Step => None,
+        AdvantageMode::Grpo => Some(TrajectoryEstimator::Grpo { eps: cfg.adv_eps }),
+        AdvantageMode::DrGrpo => Some(TrajectoryEstimator::DrGrpo),
+        AdvantageMode::Rloo => Some(TrajectoryEstimator::Rloo),
+    };
+    match estimator {
+        None => {
             let episodes: Vec<StepEpisode<'_>> = group
                 .iter()
                 .zip(&rewards)
@@ -197,21 +208,14 @@ pub fn turn_advantages(
                 cfg.adv_eps,
             )?)
         }
-        mode => {
-            let estimator = match mode {
-                AdvantageMode::Grpo => TrajectoryEstimator::Grpo { eps: cfg.adv_eps },
-                AdvantageMode::DrGrpo => TrajectoryEstimator::DrGrpo,
-                _ => TrajectoryEstimator::Rloo,
-            };
-            let rewards: Vec<f64> = group
+        Some(estimator) => {
+            // The process rewards are weighted already: R_total = R + 1 · Σ_t p_t.
+            let totals: Vec<f64> = group
                 .iter()
-                .zip(&turns)
-                .map(|(t, ts)| {
-                    let p: Vec<f64> = ts.iter().map(|(p, _)| *p).collect();
-                    episode_reward(t.footer.outcome_reward as f64, &p, cfg.process_weight)
-                })
+                .zip(&rewards)
+                .map(|(t, p)| episode_reward(t.footer.outcome_reward as f64, p, 1.0))
                 .collect();
-            let a = trajectory_advantages(&rewards, &terminations, estimator)?;
+            let a = trajectory_advantages(&totals, &terminations, estimator)?;
             Ok(a.into_iter()
                 .zip(&turns)
                 .map(|(a, ts)| a.map(|a| vec![a; ts.len()]))

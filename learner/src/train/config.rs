@@ -321,7 +321,7 @@ pub enum AdvantageMode {
     /// turn `t` carries `A_t` (`corvid_rewards::step_advantages`).
     Step,
     /// Trajectory-level GRPO: `A_i = (R_i − mean) / (std + eps)` with
-    /// `R_i = outcome + process_weight · Σ_t p_t`, shared by all tokens of the episode.
+    /// `R_i = outcome + Σ_t p_t` (weighted, clipped `p_t`), shared by all tokens of the episode.
     Grpo,
     /// Trajectory-level Dr.GRPO: `A_i = R_i − mean` (no std scaling).
     DrGrpo,
@@ -345,9 +345,19 @@ pub struct RlConfig {
     /// Per-turn discount `γ` of the step-level returns. Default `1.0`.
     pub gamma: f64,
     /// Weight of process rewards: step level scales each `p_t` by it; trajectory level uses
-    /// `R = outcome + process_weight · Σ p_t`. `0` = outcome only. Default `1.0`.
+    /// `R = outcome + Σ_t p_t` over the weighted, clipped `p_t`. `0` = outcome only.
+    /// Default `1.0`.
     pub process_weight: f64,
-    /// Divide step-level advantages by the bucket's std (+`adv_eps`). Default `true`.
+    /// Largest magnitude of one turn's process reward after weighting:
+    /// `p_t = clamp(process_weight · Σ_j c_{t,j}, −process_clip, process_clip)`
+    /// (`corvid_rewards::ProcessRewardAggregation`), so a turn where many rules fire (one
+    /// `shell` command reading many needed files) cannot outweigh an outcome of 1.
+    /// Default `1.0`.
+    pub process_clip: f64,
+    /// Divide step-level advantages by the bucket's std (+`adv_eps`). Default `false`: a
+    /// bucket of failed episodes whose returns differ only by small process rewards (or f32
+    /// rounding of them) has a tiny std, and dividing by it blows those differences up to the
+    /// scale of a real success against a failure (why `configs/demo.toml` turned it off).
     pub normalize_step_advantages: bool,
     /// `eps` added to the std in GRPO and normalised step advantages. Default `1e-6`.
     pub adv_eps: f64,
@@ -447,7 +457,8 @@ impl Default for RlConfig {
             advantage: AdvantageMode::Step,
             gamma: 1.0,
             process_weight: 1.0,
-            normalize_step_advantages: true,
+            process_clip: 1.0,
+            normalize_step_advantages: false,
             adv_eps: 1e-6,
             clip_low: 0.2,
             clip_high: 0.28,
@@ -482,6 +493,13 @@ impl RlConfig {
         }
         if !self.process_weight.is_finite() {
             return Err(bad("process_weight", self.process_weight, "must be finite"));
+        }
+        if !(self.process_clip.is_finite() && self.process_clip >= 0.0) {
+            return Err(bad(
+                "process_clip",
+                self.process_clip,
+                "must be a finite value >= 0",
+            ));
         }
         if !(self.adv_eps.is_finite() && self.adv_eps >= 0.0) {
             return Err(bad("adv_eps", self.adv_eps, "must be a finite value >= 0"));
