@@ -1,5 +1,5 @@
-//! Corvid process rewards, returns, advantage estimators, off-policy weights and
-//! evaluator metrics: pure functions on plain slices.
+//! Corvid process rewards, returns, advantage estimators and evaluator metrics: pure
+//! functions on plain slices.
 //!
 //! # Brief overview
 //!
@@ -9,7 +9,6 @@
 //!   [`step_advantages`] (critic-free, baselined by turn index or state key via
 //!   [`StepBaseline`]) give the learner its advantages. Episodes that ended in
 //!   `infra_error` or `abandoned` are excluded from baselines and get `None`, never 0.
-//! - [`truncated_importance_weights`] corrects for stale behaviour policies.
 //! - [`EvalMetrics`], [`pass_at_k`] and [`pass_hat_k`] are the evaluator's numbers.
 //!
 //! Every function states its formula in its doc comment; `docs/tasks.md` collects them
@@ -30,7 +29,6 @@
 
 mod advantages;
 mod error;
-mod importance;
 mod metrics;
 mod returns;
 
@@ -39,7 +37,6 @@ pub use advantages::{
     TrajectoryEstimator,
 };
 pub use error::RewardsError;
-pub use importance::{truncated_importance_weights, TruncatedWeights};
 pub use metrics::{
     mean_pass_at_k, mean_pass_hat_k, pass_at_k, pass_hat_k, EpisodeEval, EvalMetrics,
 };

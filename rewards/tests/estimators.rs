@@ -239,17 +239,6 @@ fn turn_advantage_reaches_every_generated_token() {
 }
 
 #[test]
-fn importance_weights_are_truncated_at_the_cap() {
-    // ratios .5, 1, 3 -> capped at 2: [.5, 1, 2], one of three truncated
-    let w = truncated_importance_weights(&[0.5f64.ln(), -1.0, 3f64.ln()], &[0.0, -1.0, 0.0], 2.0)
-        .unwrap();
-    close(&w.weights, &[0.5, 1.0, 2.0]);
-    assert!((w.truncated_fraction - 1.0 / 3.0).abs() < 1e-12);
-    assert!(truncated_importance_weights(&[0.0], &[0.0], 0.5).is_err());
-    assert!(truncated_importance_weights(&[0.0], &[], 2.0).is_err());
-}
-
-#[test]
 fn pass_at_k_matches_binomial_formula() {
     // 1 - C(3,2)/C(5,2) = 1 - 3/10
     assert!((pass_at_k(5, 2, 2).unwrap() - 0.7).abs() < 1e-12);
