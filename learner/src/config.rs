@@ -43,22 +43,51 @@ pub enum ConfigError {
     #[error("learner config does not parse: {0}")]
     Parse(String),
     /// A field has a bad value.
-    #[error("learner config: `{field}` = {value}: expected {expected}")]
+    #[error("learner config: `{field}` = {value}: {why}")]
     Invalid {
         /// Dotted field name, e.g. `rollout.max_open_groups`.
         field: String,
         /// The offending value.
         value: String,
-        /// What is allowed.
-        expected: String,
+        /// What is allowed, as a phrase: `expected at least 1`, `must be > 0`.
+        why: String,
     },
+    /// A section's own check failed (`[model]`, `[curriculum]`); the message names the field.
+    #[error("learner config: [{section}] {message}")]
+    Section {
+        /// The table, e.g. `model`.
+        section: &'static str,
+        /// What its check said.
+        message: String,
+    },
+    /// An error in the config file `path`.
+    #[error("{}: {source}", path.display())]
+    InFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong in it.
+        #[source]
+        source: Box<ConfigError>,
+    },
+}
+
+/// A trainer section's error (`[sft]`, `[rl]`) as the field it names: `rl.group_size`.
+fn trainer_invalid(section: &str, e: crate::train::TrainError) -> ConfigError {
+    match e {
+        crate::train::TrainError::Config { field, value, why } => ConfigError::Invalid {
+            field: format!("{section}.{field}"),
+            value,
+            why: why.to_string(),
+        },
+        other => ConfigError::Parse(format!("[{section}]: {other}")),
+    }
 }
 
 fn invalid(field: &str, value: impl ToString, expected: &str) -> ConfigError {
     ConfigError::Invalid {
         field: field.to_owned(),
         value: value.to_string(),
-        expected: expected.to_owned(),
+        why: format!("expected {expected}"),
     }
 }
 
@@ -153,8 +182,10 @@ impl ModelSection {
                 None => ConfigError::Parse(format!("model.overrides: {e}")),
             }
         })?;
-        cfg.validate()
-            .map_err(|e| ConfigError::Parse(format!("model: {e}")))?;
+        cfg.validate().map_err(|e| ConfigError::Section {
+            section: "model",
+            message: e.to_string(),
+        })?;
         Ok(cfg)
     }
 }
@@ -387,7 +418,10 @@ impl LearnerConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_toml(&text).map_err(|e| ConfigError::Parse(format!("{}: {e}", path.display())))
+        Self::from_toml(&text).map_err(|e| ConfigError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
     /// The resolved configuration as TOML (written into the run folder and logged at start).
@@ -513,13 +547,12 @@ impl LearnerConfig {
         self.family_levels()?;
         self.curriculum
             .validate()
-            .map_err(|e| ConfigError::Parse(e.to_string()))?;
-        self.sft
-            .validate()
-            .map_err(|e| ConfigError::Parse(format!("[sft]: {e}")))?;
-        self.rl
-            .validate()
-            .map_err(|e| ConfigError::Parse(format!("[rl]: {e}")))?;
+            .map_err(|e| ConfigError::Section {
+                section: "curriculum",
+                message: e.to_string(),
+            })?;
+        self.sft.validate().map_err(|e| trainer_invalid("sft", e))?;
+        self.rl.validate().map_err(|e| trainer_invalid("rl", e))?;
         if self.rl.group_size > 1024 {
             return Err(invalid("rl.group_size", self.rl.group_size, "1..=1024"));
         }
@@ -594,6 +627,32 @@ impl LearnerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn errors_name_the_file_the_field_and_the_line_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("c.toml");
+        std::fs::write(&path, "seed = 1\n[rl]\ngroup_size = 0\n").unwrap();
+        let e = LearnerConfig::load(&path).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            format!(
+                "{}: learner config: `rl.group_size` = 0: must be > 0",
+                path.display()
+            )
+        );
+        std::fs::write(&path, "seed = 1\n\n[rl]\ngroup_siz = 3\n").unwrap();
+        let e = LearnerConfig::load(&path).unwrap_err().to_string();
+        assert!(e.contains("line 4") && e.contains("group_siz"), "{e}");
+        assert_eq!(e.matches("does not parse").count(), 1, "{e}");
+        let e = LearnerConfig::from_toml("[rollout]\nmax_open_groups = 0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.ends_with("`rollout.max_open_groups` = 0: expected at least 1"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn empty_file_gives_the_documented_defaults() {

@@ -206,7 +206,12 @@ pub fn build_model(
 /// Replaces the random initialisation in `vs` with the weights of the policy folder `dir`
 /// (`[model] init`), whose `config.json` must equal `model_cfg`.
 fn load_init(dir: &Path, model_cfg: &ModelConfig, vs: &nn::VarStore) -> Result<(), LearnerError> {
-    let init_cfg = crate::model::checkpoint::load_config(dir)?;
+    let init_cfg = crate::model::checkpoint::load_config(dir).map_err(|e| {
+        LearnerError::RunDir(format!(
+            "[model] init = {:?} is not a policy folder (config.json and {WEIGHTS_FILE}, e.g. runs/demo/ref): {e}",
+            dir.display().to_string()
+        ))
+    })?;
     if &init_cfg != model_cfg {
         return Err(LearnerError::RunDir(format!(
             "model.init {} holds a different model config than [model] in the config file ({})",

@@ -39,8 +39,8 @@ pub struct LearnerArgs {
 
 /// The config file with the command-line overrides applied.
 fn resolve(args: &LearnerArgs) -> Result<LearnerConfig> {
-    let mut cfg = LearnerConfig::load(&args.config)
-        .with_context(|| format!("loading the learner config {}", args.config.display()))?;
+    // The error names the file (and the line, for TOML errors).
+    let mut cfg = LearnerConfig::load(&args.config)?;
     if let Some(addr) = args.listen {
         cfg.listen = addr.to_string();
     }

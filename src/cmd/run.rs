@@ -371,6 +371,9 @@ fn free_port() -> Result<u16> {
 
 /// Splits a run config into its learner part and the `[run]` table.
 fn split_config(path: &Path) -> Result<(toml::Table, RunSection)> {
+    // Checked as `corvid learner` checks it, on the file as written: errors name this file
+    // and its lines (the copy written into the run folder has other line numbers).
+    LearnerConfig::load(path)?;
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     let mut table: toml::Table = text
@@ -417,7 +420,8 @@ fn read_ablation_config(
     main_path: &Path,
     ablation: &Path,
 ) -> Result<toml::Table> {
-    let (table, _) = split_config(ablation)?;
+    let (table, _) = split_config(ablation)
+        .with_context(|| format!("[run] ablation = {:?}", ablation.display().to_string()))?;
     let text = toml::to_string_pretty(&table).context("reading the ablation config")?;
     let other = LearnerConfig::from_toml(&text)
         .with_context(|| format!("{}: the learner part", ablation.display()))?;
@@ -992,6 +996,18 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             ablation_dir.display()
         );
     }
+    if let Some(init) = table
+        .get("model")
+        .and_then(|m| m.get("init"))
+        .and_then(|v| v.as_str())
+    {
+        if !Path::new(init).join("config.json").is_file() {
+            bail!(
+                "{}: [model] init = {init:?} is not a policy folder (no config.json there; e.g. runs/demo/ref)",
+                args.config.display()
+            );
+        }
+    }
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;
     let port = free_port()?;
     let (learner_cfg, cfg) = write_learner_config(table.clone(), &run_dir, port, &name)?;
@@ -1179,6 +1195,21 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
 #[cfg(test)]
 mod run_section_tests {
     use super::*;
+
+    #[test]
+    fn a_bad_learner_key_is_reported_at_its_line_in_the_file_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.toml");
+        // The [run] table first: the learner copy written into the run folder drops it, so
+        // errors from that copy gave other line numbers.
+        std::fs::write(&path, "[run]\nactors = 2\n\n[rl]\nlr = 1.0\n").unwrap();
+        let e = format!("{:#}", split_config(&path).unwrap_err());
+        assert!(e.contains(&path.display().to_string()), "{e}");
+        assert!(
+            e.contains("line 5") && e.contains("unknown field `lr`"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn a_bad_run_table_is_refused_naming_the_field() {
