@@ -46,6 +46,16 @@
 //! dropped without `finish` (a broken stream, a validation error) deletes its
 //! partial data at once in the same way.
 //!
+//! # Damage is refused, not recovered
+//!
+//! sled recovers a damaged log by cutting it at the first bad entry, which would turn
+//! acknowledged trajectories back into partial ones (and the rule above would delete them)
+//! or drop them outright. So the store records a lower bound of its finished trajectories
+//! in [`FINISHED_FILE`] (after a flush, every [`RECORD_EVERY`] finishes and when the store
+//! is dropped), and `open` refuses a store holding fewer ([`StoreError::Lost`]) before it
+//! sweeps anything. A sled panic while opening a damaged store is caught and reported as
+//! [`StoreError::Damaged`] naming the store.
+//!
 //! # Trees
 //!
 //! | tree | key | value |
@@ -64,6 +74,7 @@ mod read;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use corvid_proto::{pb, ProtoError, Step, TrajectoryFooter, TrajectoryHeader};
@@ -87,6 +98,24 @@ fn flush_gate() -> RwLockReadGuard<'static, ()> {
     GATE.read().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// The file in the store folder that records how many trajectories were finished and
+/// flushed at least (see "Damage is refused, not recovered").
+pub const FINISHED_FILE: &str = "corvid-finished.json";
+
+/// Finishes between two records of [`FINISHED_FILE`].
+const RECORD_EVERY: u64 = 64;
+
+/// The contents of [`FINISHED_FILE`].
+#[derive(Debug, Serialize, Deserialize)]
+struct FinishedRecord {
+    /// Trajectories finished and flushed when the file was written.
+    finished_at_least: u64,
+    /// The size of sled's `db` file then. A smaller file at open was cut, and sled's
+    /// recovery would cut it further: `open` keeps a copy of it first.
+    #[serde(default)]
+    db_bytes: u64,
+}
+
 /// Page-cache budget handed to sled. Bounds the store's memory no matter how
 /// much is ingested (sled's default is 1 GiB).
 pub const DEFAULT_CACHE_BYTES: u64 = 64 << 20;
@@ -101,6 +130,56 @@ const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 /// Whether sled refused to open a store because another process holds its file lock.
 fn is_lock_error(e: &sled::Error) -> bool {
     matches!(e, sled::Error::Io(io) if io.to_string().contains("could not acquire lock"))
+}
+
+/// The finished count recorded in `path`'s [`FINISHED_FILE`], if there is one.
+fn read_finished_record(path: &Path) -> Result<Option<FinishedRecord>> {
+    let file = path.join(FINISHED_FILE);
+    let text = match std::fs::read_to_string(&file) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(StoreError::Io {
+                what: format!("reading {}", file.display()),
+                source,
+            })
+        }
+    };
+    let r: FinishedRecord = serde_json::from_str(&text).map_err(|e| StoreError::Io {
+        what: format!("reading {}", file.display()),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+    })?;
+    Ok(Some(r))
+}
+
+/// Copies sled's `db` file of the store `path` aside, when it is smaller than `record` says
+/// it was: sled's recovery is about to cut it, and the copy keeps what a careful repair
+/// could still read. Returns the copy's path.
+fn keep_cut_log(path: &Path, record: &FinishedRecord) -> Result<Option<PathBuf>> {
+    let db = path.join("db");
+    let Ok(meta) = std::fs::metadata(&db) else {
+        return Ok(None);
+    };
+    if meta.len() >= record.db_bytes {
+        return Ok(None);
+    }
+    let copy = path.join(format!("db.cut-{}", now_unix_ms()));
+    std::fs::copy(&db, &copy).map_err(|source| StoreError::Io {
+        what: format!(
+            "keeping a copy of the cut log {} at {}",
+            db.display(),
+            copy.display()
+        ),
+        source,
+    })?;
+    tracing::warn!(
+        db = %db.display(),
+        bytes = meta.len(),
+        recorded = record.db_bytes,
+        copy = %copy.display(),
+        "the store's log is smaller than when it was last closed; kept a copy before opening it"
+    );
+    Ok(Some(copy))
 }
 
 fn open_db(path: &Path, cache_bytes: u64) -> sled::Result<sled::Db> {
@@ -161,6 +240,30 @@ pub enum StoreError {
     Busy {
         /// Trajectory id.
         id: String,
+    },
+    /// The store holds fewer finished trajectories than it recorded having acknowledged.
+    #[error(
+        "store at {}: sled recovered {found} finished trajectories, but at least {expected} were \
+         acknowledged ({FINISHED_FILE}): its files are damaged or were truncated. Restore them \
+         from a backup; to open what is left and accept the loss, delete {}",
+        path.display(),
+        path.join(FINISHED_FILE).display()
+    )]
+    Lost {
+        /// Store directory.
+        path: PathBuf,
+        /// Finished trajectories recorded.
+        expected: u64,
+        /// Finished trajectories found.
+        found: u64,
+    },
+    /// sled panicked reading the store's files.
+    #[error("store at {}: its files are damaged (sled: {reason}); restore them from a backup", path.display())]
+    Damaged {
+        /// Store directory.
+        path: PathBuf,
+        /// The panic message.
+        reason: String,
     },
     /// An I/O error outside sled (export).
     #[error("{what}: {source}")]
@@ -249,6 +352,24 @@ pub struct TrajectoryStore {
     consumed: sled::Tree,
     /// Ids with a live writer in this process.
     active: Arc<Mutex<HashSet<String>>>,
+    /// Finished trajectories (committed; flushed or not).
+    finished: AtomicU64,
+    /// The count last written to [`FINISHED_FILE`].
+    recorded: AtomicU64,
+}
+
+impl Drop for TrajectoryStore {
+    /// Flushes and records the finished count, so that the next open can tell a damaged
+    /// store from this one.
+    fn drop(&mut self) {
+        let finished = self.finished.load(Ordering::Acquire);
+        let recorded = self
+            .flush_sync()
+            .and_then(|()| self.record_finished(finished));
+        if let Err(e) = recorded {
+            tracing::warn!(path = %self.path.display(), error = %e, "closing the store: could not record its finished count");
+        }
+    }
 }
 
 impl std::fmt::Debug for TrajectoryStore {
@@ -272,7 +393,46 @@ impl TrajectoryStore {
             path: path.clone(),
             source,
         };
-        let db = open_db(&path, cache_bytes).map_err(sled_err)?;
+        let record = read_finished_record(&path)?;
+        if let Some(r) = &record {
+            keep_cut_log(&path, r)?;
+        }
+        let expected = record.map(|r| r.finished_at_least);
+        // sled panics on some damage (a zeroed block); everything it reads at open is here.
+        // The store is built only once the checks pass: a refused one is never flushed.
+        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            let db = open_db(&path, cache_bytes).map_err(sled_err)?;
+            let by_seq = db.open_tree("by_seq").map_err(sled_err)?;
+            let found = by_seq.len() as u64;
+            Ok((db, by_seq, found))
+        }));
+        let (db, by_seq, found) = match opened {
+            Ok(Err(StoreError::Sled {
+                source: source @ sled::Error::Corruption { .. },
+                ..
+            })) => {
+                return Err(StoreError::Damaged {
+                    path,
+                    reason: source.to_string(),
+                })
+            }
+            Ok(r) => r?,
+            Err(panic) => {
+                let reason = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "a panic".into());
+                return Err(StoreError::Damaged { path, reason });
+            }
+        };
+        if let Some(expected) = expected.filter(|&e| e > found) {
+            return Err(StoreError::Lost {
+                path,
+                expected,
+                found,
+            });
+        }
         let tree = |name: &str| db.open_tree(name).map_err(sled_err);
         let store = Self {
             meta: tree("meta")?,
@@ -281,11 +441,13 @@ impl TrajectoryStore {
             by_version: tree("by_version")?,
             by_task: tree("by_task")?,
             by_status: tree("by_status")?,
-            by_seq: tree("by_seq")?,
+            by_seq,
             consumed: tree("consumed")?,
             db,
-            path,
+            path: path.clone(),
             active: Arc::default(),
+            finished: AtomicU64::new(found),
+            recorded: AtomicU64::new(expected.unwrap_or(0)),
         };
         let swept = store.sweep_open()?;
         if swept > 0 {
@@ -409,8 +571,42 @@ impl TrajectoryStore {
 
     /// Flushes everything written so far to disk (blocking).
     pub fn flush_sync(&self) -> Result<()> {
-        let _gate = flush_gate();
-        self.db.flush().map(|_| ()).map_err(|e| self.sled_err(e))
+        // Every finish committed before the flush starts is durable once it returns.
+        let finished = self.finished.load(Ordering::Acquire);
+        {
+            let _gate = flush_gate();
+            self.db.flush().map_err(|e| self.sled_err(e))?;
+        }
+        if finished >= self.recorded.load(Ordering::Relaxed) + RECORD_EVERY {
+            self.record_finished(finished)?;
+        }
+        Ok(())
+    }
+
+    /// Writes `finished` to [`FINISHED_FILE`] (a new file renamed over the old one), unless a
+    /// larger count is recorded already.
+    fn record_finished(&self, finished: u64) -> Result<()> {
+        if self.recorded.fetch_max(finished, Ordering::AcqRel) >= finished {
+            return Ok(());
+        }
+        let path = self.path.join(FINISHED_FILE);
+        let tmp = self.path.join(format!("{FINISHED_FILE}.tmp"));
+        let io = |what: &str, source| StoreError::Io {
+            what: format!("{what} {}", tmp.display()),
+            source,
+        };
+        let db_bytes = std::fs::metadata(self.path.join("db")).map_or(0, |m| m.len());
+        let text = serde_json::to_string(&FinishedRecord {
+            finished_at_least: finished,
+            db_bytes,
+        })
+        .expect("a struct of one integer serialises");
+        {
+            let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", e))?;
+            std::io::Write::write_all(&mut f, text.as_bytes()).map_err(|e| io("writing", e))?;
+            f.sync_all().map_err(|e| io("syncing", e))?;
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| io("renaming", e))
     }
 
     /// Raw record of `id`, open or finished (internal; readers use [`get`](Self::get)).
@@ -589,6 +785,7 @@ impl TrajectoryWriter {
                     "finish transaction aborted".into(),
                 )),
             })?;
+        s.finished.fetch_add(1, Ordering::AcqRel);
         Ok(rec)
     }
 }
