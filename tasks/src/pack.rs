@@ -12,7 +12,7 @@ use std::ops::Range;
 use serde::Deserialize;
 use toml::Spanned;
 
-use crate::checker::Checker;
+use crate::checker::{check_shell_line, Checker, ShellLineProblem};
 use crate::error::TasksError;
 use crate::families::PlanBuilder;
 use crate::process::ProcessRule;
@@ -167,16 +167,40 @@ pub struct TaskPack {
 /// next table header when the span covers only the header), so that a diagnostic points at
 /// the line that uses a value rather than at its table; `span` if it does not occur there.
 fn narrow(src: &str, span: &Range<usize>, needle: &str) -> Range<usize> {
+    let Range { start, end } = table_range(src, span);
+    match src[start..end].find(needle) {
+        Some(i) => start + i..start + i + needle.len(),
+        None => span.clone(),
+    }
+}
+
+/// The text of the table that starts at `span`: its span, or up to the next table header
+/// when the span covers only the header.
+fn table_range(src: &str, span: &Range<usize>) -> Range<usize> {
     let start = span.start.min(src.len());
     let next_header = src[start..]
         .match_indices("\n[")
         .map(|(i, _)| start + i)
         .find(|&i| i >= span.end)
         .unwrap_or(src.len());
-    let end = span.end.max(next_header).min(src.len());
-    match src[start..end].find(needle) {
-        Some(i) => start + i..start + i + needle.len(),
-        None => span.clone(),
+    start..span.end.max(next_header).min(src.len())
+}
+
+/// Where `key = …` is written inside the table that starts at `span` (the key at a line's
+/// start or after `{` or `,`, then `=`), so that a diagnostic points at the key even when
+/// its name also occurs earlier in the table (`command` in `kind = "command_exit"`);
+/// [`narrow`] to the key's name if it is not written that way.
+fn narrow_key(src: &str, span: &Range<usize>, key: &str) -> Range<usize> {
+    let Range { start, end } = table_range(src, span);
+    let table = &src[start..end];
+    let found = table.match_indices(key).map(|(i, _)| i).find(|&i| {
+        let before = table[..i].trim_end_matches([' ', '\t']);
+        let after = table[i + key.len()..].trim_start_matches([' ', '\t']);
+        (before.is_empty() || before.ends_with(['\n', '{', ','])) && after.starts_with('=')
+    });
+    match found {
+        Some(i) => start + i..start + i + key.len(),
+        None => narrow(src, span, key),
     }
 }
 
@@ -311,49 +335,9 @@ fn check_custom_tool(d: &mut Diags<'_>, name: &str, c: &Spanned<RawCustomTool>, 
             "description = \"Counts the lines of the files named in args.\"",
         );
     }
-    let module = r.module.get_ref();
-    let path = std::path::Path::new(d.file)
-        .parent()
-        .unwrap_or(std::path::Path::new(""))
-        .join(module);
     let hint = "module = \"wasm/tool.wasm\" (a WASI preview-1 command, relative to the pack file)";
-    if module.is_empty() || std::path::Path::new(module).is_absolute() {
-        d.push(
-            r.module.span(),
-            "the module path must be relative to the pack file",
-            hint,
-        );
-    } else {
-        match std::fs::metadata(&path) {
-            Err(e) => d.push(
-                r.module.span(),
-                format!("cannot read module {}: {e}", path.display()),
-                hint,
-            ),
-            Ok(m) if m.len() > corvid_sandbox::limits::MAX_CUSTOM_MODULE_BYTES as u64 => d.push(
-                r.module.span(),
-                format!(
-                    "module is {} bytes; the limit is {}",
-                    m.len(),
-                    corvid_sandbox::limits::MAX_CUSTOM_MODULE_BYTES
-                ),
-                "a smaller module (build with opt-level \"s\", lto, strip)",
-            ),
-            Ok(_) => {
-                let mut magic = [0u8; 4];
-                let is_wasm = std::fs::File::open(&path)
-                    .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
-                    .is_ok()
-                    && &magic == b"\0asm";
-                if !is_wasm {
-                    d.push(
-                        r.module.span(),
-                        format!("{} is not a wasm binary", path.display()),
-                        "a .wasm file built for wasm32-wasip1 (text .wat is not accepted)",
-                    );
-                }
-            }
-        }
+    if let Some(bad) = module_problem(d.file, r.module.get_ref(), hint) {
+        d.push(r.module.span(), bad.message, bad.hint);
     }
     let ranges = [
         ("fuel", &r.fuel, FUEL_RANGE),
@@ -369,6 +353,58 @@ fn check_custom_tool(d: &mut Diags<'_>, name: &str, c: &Spanned<RawCustomTool>, 
                     format!("{key} = {} is outside {lo}..={hi}", v.get_ref()),
                     format!("{key} = {}", (*v.get_ref()).clamp(lo, hi)),
                 );
+            }
+        }
+    }
+}
+
+/// Why a WASI module named in a pack cannot be loaded, and what would be valid.
+struct ModuleProblem {
+    message: String,
+    hint: String,
+}
+
+/// Checks the module file `module` (a path relative to the pack file `pack_file`) as the
+/// sandbox will load it: a relative path, a file that exists, at most
+/// `MAX_CUSTOM_MODULE_BYTES`, a wasm binary. `hint` is the valid form of the key that
+/// names it, for a path that is absolute or missing.
+fn module_problem(pack_file: &str, module: &str, hint: &str) -> Option<ModuleProblem> {
+    let bad = |message: String, hint: &str| {
+        Some(ModuleProblem {
+            message,
+            hint: hint.to_string(),
+        })
+    };
+    if module.is_empty() || std::path::Path::new(module).is_absolute() {
+        return bad(
+            "the module path must be relative to the pack file".into(),
+            hint,
+        );
+    }
+    let path = std::path::Path::new(pack_file)
+        .parent()
+        .unwrap_or(std::path::Path::new(""))
+        .join(module);
+    let max = corvid_sandbox::limits::MAX_CUSTOM_MODULE_BYTES;
+    match std::fs::metadata(&path) {
+        Err(e) => bad(format!("cannot read module {}: {e}", path.display()), hint),
+        Ok(m) if m.len() > max as u64 => bad(
+            format!("module is {} bytes; the limit is {max}", m.len()),
+            "a smaller module (build with opt-level \"s\", lto, strip)",
+        ),
+        Ok(_) => {
+            let mut magic = [0u8; 4];
+            let is_wasm = std::fs::File::open(&path)
+                .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut magic))
+                .is_ok()
+                && &magic == b"\0asm";
+            if is_wasm {
+                None
+            } else {
+                bad(
+                    format!("{} is not a wasm binary", path.display()),
+                    "a .wasm file built for wasm32-wasip1 (text .wat is not accepted)",
+                )
             }
         }
     }
@@ -866,6 +902,98 @@ fn check_regex_renderings(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<
     }
 }
 
+/// A `command_exit` checker's command must be one the `shell` tool runs, for every value
+/// its variables can take: a command the toolbox shell does not have exits 127 and a line
+/// it cannot parse exits 2, whatever the episode did, so the checker could not judge.
+fn check_command_renderings(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str>) {
+    let Some(t) = raw
+        .checker
+        .get_ref()
+        .get("command")
+        .and_then(|c| c.as_str())
+    else {
+        return;
+    };
+    let Some(bad) = first_bad_rendering(raw, declared, &[t], |r| check_shell_line(&r[0])) else {
+        return;
+    };
+    let at = narrow_key(d.src, &raw.checker.span(), "command");
+    let hint = match &bad.reason {
+        ShellLineProblem::UnknownCommand(_) => format!(
+            "a command line using the toolbox shell's commands: {}",
+            Checker::SHELL_COMMANDS.join(" ")
+        ),
+        ShellLineProblem::Syntax(_) => "a command line the toolbox shell parses: words, quotes, pipes |, lists ; && ||, redirects > >> < 2> 2>&1 (no subshells, backquotes or `&`)".to_string(),
+        ShellLineProblem::Refused(_) => format!(
+            "a command line of at most {} bytes, without NUL bytes",
+            corvid_sandbox::limits::MAX_COMMAND_BYTES
+        ),
+    };
+    if bad.vars.is_empty() {
+        d.push(
+            at,
+            format!(
+                "checker command {t:?} cannot judge any episode: {}",
+                bad.reason
+            ),
+            hint,
+        );
+    } else {
+        d.push(
+            at,
+            format!(
+                "checker command {t:?} renders to {:?} with {}, which cannot judge an episode: {} ({} of {} renderings checked fail)",
+                bad.rendered,
+                bad.vars(),
+                bad.reason,
+                bad.failed,
+                bad.checked
+            ),
+            format!("values of {} that keep the command valid; {hint}", bad.names()),
+        );
+    }
+}
+
+/// A `wasi` checker's module must be a file the sandbox can load, as a custom tool's must
+/// (relative to the pack file, present, not too big, a wasm binary), for every value its
+/// variables can take: otherwise every check fails, whatever the episode did.
+fn check_wasi_module(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str>) {
+    let Some(t) = raw.checker.get_ref().get("module").and_then(|m| m.as_str()) else {
+        return;
+    };
+    let file = d.file;
+    let hint = "module = \"wasm/check.wasm\" (a WASI preview-1 command that exits 0 to accept, relative to the pack file)";
+    let Some(bad) = first_bad_rendering(raw, declared, &[t], |r| {
+        module_problem(file, &r[0], hint).map_or(Ok(()), Err)
+    }) else {
+        return;
+    };
+    let at = narrow_key(d.src, &raw.checker.span(), "module");
+    if bad.vars.is_empty() {
+        d.push(
+            at,
+            format!(
+                "wasi checker: {}, so every episode would fail its check",
+                bad.reason.message
+            ),
+            bad.reason.hint,
+        );
+    } else {
+        d.push(
+            at,
+            format!(
+                "wasi checker module {t:?} renders to {:?} with {}: {}, so episodes that draw it would fail their check ({} of {} renderings checked fail)",
+                bad.rendered,
+                bad.vars(),
+                bad.reason.message,
+                bad.failed,
+                bad.checked
+            ),
+            format!("values of {} that name a module; {}", bad.names(), bad.reason.hint),
+        );
+    }
+}
+
 impl TaskPack {
     /// Parses and validates pack text; `file` names it in diagnostics.
     pub fn parse(file: &str, src: &str) -> Result<Self, TasksError> {
@@ -1071,9 +1199,17 @@ impl TaskPack {
             Ok(Checker::FileState { .. }) => {
                 check_path_keys(d, raw, &declared, &FILE_STATE, &checker_paths)
             }
+            // Both run in the sandbox when an episode is checked, where a command or module
+            // that cannot run reads as the policy's failure.
+            Ok(Checker::CommandExit { .. }) => check_command_renderings(d, raw, &declared),
+            Ok(Checker::Wasi { .. }) => check_wasi_module(d, raw, &declared),
             Ok(c) => {
                 if let Err(e) = c.validate() {
-                    d.push(raw.checker.span(), e.to_string(), "a pattern the regex crate accepts, a tolerance >= 0");
+                    d.push(
+                        raw.checker.span(),
+                        e.to_string(),
+                        "tolerance = 0.5 (a finite number >= 0) and a finite expected value",
+                    );
                 }
             }
         }
@@ -1085,12 +1221,27 @@ impl TaskPack {
         file_paths.sort_by_key(|(at, _)| at.start);
         check_path_keys(d, raw, &declared, &FILES, &file_paths);
         for r in &raw.process_rewards {
-            if let Err(e) = render_value(r.get_ref(), &sample).try_into::<ProcessRule>() {
-                d.push(
+            match render_value(r.get_ref(), &sample).try_into::<ProcessRule>() {
+                Err(e) => d.push(
                     r.span(),
                     format!("invalid process reward: {}", e.message().trim()),
                     "kind = \"reads_needed\" | \"searches_for\" | \"invalid_call\" | \"repeat_call\" with its fields",
-                );
+                ),
+                Ok(rule) => {
+                    if let Some(why) = rule.weight_problem() {
+                        let (key, w) = rule.weight();
+                        let kind = r.get_ref().get("kind").and_then(|k| k.as_str()).unwrap_or("");
+                        let sign = if key == "reward" { "adds" } else { "subtracts" };
+                        d.push(
+                            narrow_key(d.src, &r.span(), key),
+                            format!("process reward `{kind}`: {key} = {w} {why}"),
+                            format!(
+                                "{key} = 0.1 (a finite number in 0..={}; the rule {sign} it, 0 turns it off)",
+                                ProcessRule::MAX_WEIGHT
+                            ),
+                        );
+                    }
+                }
             }
         }
         // Oracle calls use allowed tools.
@@ -1184,8 +1335,9 @@ impl TaskFamily for TaskPack {
             .try_into()
             .map_err(|e| bad("checker", e))?;
         // A checker that cannot judge (a regex that does not compile with this instance's
-        // values, a path no workspace holds) is a broken instance, not a failed episode.
-        checker.validate()?;
+        // values, a command the shell does not have, a path no workspace holds) is a
+        // broken instance, not a failed episode.
+        checker.validate().map_err(|e| refused(e.to_string()))?;
         if let Checker::FileState { files } = &mut checker {
             // `render_value` renders values only; the paths are the table's keys.
             *files = render_paths(&FILE_STATE, std::mem::take(files), &vars).map_err(refused)?;
@@ -1202,11 +1354,13 @@ impl TaskFamily for TaskPack {
             .process_rewards
             .iter()
             .map(|r| {
-                render_value(r.get_ref(), &vars)
+                let rule = render_value(r.get_ref(), &vars)
                     .try_into::<ProcessRule>()
-                    .map_err(|e| bad("process_rewards", e))
+                    .map_err(|e| bad("process_rewards", e))?;
+                rule.validate()?;
+                Ok(rule)
             })
-            .collect::<Result<Vec<_>, _>>()?;
+            .collect::<Result<Vec<_>, TasksError>>()?;
         let oracle = self.raw.oracle.get_ref();
         let mut plan = PlanBuilder::new(&files, &[]);
         for c in &oracle.calls {

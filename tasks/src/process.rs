@@ -9,6 +9,8 @@ use std::collections::HashSet;
 
 use corvid_proto::{ToolCall, ToolStatus};
 
+use crate::error::TasksError;
+
 /// One process-reward rule.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
@@ -18,7 +20,7 @@ pub enum ProcessRule {
     ReadsNeeded {
         /// Files the solution needs.
         paths: Vec<String>,
-        /// Reward per newly read needed file.
+        /// Reward per newly read needed file (finite, `0..=`[`ProcessRule::MAX_WEIGHT`]).
         reward: f64,
     },
     /// `+reward` the first time a successful `search` query contains one of `terms`
@@ -26,22 +28,84 @@ pub enum ProcessRule {
     SearchesFor {
         /// Terms the solution must look up.
         terms: Vec<String>,
-        /// Reward per newly searched term.
+        /// Reward per newly searched term (finite, `0..=`[`ProcessRule::MAX_WEIGHT`]).
         reward: f64,
     },
     /// `−penalty` for a call that is invalid: status `invalid_call` or `unknown_tool`.
     InvalidCall {
-        /// Penalty (a positive number; it is subtracted).
+        /// Penalty (finite, `0..=`[`ProcessRule::MAX_WEIGHT`]; it is subtracted).
         penalty: f64,
     },
     /// `−penalty` for a call identical (same name, same parsed arguments) to an earlier one.
     RepeatCall {
-        /// Penalty (a positive number; it is subtracted).
+        /// Penalty (finite, `0..=`[`ProcessRule::MAX_WEIGHT`]; it is subtracted).
         penalty: f64,
     },
 }
 
 impl ProcessRule {
+    /// The largest `reward` or `penalty` a rule may have. A turn's process reward is stored
+    /// as a 32-bit float and every stored step's must be finite; with weights at most this,
+    /// no sum of a turn's components comes near `f32::MAX`.
+    pub const MAX_WEIGHT: f64 = 1e6;
+
+    /// The rule's weight: its key (`reward` or `penalty`) and value.
+    pub fn weight(&self) -> (&'static str, f64) {
+        match self {
+            ProcessRule::ReadsNeeded { reward, .. } | ProcessRule::SearchesFor { reward, .. } => {
+                ("reward", *reward)
+            }
+            ProcessRule::InvalidCall { penalty } | ProcessRule::RepeatCall { penalty } => {
+                ("penalty", *penalty)
+            }
+        }
+    }
+
+    /// Why the rule's weight is invalid, if it is (`is …`, to follow `KEY = VALUE`): not a
+    /// finite number (a step whose process reward is not finite cannot be stored, so every
+    /// episode that earns it would be lost), negative (the rule gives `+reward` or
+    /// `−penalty`: a negative weight turns a reward into a penalty or a penalty into a
+    /// reward), or above [`ProcessRule::MAX_WEIGHT`].
+    pub fn weight_problem(&self) -> Option<String> {
+        let (key, w) = self.weight();
+        let sign = if key == "reward" {
+            "the rule adds its reward, so a negative one penalises what it should reward"
+        } else {
+            "the rule subtracts its penalty, so a negative one rewards what it should penalise"
+        };
+        if !w.is_finite() {
+            Some(
+                "is not a finite number: a step's process reward must be finite to be stored, so every episode that earns it would be lost"
+                    .to_string(),
+            )
+        } else if w < 0.0 {
+            Some(format!("is negative: {sign}"))
+        } else if w > Self::MAX_WEIGHT {
+            Some(format!(
+                "is above {}: a turn's process reward is stored as a 32-bit float and must stay finite",
+                Self::MAX_WEIGHT
+            ))
+        } else {
+            None
+        }
+    }
+
+    /// Checks the rule's data: its `reward` or `penalty` is a finite number in
+    /// `0..=`[`ProcessRule::MAX_WEIGHT`] (see [`ProcessRule::weight_problem`]).
+    pub fn validate(&self) -> Result<(), TasksError> {
+        match self.weight_problem() {
+            None => Ok(()),
+            Some(why) => {
+                let (key, w) = self.weight();
+                Err(TasksError::InvalidConfig {
+                    field: format!("process_rewards.{key}"),
+                    value: w.to_string(),
+                    expected: format!("a finite number in 0..={}; it {why}", Self::MAX_WEIGHT),
+                })
+            }
+        }
+    }
+
     /// The default rules of a family: reward needed reads, penalise invalid and repeated
     /// calls.
     pub fn defaults(needed_paths: Vec<String>) -> Vec<ProcessRule> {

@@ -801,3 +801,431 @@ fn files_keys_that_nest_past_the_cap_are_an_instance_error_naming_both() {
         "[files] paths \"x{a}\" and \"x{b}/in.txt\" render to \"xs\" and \"xs/in.txt\"; \"xs\" would be both a file and the folder of \"xs/in.txt\", which the sandbox cannot create",
     );
 }
+
+/// The base pack with its checker replaced by `checker` (the lines after `[checker]`).
+fn with_checker(checker: &str) -> String {
+    broken("kind = \"exact\"\nexpected = \"{n}\"", checker)
+}
+
+/// The base pack with a second process-reward rule, `repeat_call` with `penalty`.
+fn with_penalty(penalty: &str) -> String {
+    broken(
+        "[oracle]",
+        &format!("[[process_rewards]]\nkind = \"repeat_call\"\npenalty = {penalty}\n\n[oracle]"),
+    )
+}
+
+/// The single diagnostic of `src` (which must be refused), printed.
+fn only_diagnostic(src: &str) -> String {
+    let d = errors(src);
+    assert_eq!(d.len(), 1, "{d:#?}");
+    d[0].to_string()
+}
+
+#[test]
+fn process_reward_weights_must_be_finite_and_not_negative() {
+    // The audit's packs: `reward = nan` / `inf` validated, and every step that earned the
+    // reward was then refused by the store (a step's process reward must be finite);
+    // `penalty = -5` turned the penalty into a bonus.
+    for (reward, shown, why) in [
+        ("nan", "NaN", "is not a finite number: a step's process reward must be finite to be stored, so every episode that earns it would be lost"),
+        ("inf", "inf", "is not a finite number"),
+        ("-inf", "-inf", "is not a finite number"),
+        ("-0.1", "-0.1", "is negative: the rule adds its reward, so a negative one penalises what it should reward"),
+        ("1e39", "1000000000000000000000000000000000000000", "is above 1000000: a turn's process reward is stored as a 32-bit float"),
+    ] {
+        let src = broken("reward = 0.1", &format!("reward = {reward}"));
+        let line = line_of(&src, "reward = ");
+        let d = only_diagnostic(&src);
+        let want = format!("p.toml:{line}:1: process reward `reads_needed`: reward = {shown} {why}");
+        assert!(d.starts_with(&want), "{reward}: {d}\nwanted {want}");
+        assert!(
+            d.contains("write instead: reward = 0.1 (a finite number in 0..=1000000; the rule adds it, 0 turns it off)"),
+            "{d}"
+        );
+    }
+    for (penalty, shown, why) in [
+        ("-5", "-5", "is negative: the rule subtracts its penalty, so a negative one rewards what it should penalise"),
+        ("nan", "NaN", "is not a finite number"),
+        ("inf", "inf", "is not a finite number"),
+    ] {
+        let src = with_penalty(penalty);
+        let line = line_of(&src, "penalty = ");
+        let d = only_diagnostic(&src);
+        let want = format!("p.toml:{line}:1: process reward `repeat_call`: penalty = {shown} {why}");
+        assert!(d.starts_with(&want), "{penalty}: {d}\nwanted {want}");
+        assert!(d.contains("write instead: penalty = 0.1 (a finite number in 0..=1000000; the rule subtracts it"), "{d}");
+    }
+    // Zero turns a rule off; the bounds are allowed.
+    TaskPack::parse("p.toml", &with_penalty("0")).unwrap();
+    TaskPack::parse("p.toml", &with_penalty("1e6")).unwrap();
+    TaskPack::parse("p.toml", &broken("reward = 0.1", "reward = 0.0")).unwrap();
+    // The rule checks itself too (instances validate their rules).
+    assert!(ProcessRule::InvalidCall { penalty: -1.0 }
+        .validate()
+        .is_err());
+    assert!(ProcessRule::SearchesFor {
+        terms: vec![],
+        reward: f64::NAN
+    }
+    .validate()
+    .is_err());
+    assert!(ProcessRule::RepeatCall { penalty: 0.05 }.validate().is_ok());
+}
+
+/// A temporary folder holding `wasm/check.wasm` (the toolbox, a real WASI command) and
+/// `wasm/text.wasm` (not a wasm binary); the pack file is `DIR/p.toml`.
+fn module_dir() -> (tempfile::TempDir, String) {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("wasm")).unwrap();
+    std::fs::write(
+        dir.path().join("wasm/check.wasm"),
+        corvid_sandbox::toolbox_wasm(),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("wasm/text.wasm"), "(module)\n").unwrap();
+    let file = dir.path().join("p.toml").display().to_string();
+    (dir, file)
+}
+
+#[test]
+fn wasi_checker_module_is_checked_like_a_custom_tool_module() {
+    // The audit's pack: a missing checker module validated, and every episode was then
+    // judged a failure ("cannot read checker module").
+    let (dir, file) = module_dir();
+    let wasi = |module: &str| with_checker(&format!("kind = \"wasi\"\nmodule = {module:?}"));
+    let refused = |module: &str| {
+        let src = wasi(module);
+        let d = match TaskPack::parse(&file, &src) {
+            Err(TasksError::Pack(d)) => d,
+            other => panic!("{module}: {other:?}"),
+        };
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert_eq!(d[0].line, line_of(&src, "module = "), "{}", d[0]);
+        assert_eq!(d[0].column, 1, "{}", d[0]);
+        d[0].to_string()
+    };
+    let missing = dir.path().join("wasm/nope.wasm");
+    let d = refused("wasm/nope.wasm");
+    assert!(
+        d.starts_with(&format!(
+            "{file}:{}:1: wasi checker: cannot read module {}: ",
+            line_of(&wasi("x"), "module = "),
+            missing.display()
+        )),
+        "{d}"
+    );
+    assert!(d.contains(", so every episode would fail its check"), "{d}");
+    assert!(d.contains("write instead: module = \"wasm/check.wasm\" (a WASI preview-1 command that exits 0 to accept, relative to the pack file)"), "{d}");
+    let d = refused("wasm/text.wasm");
+    assert!(d.contains("text.wasm is not a wasm binary"), "{d}");
+    assert!(
+        d.contains("write instead: a .wasm file built for wasm32-wasip1"),
+        "{d}"
+    );
+    let d = refused("/abs/check.wasm");
+    assert!(
+        d.contains("the module path must be relative to the pack file"),
+        "{d}"
+    );
+    let d = refused("wasm");
+    assert!(d.contains("is not a wasm binary"), "a folder: {d}");
+    // A templated module path is checked with every value: `{f}` = "b.txt" names a
+    // missing module.
+    std::fs::write(
+        dir.path().join("wasm/a.txt.wasm"),
+        corvid_sandbox::toolbox_wasm(),
+    )
+    .unwrap();
+    let d = refused("wasm/{f}.wasm");
+    assert!(
+        d.contains("wasi checker module \"wasm/{f}.wasm\" renders to \"wasm/b.txt.wasm\" with f = \"b.txt\": cannot read module"),
+        "{d}"
+    );
+    assert!(d.contains("(1 of 2 renderings checked fail)"), "{d}");
+    assert!(
+        d.contains("write instead: values of `f` that name a module"),
+        "{d}"
+    );
+    // A module that is there: accepted, and instances name it next to the pack file.
+    let p = TaskPack::parse(&file, &wasi("wasm/check.wasm")).unwrap();
+    let Checker::Wasi { module, .. } = p.instance(1, 0).unwrap().checker else {
+        panic!("not a wasi checker")
+    };
+    assert_eq!(
+        module,
+        dir.path().join("wasm/check.wasm").display().to_string()
+    );
+}
+
+/// The `command_exit` checker of the base pack with `command`.
+fn command_exit(command: &str) -> String {
+    with_checker(&format!(
+        "kind = \"command_exit\"\ncommand = {command:?}\nexit_code = 0"
+    ))
+}
+
+#[test]
+fn command_exit_checker_names_only_commands_the_toolbox_shell_has() {
+    // The audit's pack: an unknown command validated, then exited 127 at every check.
+    let src = command_exit("definitely-not-a-command");
+    let line = line_of(&src, "command = ");
+    let d = only_diagnostic(&src);
+    assert_eq!(
+        d,
+        format!(
+            "p.toml:{line}:1: checker command \"definitely-not-a-command\" cannot judge any episode: the toolbox shell has no command \"definitely-not-a-command\" (it would exit 127, command not found)\n  write instead: a command line using the toolbox shell's commands: {}",
+            Checker::SHELL_COMMANDS.join(" ")
+        )
+    );
+    // Every command of the line is checked: after a pipe, a list operator, a redirect.
+    for (command, unknown) in [
+        ("grep -c ok a.txt | tally", "tally"),
+        ("grep ok a.txt && test -s a.txt", "test"),
+        ("cat a.txt; bash -c 'x'", "bash"),
+        ("> out.txt python3 x.py", "python3"),
+        ("wc -l a.txt 2>&1 | awk -F, x", "awk"),
+        ("cat a.txt && x=1 cat a.txt", "x=1"),
+        ("'gerp' ok a.txt", "gerp"),
+        ("\"\" a.txt", ""),
+    ] {
+        let d = only_diagnostic(&command_exit(command));
+        assert!(
+            d.contains(&format!("the toolbox shell has no command {unknown:?}")),
+            "{command}: {d}"
+        );
+    }
+    // A line the shell cannot parse: it exits 2 without running anything.
+    for (command, why) in [
+        ("grep 'ok a.txt", "unterminated single quote"),
+        ("grep \"ok a.txt", "unterminated double quote"),
+        ("grep ok a.txt &", "background jobs (`&`) are not supported"),
+        (
+            "(grep ok a.txt)",
+            "`(` (subshells and command substitution) is not supported",
+        ),
+        ("grep ok a.txt |", "syntax error: unexpected end of command"),
+        (
+            "grep ok a.txt &&",
+            "syntax error: unexpected end of command",
+        ),
+        ("| grep ok", "syntax error near `|`"),
+        ("grep ok a.txt | && wc", "syntax error near an operator"),
+        ("grep ok >", "syntax error: a redirect needs a file name"),
+    ] {
+        let d = only_diagnostic(&command_exit(command));
+        assert!(
+            d.contains(&format!(
+                "the toolbox shell cannot parse it: {why} (it would exit 2"
+            )),
+            "{command}: {d}"
+        );
+        assert!(
+            d.contains("write instead: a command line the toolbox shell parses"),
+            "{d}"
+        );
+    }
+    // Too long for the shell tool.
+    let long = format!(
+        "grep ok {}",
+        "a".repeat(corvid_sandbox::limits::MAX_COMMAND_BYTES)
+    );
+    let d = only_diagnostic(&command_exit(&long));
+    assert!(
+        d.contains("the shell tool refuses it (it is 16392 bytes; the limit is 16384)"),
+        "{d}"
+    );
+    // Valid lines: known commands, names known only at run time (a variable, a glob),
+    // quoting, escapes, comments, redirects before the command, an empty `;` list item.
+    for command in [
+        "grep ok a.txt",
+        "grep ok a.txt | wc -l > n.txt 2>&1 && cat n.txt || true",
+        "$CMD a.txt",
+        "*.sh",
+        "\\grep ok a.txt # grep, then nope",
+        "< a.txt 2>> err.txt sort -u; ; diff a.txt b.txt",
+        "\"grep\" 'o k' a.txt\nwc -l a.txt",
+    ] {
+        TaskPack::parse("p.toml", &command_exit(command))
+            .unwrap_or_else(|e| panic!("{command}: {e}"));
+    }
+    // A templated command is checked with every value.
+    let src = command_exit("{f} ok a.txt").replacen(
+        "f = { choices = [\"a.txt\", \"b.txt\"] }",
+        "f = { choices = [\"grep\", \"gerp\"] }",
+        1,
+    );
+    let d = only_diagnostic(&src);
+    assert!(
+        d.contains("checker command \"{f} ok a.txt\" renders to \"gerp ok a.txt\" with f = \"gerp\", which cannot judge an episode: the toolbox shell has no command \"gerp\""),
+        "{d}"
+    );
+    assert!(d.contains("(1 of 2 renderings checked fail)"), "{d}");
+    // The checker checks itself too (instances validate their checker).
+    let c = |command: &str| Checker::CommandExit {
+        command: command.into(),
+        exit_code: 0,
+    };
+    assert!(c("grep -q ok status").validate().is_ok());
+    let e = c("nope x").validate().unwrap_err().to_string();
+    assert!(
+        e.contains("checker.command = \"nope x\" is not allowed"),
+        "{e}"
+    );
+}
+
+#[test]
+fn the_shell_command_list_is_the_toolbox_s_own() {
+    use corvid_sandbox::{Sandbox, Workspace, WorkspaceSpec};
+    let sandbox = Sandbox::new().unwrap();
+    let mut ws = Workspace::create(WorkspaceSpec::with_files([("a.txt", "ok\n")])).unwrap();
+    let out = sandbox.call(&mut ws, "shell", r#"{"command": "help"}"#);
+    let listed: Vec<&str> = out
+        .text
+        .trim()
+        .strip_prefix("commands: ")
+        .unwrap_or_else(|| panic!("{}", out.text))
+        .split(' ')
+        .collect();
+    assert_eq!(listed, Checker::SHELL_COMMANDS);
+    // What validation refuses, the real shell refuses the same way: an unknown command
+    // exits 127, a line it cannot parse exits 2 with the same message.
+    let run = |command: &str| {
+        let mut ws = Workspace::create(WorkspaceSpec::with_files([("a.txt", "ok\n")])).unwrap();
+        let args = serde_json::json!({ "command": command }).to_string();
+        let out = sandbox.call(&mut ws, "shell", &args);
+        (out.result.exit_code, out.text)
+    };
+    for command in ["tally a.txt", "grep ok a.txt | tally", "cat a.txt && tally"] {
+        let (code, text) = run(command);
+        assert_eq!(code, 127, "{command}: {text}");
+        assert!(only_diagnostic(&command_exit(command)).contains("no command \"tally\""));
+    }
+    for command in [
+        "grep 'ok a.txt",
+        "grep ok a.txt &",
+        "(grep ok a.txt)",
+        "grep ok a.txt |",
+        "| grep ok",
+        "grep ok a.txt | && wc",
+        "grep ok >",
+    ] {
+        let (code, text) = run(command);
+        assert_eq!(code, 2, "{command}: {text}");
+        let why = text
+            .lines()
+            .next()
+            .and_then(|l| l.strip_prefix("sh: "))
+            .unwrap_or_else(|| panic!("{command}: {text}"));
+        let d = only_diagnostic(&command_exit(command));
+        assert!(
+            d.contains(&format!("the toolbox shell cannot parse it: {why} (")),
+            "{command}: the shell says {why:?}, validation {d}"
+        );
+    }
+    // And what validation accepts runs (exit 0 here: the file holds "ok").
+    for command in [
+        "grep ok a.txt",
+        "\\grep ok a.txt # then nope",
+        "< a.txt 2>> err.txt sort -u; ; grep ok a.txt",
+        "cat a.txt | wc -l && true",
+    ] {
+        TaskPack::parse("p.toml", &command_exit(command)).unwrap();
+        let (code, text) = run(command);
+        assert_eq!(code, 0, "{command}: {text}");
+    }
+}
+
+#[test]
+fn the_loader_refuses_what_validate_refuses() {
+    // Learner start-up (`[tasks] packs`), `corvid eval --pack` and `tasks show --pack` all
+    // load packs through `load_pack`, which runs the same validation as `tasks validate`.
+    let (dir, _) = module_dir();
+    for (name, src, needle) in [
+        (
+            "nan-reward",
+            broken("reward = 0.1", "reward = nan"),
+            "reward = NaN is not a finite number",
+        ),
+        (
+            "neg-penalty",
+            with_penalty("-5"),
+            "penalty = -5 is negative",
+        ),
+        (
+            "wasi-missing",
+            with_checker("kind = \"wasi\"\nmodule = \"wasm/nope.wasm\""),
+            "wasi checker: cannot read module",
+        ),
+        (
+            "cmd-bogus",
+            command_exit("definitely-not-a-command"),
+            "has no command \"definitely-not-a-command\"",
+        ),
+    ] {
+        let path = dir.path().join(format!("{name}.toml"));
+        std::fs::write(&path, &src).unwrap();
+        let e = Families::new(std::slice::from_ref(&path))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(needle), "{name}: {e}");
+        assert!(e.contains(&format!("{}:", path.display())), "{name}: {e}");
+        assert!(load_pack(&path).is_err(), "{name}");
+    }
+}
+
+#[test]
+fn a_checker_that_only_a_pair_past_the_cap_breaks_is_an_instance_the_learner_skips() {
+    // `{a}{b}` names the command: "gr" + "ep" and "c''…" + "at''…" (the shell drops the
+    // empty quotes) are commands, and each value is tried with its partner, but 65 x 65
+    // pairs are past the cap and "gr" + "at''" or "c''" + "ep" is not tried: instances that
+    // draw one are
+    // refused as `PackInstance`, which the learner skips and counts (an episode would
+    // otherwise be judged by a command that exits 127).
+    let quotes = |k: usize| "''".repeat(k);
+    let a: Vec<String> = (0..65)
+        .map(|k| match k {
+            0 => "gr".to_string(),
+            k => format!("c{}", quotes(k)),
+        })
+        .collect();
+    let b: Vec<String> = (0..65)
+        .map(|k| match k {
+            0 => "ep".to_string(),
+            k => format!("at{}", quotes(k)),
+        })
+        .collect();
+    let src = regex_pair_pack(&a, &b).replacen(
+        "kind = \"regex\"\npattern = \"{a}{b}\"",
+        "kind = \"command_exit\"\ncommand = \"{a}{b} a.txt\"\nexit_code = 0",
+        1,
+    );
+    let p = TaskPack::parse("packs/p.toml", &src).expect("valid past the cap");
+    let mut refused = 0;
+    for seed in 0..2000 {
+        match p.instance(1, seed) {
+            Ok(t) => assert!(matches!(t.checker, Checker::CommandExit { .. })),
+            Err(TasksError::PackInstance { file, message, .. }) => {
+                assert_eq!(file, "packs/p.toml");
+                assert!(
+                    message.contains("has no command \"grat\"")
+                        || message.contains("has no command \"cep\""),
+                    "{message}"
+                );
+                refused += 1;
+            }
+            Err(e) => panic!("not an instance refusal: {e}"),
+        }
+    }
+    assert!(refused > 0, "no seed drew a mismatched pair");
+    // The same for a regex that only such a pair breaks.
+    let mut a: Vec<String> = (0..100).map(|i| format!("a{i}")).collect();
+    let mut b: Vec<String> = (0..100).map(|i| format!("b{i}")).collect();
+    a[0] = "(".into();
+    b[0] = ")".into();
+    let p = TaskPack::parse("packs/p.toml", &regex_pair_pack(&a, &b)).unwrap();
+    assert!((0..2000).any(|seed| matches!(
+        p.instance(1, seed),
+        Err(TasksError::PackInstance { message, .. }) if message.contains("does not compile")
+    )));
+}
