@@ -17,7 +17,7 @@ use anyhow::{bail, Context, Result};
 use clap::Args;
 use corvid_actor::{EngineConfig, EpisodeSpec, LoadedPolicy, Trajectory, TrajectorySink};
 use corvid_learner::model::{checkpoint, ModelConfig};
-use corvid_learner::store::{Begin, TrajectoryStore, TrajectoryWriter};
+use corvid_learner::store::{Begin, Filter, TrajectoryRecord, TrajectoryStore, TrajectoryWriter};
 use corvid_learner::tokenizer::Special;
 use corvid_proto::{SamplingParams, Step, TrajectoryFooter, TrajectoryHeader};
 use corvid_rewards::{mean_pass_at_k, mean_pass_hat_k, EpisodeEval, EvalMetrics};
@@ -33,7 +33,13 @@ use serde::Serialize;
 
 A checkpoint is any folder holding model.safetensors and config.json: a run checkpoint
 (runs/<name>/ckpt/<n>), the SFT reference (runs/<name>/ref), or `corvid model` output.
-Episodes are stored in --store (default runs/eval/store) under ids <label>.<family>.L<level>.s<seed>.k<i>.")]
+Every argument and the checkpoint are checked before --store is opened or created.
+Episodes are stored in --store (default runs/eval/store) under ids
+<label>.<family>.L<level>.s<seed>.k<i>, with actor eval@<fingerprint of the weights>.
+A --label whose episodes the store already holds at a level is reused when those episodes are
+exactly this evaluation's (same weights, policy version, sampling, instances: a re-run, or the
+rest of an interrupted one) and refused otherwise: choose another --label or --store.
+--k above 1 needs --temperature above 0: greedy samples of one instance are identical.")]
 pub struct EvalArgs {
     /// Checkpoint folder (model.safetensors + config.json).
     #[arg(long, value_name = "DIR", required_unless_present = "random_init")]
@@ -41,11 +47,11 @@ pub struct EvalArgs {
     /// Evaluate a freshly initialised policy instead (the "random" baseline).
     #[arg(long, conflicts_with = "checkpoint")]
     pub random_init: bool,
-    /// Model preset for --random-init.
-    #[arg(long, default_value = "tiny")]
+    /// Model preset for --random-init (a checkpoint brings its own config).
+    #[arg(long, default_value = "tiny", conflicts_with = "checkpoint")]
     pub model_preset: String,
     /// Model config JSON for --random-init (overrides --model-preset).
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "checkpoint")]
     pub model_config: Option<PathBuf>,
     /// Task family (built-in) or the name of a pack given with --pack.
     #[arg(long)]
@@ -59,7 +65,8 @@ pub struct EvalArgs {
     /// Task instances per level.
     #[arg(long, default_value_t = 200)]
     pub episodes: usize,
-    /// Samples per instance, for pass@k and pass^k (use a temperature > 0 when k > 1).
+    /// Samples per instance, for pass@k and pass^k. Above 1 it needs --temperature above 0
+    /// (greedy samples of one instance are identical, and refused).
     #[arg(long, default_value_t = 1)]
     pub k: u32,
     /// Sampling temperature (0 = greedy).
@@ -84,7 +91,9 @@ pub struct EvalArgs {
     /// Where evaluation episodes are stored.
     #[arg(long, value_name = "DIR", default_value = "runs/eval/store")]
     pub store: PathBuf,
-    /// Prefix of the stored trajectory ids (default: `eval-<unix seconds>`).
+    /// Prefix of the stored trajectory ids (default: `eval-<unix seconds>`). Episodes the
+    /// store already holds under this label are reused if they are exactly this evaluation's
+    /// (same weights, policy version, sampling and instances); any other is refused.
     #[arg(long)]
     pub label: Option<String>,
     /// Print the result as JSON (the format `corvid report` reads).
@@ -175,7 +184,8 @@ pub struct EvalResult {
     pub families: Vec<FamilyResult>,
     /// Wall time, seconds.
     pub wall_s: f64,
-    /// Generated tokens per second over the run.
+    /// Generated tokens per second over the run (episodes reused from the store were not
+    /// generated again and count for neither).
     pub generated_tokens_per_s: f64,
 }
 
@@ -184,6 +194,8 @@ struct StoreSink {
     store: Arc<TrajectoryStore>,
     open: HashMap<String, (TrajectoryWriter, u64)>,
     error: Option<anyhow::Error>,
+    /// Episodes already stored (under an id checked to be free before the run: another
+    /// evaluation in this process stored them meanwhile).
     duplicates: usize,
 }
 
@@ -333,7 +345,39 @@ pub fn level_result(
     })
 }
 
-fn load_policy(args: &EvalArgs) -> Result<(LoadedPolicy, String)> {
+/// The policy an evaluation runs.
+struct Policy {
+    loaded: LoadedPolicy,
+    /// The checkpoint folder, or `random-init`.
+    source: String,
+    /// [`weights_fingerprint`] of its model config and weights.
+    fingerprint: u64,
+}
+
+/// The `actor_id` recorded in the header of every episode evaluated with the weights whose
+/// [`weights_fingerprint`] is `fingerprint`: `eval@<16 hex digits>`. It tells which weights
+/// wrote an episode (policy version 0 is both a random initialisation and an SFT reference).
+fn eval_actor_id(fingerprint: u64) -> String {
+    format!("eval@{fingerprint:016x}")
+}
+
+/// A 64-bit FNV-1a hash of `cfg` (as JSON) and `weights`: it identifies a policy's weights,
+/// stably across builds (unlike `std`'s hasher), so episodes stored by one evaluation can be
+/// recognised by the next.
+fn weights_fingerprint(cfg: &ModelConfig, weights: &[u8]) -> u64 {
+    const OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let config = serde_json::to_vec(cfg).unwrap_or_default();
+    let len = (config.len() as u64).to_le_bytes();
+    let mut h = OFFSET;
+    for &b in len.iter().chain(&config).chain(weights) {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(PRIME);
+    }
+    h
+}
+
+fn load_policy(args: &EvalArgs) -> Result<Policy> {
     let device = tch::Device::Cpu;
     if args.random_init {
         let cfg = match &args.model_config {
@@ -346,12 +390,34 @@ fn load_policy(args: &EvalArgs) -> Result<(LoadedPolicy, String)> {
             None => ModelConfig::preset(&args.model_preset)?,
         };
         cfg.validate()?;
-        return Ok((LoadedPolicy::random(&cfg, device)?, "random-init".into()));
+        let loaded = LoadedPolicy::random(&cfg, device)?;
+        let bytes = loaded
+            .to_bytes()
+            .context("reading back the random initialisation")?;
+        return Ok(Policy {
+            fingerprint: weights_fingerprint(&cfg, &bytes),
+            loaded,
+            source: "random-init".into(),
+        });
     }
     let dir = args
         .checkpoint
         .as_deref()
         .context("--checkpoint or --random-init is required")?;
+    let missing: Vec<&str> = [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE]
+        .into_iter()
+        .filter(|f| !dir.join(f).is_file())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "--checkpoint {} is not a checkpoint folder: it has no {} (a checkpoint holds {} and {}: \
+             a run's ref/ or ckpt/<n>, or `corvid model` output)",
+            dir.display(),
+            missing.join(" and no "),
+            checkpoint::CONFIG_FILE,
+            checkpoint::WEIGHTS_FILE
+        );
+    }
     let cfg = checkpoint::load_config(dir)
         .with_context(|| format!("reading the model config of checkpoint {}", dir.display()))?;
     let path = dir.join(checkpoint::WEIGHTS_FILE);
@@ -361,37 +427,67 @@ fn load_policy(args: &EvalArgs) -> Result<(LoadedPolicy, String)> {
     let version = corvid_learner::checkpoint::read_state(dir)
         .with_context(|| format!("reading the state of checkpoint {}", dir.display()))?
         .map_or(0, |s| s.policy_version);
-    let policy = LoadedPolicy::from_bytes(&cfg, device, &bytes, version)
+    let loaded = LoadedPolicy::from_bytes(&cfg, device, &bytes, version)
         .with_context(|| format!("loading the weights of {}", dir.display()))?;
-    Ok((policy, dir.display().to_string()))
+    Ok(Policy {
+        fingerprint: weights_fingerprint(&cfg, &bytes),
+        loaded,
+        source: dir.display().to_string(),
+    })
 }
 
-/// Runs the evaluation described by `args` and returns its result, storing every episode in
-/// `args.store`.
-pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
-    evaluate_into(args, open_store(&args.store)?)
+/// An evaluation whose arguments, task family and policy have all been checked; nothing has
+/// touched a store yet.
+struct Plan {
+    family: Box<dyn TaskFamily>,
+    policy: Policy,
+    env: corvid_tasks::TaskEnv,
+    label: String,
+    sampling: SamplingParams,
 }
 
-/// Opens (creating its parent folder) the store evaluation episodes go to.
-pub fn open_store(path: &Path) -> Result<Arc<TrajectoryStore>> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating {}", parent.display()))?;
-    }
-    let store = TrajectoryStore::open(path).with_context(|| {
-        format!(
-            "opening the eval store {} (is another process using it?)",
-            path.display()
-        )
-    })?;
-    Ok(Arc::new(store))
-}
-
-/// [`evaluate`] into a store that is already open, so several evaluations can run at once
-/// in one process (`corvid run` evaluates its stages two at a time) and share it.
-pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<EvalResult> {
+/// Checks every argument, loads the task family and the policy: whatever can be refused is
+/// refused here, before a store is opened or created.
+fn plan(args: &EvalArgs) -> Result<Plan> {
     if args.episodes == 0 || args.k == 0 {
         bail!("--episodes and --k must be at least 1");
+    }
+    if args.concurrency == 0 {
+        bail!("--concurrency must be at least 1");
+    }
+    if args.threads < 0 {
+        bail!(
+            "--threads must be >= 0 (0: libtorch's default), got {}",
+            args.threads
+        );
+    }
+    if args.max_new_tokens == 0 {
+        bail!("--max-new-tokens must be at least 1");
+    }
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        max_new_tokens: args.max_new_tokens,
+        seed: 0,
+    };
+    sampling
+        .validate()
+        .context("--temperature must be finite and >= 0, --top-p in (0, 1]")?;
+    // Temperature 0 decodes greedily (the sampler takes the most likely token): the k samples
+    // of an instance would be one episode k times, and pass@k = pass^k = the success rate.
+    if args.k > 1 && args.temperature == 0.0 {
+        let k = args.k;
+        bail!(
+            "--k {k} draws {k} samples of each instance, but --temperature 0 (the default) decodes \
+             greedily, so the {k} samples would be identical and pass@{k} and pass^{k} would only \
+             repeat the success rate; pass --temperature above 0 (for example --temperature 1) \
+             with --k above 1, or use --k 1"
+        );
+    }
+    if let Some(out) = &args.out {
+        if out.is_dir() {
+            bail!("--out {} is a folder; give a file path", out.display());
+        }
     }
     let family: Box<dyn TaskFamily> = match &args.pack {
         Some(p) => Box::new(
@@ -411,7 +507,7 @@ pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<Eva
             args.family
         );
     }
-    let (lo, hi) = args.levels;
+    let (_, hi) = args.levels;
     if hi > family.levels() {
         bail!(
             "family {} has levels 1..={}, not up to {hi}",
@@ -419,27 +515,10 @@ pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<Eva
             family.levels()
         );
     }
-    if args.threads > 0 {
-        tch::set_num_threads(args.threads);
-    }
-    let (mut policy, checkpoint) = load_policy(args)?;
-    let env = super::task_env()?;
     let label = args
         .label
         .clone()
         .unwrap_or_else(|| format!("eval-{}", corvid_learner::store::now_unix_ms() / 1000));
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_p: args.top_p,
-        max_new_tokens: args.max_new_tokens,
-        seed: 0,
-    };
-    sampling
-        .validate()
-        .context("--temperature must be finite and >= 0, --top-p in (0, 1]")?;
-    if args.max_new_tokens == 0 {
-        bail!("--max-new-tokens must be at least 1");
-    }
     // The longest id this evaluation stores must be a valid trajectory id.
     let last_id = format!(
         "{label}.{}.L{hi}.s{}.k{}",
@@ -450,6 +529,195 @@ pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<Eva
     corvid_proto::validate_trajectory_id(&last_id).with_context(|| {
         format!("--label {label:?} makes trajectory ids like {last_id:?}, which are invalid")
     })?;
+    if args.threads > 0 {
+        tch::set_num_threads(args.threads);
+    }
+    let policy = load_policy(args)?;
+    let env = super::task_env()?;
+    Ok(Plan {
+        family,
+        policy,
+        env,
+        label,
+        sampling,
+    })
+}
+
+/// Runs the evaluation described by `args` and returns its result, storing every episode in
+/// `args.store`. Every argument and the policy are checked before the store is opened (or
+/// created).
+pub fn evaluate(args: &EvalArgs) -> Result<EvalResult> {
+    let plan = plan(args)?;
+    let store = open_store(&args.store)?;
+    run_plan(args, plan, &store)
+}
+
+/// Opens (creating it and its parent folder if need be) the store evaluation episodes go to.
+/// A plain file, or a folder that holds other files but no store, is refused rather than
+/// turned into one.
+pub fn open_store(path: &Path) -> Result<Arc<TrajectoryStore>> {
+    if path.exists() && !path.is_dir() {
+        bail!(
+            "the eval store {} is a file; a trajectory store is a folder (give a new or \
+             existing store folder)",
+            path.display()
+        );
+    }
+    // sled keeps its configuration in `conf` and its log in `db`.
+    let is_store = path.join("conf").is_file() && path.join("db").is_file();
+    let empty = std::fs::read_dir(path).map_or(true, |mut d| d.next().is_none());
+    if !is_store && !empty {
+        let hint = if path.join("store").join("db").is_file() {
+            format!("; did you mean {}?", path.join("store").display())
+        } else {
+            String::new()
+        };
+        bail!(
+            "the eval store {} is a folder that holds other files but no trajectory store (no sled \
+             `conf` and `db`); give a new or existing store folder{hint}",
+            path.display()
+        );
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating {}", parent.display()))?;
+    }
+    let store = TrajectoryStore::open(path).map_err(|e| {
+        let why = if e.is_locked() {
+            " (another process has it open; sled allows one)"
+        } else {
+            ""
+        };
+        anyhow::Error::new(e).context(format!("opening the eval store {}{why}", path.display()))
+    })?;
+    Ok(Arc::new(store))
+}
+
+/// [`evaluate`] into a store that is already open, so several evaluations can run at once
+/// in one process (`corvid run` evaluates its stages two at a time) and share it. Every
+/// argument and the policy are checked before the store is read or written.
+pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<EvalResult> {
+    let plan = plan(args)?;
+    run_plan(args, plan, &store)
+}
+
+/// The finished episodes `store` holds under `label` for `family` at `level`: ids
+/// `<label>.<family>.L<level>.s<seed>.k<i>`, whatever the seed and sample.
+fn stored_under(
+    store: &TrajectoryStore,
+    label: &str,
+    family: &str,
+    level: u32,
+) -> Result<Vec<TrajectoryRecord>> {
+    let prefix = format!("{label}.{family}.L{level}.");
+    let filter = Filter {
+        family: Some(family.to_string()),
+        level: Some(level),
+        ..Filter::default()
+    };
+    let mut out = Vec::new();
+    for r in store.list(&filter) {
+        let r = r.with_context(|| format!("reading the eval store {}", store.path().display()))?;
+        if r.header
+            .trajectory_id
+            .strip_prefix(&prefix)
+            .is_some_and(is_sample_suffix)
+        {
+            out.push(r);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether `rest` is `s<seed>.k<i>`, the end of an evaluation episode's id.
+fn is_sample_suffix(rest: &str) -> bool {
+    let Some((seed, k)) = rest.split_once(".k") else {
+        return false;
+    };
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    seed.strip_prefix('s').is_some_and(digits) && digits(k)
+}
+
+/// Why the stored episode `got` is not the one this evaluation would record as `want` (same
+/// id): other weights, another policy version, other sampling or another task instance.
+fn mismatch(want: &TrajectoryHeader, got: &TrajectoryHeader) -> Option<String> {
+    if got.actor_id != want.actor_id {
+        return Some(match got.actor_id.strip_prefix("eval@") {
+            Some(theirs) => format!(
+                "written by other weights (fingerprint {theirs}, this evaluation's is {})",
+                want.actor_id.trim_start_matches("eval@")
+            ),
+            None => format!(
+                "written by actor {:?}, which records no weights fingerprint to compare",
+                got.actor_id
+            ),
+        });
+    }
+    if got.policy_version != want.policy_version {
+        return Some(format!(
+            "policy version {}, this evaluation's is {}",
+            got.policy_version, want.policy_version
+        ));
+    }
+    if got.sampling != want.sampling {
+        let s = |p: &SamplingParams| {
+            format!(
+                "temperature {} top-p {} max-new-tokens {}",
+                p.temperature, p.top_p, p.max_new_tokens
+            )
+        };
+        return Some(format!(
+            "sampled with {}, this evaluation with {}",
+            s(&got.sampling),
+            s(&want.sampling)
+        ));
+    }
+    if got.task != want.task || got.group_id != want.group_id {
+        return Some("its task instance differs (the family's generator or pack changed)".into());
+    }
+    None
+}
+
+/// A stored finished episode read back whole.
+fn stored_trajectory(store: &TrajectoryStore, rec: TrajectoryRecord) -> Result<Trajectory> {
+    let id = rec.header.trajectory_id.clone();
+    let footer = rec
+        .footer
+        .with_context(|| format!("stored episode {id} has no footer"))?;
+    let steps = store
+        .steps(&id)?
+        .with_context(|| format!("stored episode {id} is not finished"))?
+        .collect::<Result<Vec<Step>, _>>()
+        .with_context(|| format!("reading the steps of stored episode {id}"))?;
+    Ok(Trajectory {
+        header: rec.header,
+        steps,
+        footer,
+    })
+}
+
+/// Runs a checked evaluation into `store`, level by level.
+///
+/// Episodes are stored under ids `<label>.<family>.L<level>.s<seed>.k<i>`. Those the store
+/// already holds under this label and level must be the ones this evaluation would record
+/// (same weights, policy version, sampling and task instances): they are then reused, not run
+/// again, so that the figures are always computed from the stored episodes. Any other episode
+/// under the label and level is refused before anything runs at that level.
+fn run_plan(args: &EvalArgs, plan: Plan, store: &Arc<TrajectoryStore>) -> Result<EvalResult> {
+    let Plan {
+        family,
+        policy,
+        env,
+        label,
+        sampling,
+    } = plan;
+    let Policy {
+        loaded: mut policy,
+        source: checkpoint,
+        fingerprint,
+    } = policy;
+    let actor_id = eval_actor_id(fingerprint);
+    let (lo, hi) = args.levels;
     let started = std::time::Instant::now();
     let mut levels = Vec::new();
     let mut generated = 0u64;
@@ -470,37 +738,101 @@ pub fn evaluate_into(args: &EvalArgs, store: Arc<TrajectoryStore>) -> Result<Eva
                         ..sampling
                     },
                 );
-                spec.actor_id = "eval".into();
+                spec.actor_id = actor_id.clone();
                 spec.group_id = format!("{label}.{}.L{level}.s{seed}", family.name());
                 specs.push(spec);
             }
         }
-        let cfg = EngineConfig {
-            max_concurrency: args.concurrency.max(1),
-            ..EngineConfig::default()
-        };
-        let mut sink = EvalSink {
-            store: StoreSink {
-                store: store.clone(),
-                open: HashMap::new(),
-                error: None,
-                duplicates: 0,
-            },
-            collect: Default::default(),
-        };
-        let stats = corvid_actor::run_episodes_into(&mut policy, &env, specs, cfg, None, &mut sink)
-            .with_context(|| format!("evaluating level {level}"))?;
-        generated += stats.generated_tokens;
-        if let Some(e) = sink.store.error.take() {
-            return Err(e);
+        // What the store already holds under this label and level.
+        let stored = stored_under(store, &label, family.name(), level)?;
+        let planned: HashMap<&str, &EpisodeSpec> = specs
+            .iter()
+            .map(|s| (s.trajectory_id.as_str(), s))
+            .collect();
+        let mut conflicts = Vec::new();
+        for r in &stored {
+            let id = r.header.trajectory_id.as_str();
+            let why = match planned.get(id) {
+                None => Some(
+                    "not one of this evaluation's instances and samples (another --seed, \
+                     --episodes or --k)"
+                        .to_string(),
+                ),
+                Some(spec) => mismatch(&spec.header(policy.version()), &r.header),
+            };
+            if let Some(why) = why {
+                conflicts.push((id.to_string(), why));
+            }
         }
-        if sink.store.duplicates > 0 {
-            eprintln!(
-                "note: {} episodes of level {level} were already stored under label {label:?} and were not stored again",
-                sink.store.duplicates
+        if let Some((id, why)) = conflicts.first() {
+            bail!(
+                "the store {} already holds {} episode(s) of {} level {level} under --label {label:?}, \
+                 {} of them not from this evaluation (for example {id}: {why}); evaluating into it \
+                 would leave replay, rescore and export serving episodes these figures were not \
+                 computed from. Choose another --label, or another --store",
+                store.path().display(),
+                stored.len(),
+                family.name(),
+                conflicts.len()
             );
         }
-        let r = level_result(level, &sink.collect.finished, &oracle_calls, args.k)?;
+        let reuse: Vec<TrajectoryRecord> = stored;
+        if !reuse.is_empty() {
+            let reused: std::collections::HashSet<&str> = reuse
+                .iter()
+                .map(|r| r.header.trajectory_id.as_str())
+                .collect();
+            specs.retain(|s| !reused.contains(s.trajectory_id.as_str()));
+            eprintln!(
+                "note: {} of the {} episodes of {} level {level} are already stored under label \
+                 {label:?} by these weights ({actor_id}) with the same policy version, sampling and \
+                 tasks; reusing them{}",
+                reuse.len(),
+                reuse.len() + specs.len(),
+                family.name(),
+                if specs.is_empty() {
+                    String::new()
+                } else {
+                    format!(" and running the other {}", specs.len())
+                }
+            );
+        }
+        let mut trajectories = Vec::new();
+        if !specs.is_empty() {
+            let cfg = EngineConfig {
+                max_concurrency: args.concurrency.max(1),
+                ..EngineConfig::default()
+            };
+            let mut sink = EvalSink {
+                store: StoreSink {
+                    store: store.clone(),
+                    open: HashMap::new(),
+                    error: None,
+                    duplicates: 0,
+                },
+                collect: Default::default(),
+            };
+            let stats =
+                corvid_actor::run_episodes_into(&mut policy, &env, specs, cfg, None, &mut sink)
+                    .with_context(|| format!("evaluating level {level}"))?;
+            generated += stats.generated_tokens;
+            if let Some(e) = sink.store.error.take() {
+                return Err(e);
+            }
+            if sink.store.duplicates > 0 {
+                bail!(
+                    "{} episodes of level {level} were stored under label {label:?} by another \
+                     evaluation while this one ran; choose another --label",
+                    sink.store.duplicates
+                );
+            }
+            trajectories = sink.collect.finished;
+        }
+        for r in reuse {
+            trajectories.push(stored_trajectory(store, r)?);
+        }
+        trajectories.sort_by(|a, b| a.header.trajectory_id.cmp(&b.header.trajectory_id));
+        let r = level_result(level, &trajectories, &oracle_calls, args.k)?;
         if !args.json {
             eprintln!(
                 "{} level {level}: success {} over {} episodes ({:.1} turns, {:.0} tokens on average)",
@@ -729,9 +1061,211 @@ mod tests {
             let err = run(flags);
             assert!(err.contains(names), "{flags:?}: {err}");
         }
-        // Nothing was stored: the store, if created at all, holds no record.
-        if let Ok(s) = TrajectoryStore::open(store) {
-            assert_eq!(s.stats().expect("stats").finished, 0);
+        // Nothing was opened: the store was not even created.
+        assert!(!Path::new(store).exists(), "{store} was created");
+    }
+
+    /// Saves a fresh random initialisation of the tiny preset as a checkpoint folder.
+    fn random_checkpoint(dir: &Path) -> PathBuf {
+        let cfg = ModelConfig::preset("tiny").expect("tiny");
+        let p = LoadedPolicy::random(&cfg, tch::Device::Cpu).expect("random policy");
+        checkpoint::save(p.var_store(), &cfg, dir).expect("saves");
+        dir.to_path_buf()
+    }
+
+    #[test]
+    fn every_argument_and_the_checkpoint_are_checked_before_the_store_is_opened() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let ck = random_checkpoint(&dir.path().join("ck"));
+        let ck = ck.to_str().expect("utf8");
+        // A folder that is not a store (a run folder, say), with a file in it.
+        let folder = dir.path().join("run");
+        std::fs::create_dir_all(&folder).expect("mkdir");
+        std::fs::write(folder.join("notes.txt"), "mine").expect("write");
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "not a store").expect("write");
+        let fresh = dir.path().join("new").join("store");
+        let eval = |store: &Path, extra: &[&str]| {
+            let mut argv = vec![
+                "--max-new-tokens",
+                "4",
+                "--store",
+                store.to_str().expect("utf8"),
+            ];
+            // Defaults for the flags a case does not set itself.
+            for (flag, value) in [("--family", "hops"), ("--levels", "1"), ("--episodes", "1")] {
+                if !extra.contains(&flag) {
+                    argv.extend([flag, value]);
+                }
+            }
+            argv.extend_from_slice(extra);
+            format!("{:#}", evaluate(&args(&argv)).expect_err("refused"))
+        };
+        let untouched = |what: &str| {
+            let mut names: Vec<String> = std::fs::read_dir(&folder)
+                .expect("ls")
+                .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            assert_eq!(names, vec!["notes.txt"], "{what}");
+            assert!(!fresh.exists(), "{what}: {} was created", fresh.display());
+        };
+        for (extra, names) in [
+            (&["--checkpoint", ck, "--episodes", "0"][..], "--episodes"),
+            (&["--checkpoint", ck, "--k", "0"][..], "--k"),
+            (
+                &["--checkpoint", ck, "--concurrency", "0"][..],
+                "--concurrency",
+            ),
+            (&["--checkpoint", ck, "--family", "hopz"][..], "hopz"),
+            (&["--checkpoint", ck, "--levels", "1..99"][..], "levels"),
+            (
+                &["--checkpoint", "/nonexistent/ck"][..],
+                "not a checkpoint folder",
+            ),
+            (&["--checkpoint", ck, "--out", "/"][..], "--out"),
+        ] {
+            for store in [&folder, &fresh] {
+                let err = eval(store, extra);
+                assert!(err.contains(names), "{extra:?}: {err}");
+                untouched(&format!("{extra:?}"));
+            }
+        }
+        // A plain file or a folder of other files is refused as a store, and left as it was.
+        let err = eval(&plain, &["--checkpoint", ck]);
+        assert!(
+            err.contains("is a file") && !err.contains("another process"),
+            "{err}"
+        );
+        assert_eq!(
+            std::fs::read_to_string(&plain).expect("read"),
+            "not a store"
+        );
+        let err = eval(&folder, &["--checkpoint", ck]);
+        assert!(err.contains("no trajectory store"), "{err}");
+        untouched("a folder that holds no store");
+        // A checkpoint brings its own model config: a preset beside it is refused by clap.
+        let mut cli = vec!["eval", "--checkpoint", ck, "--family", "hops"];
+        cli.extend(["--model-preset", "huge"]);
+        assert!(Cli::try_parse_from(cli).is_err());
+    }
+
+    #[test]
+    fn several_greedy_samples_per_instance_are_refused() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = dir.path().join("store");
+        let argv = |extra: &[&'static str]| {
+            let mut v = vec![
+                "--random-init",
+                "--family",
+                "hops",
+                "--levels",
+                "1",
+                "--episodes",
+                "1",
+                "--max-new-tokens",
+                "4",
+                "--store",
+                store.to_str().expect("utf8"),
+            ];
+            v.extend_from_slice(extra);
+            args(&v)
+        };
+        for extra in [&["--k", "4"][..], &["--k", "2", "--temperature", "0"][..]] {
+            let err = format!("{:#}", evaluate(&argv(extra)).expect_err("refused"));
+            assert!(
+                err.contains("--temperature") && err.contains("identical"),
+                "{extra:?}: {err}"
+            );
+        }
+        assert!(!store.exists());
+        // k = 1 stays greedy by default, and k > 1 runs with a temperature.
+        evaluate(&argv(&["--k", "2", "--temperature", "1"])).expect("evaluates");
+    }
+
+    #[test]
+    fn a_label_is_reused_only_for_the_same_evaluation() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let a = random_checkpoint(&dir.path().join("a"));
+        let b = random_checkpoint(&dir.path().join("b"));
+        let store = dir.path().join("store");
+        let eval = |ck: &Path, label: &str, episodes: &str| {
+            evaluate(&args(&[
+                "--checkpoint",
+                ck.to_str().expect("utf8"),
+                "--family",
+                "hops",
+                "--levels",
+                "1",
+                "--episodes",
+                episodes,
+                "--max-new-tokens",
+                "6",
+                "--label",
+                label,
+                "--store",
+                store.to_str().expect("utf8"),
+            ]))
+        };
+        let stored = || {
+            let s = TrajectoryStore::open(&store).expect("opens");
+            let mut ids: Vec<(String, String)> = s
+                .list(&Filter::default())
+                .map(|r| {
+                    let h = r.expect("record").header;
+                    (h.trajectory_id, h.actor_id)
+                })
+                .collect();
+            ids.sort();
+            ids
+        };
+        let first = eval(&a, "t", "2").expect("evaluates");
+        let after_first = stored();
+        assert_eq!(after_first.len(), 2);
+        assert!(after_first
+            .iter()
+            .all(|(_, actor)| actor.starts_with("eval@")));
+        // The same evaluation again: the stored episodes are the result, nothing is added.
+        let again = eval(&a, "t", "2").expect("reuses");
+        assert_eq!(stored(), after_first);
+        assert_eq!(
+            serde_json::to_value(&again.families).expect("json"),
+            serde_json::to_value(&first.families).expect("json")
+        );
+        // More instances: the two stored ones are reused, the third is run.
+        let more = eval(&a, "t", "3").expect("extends");
+        assert_eq!(more.families[0].levels[0].episodes, 3);
+        assert_eq!(stored().len(), 3);
+        // Other weights under the same label: refused, naming the label, the count and the way out.
+        let err = format!("{:#}", eval(&b, "t", "3").expect_err("refused"));
+        for want in [
+            "\"t\"",
+            "3 episode(s)",
+            "other weights",
+            "--label",
+            "--store",
+        ] {
+            assert!(err.contains(want), "{want}: {err}");
+        }
+        // Fewer instances than stored: the store would hold episodes the figures left out.
+        let err = format!("{:#}", eval(&a, "t", "2").expect_err("refused"));
+        assert!(err.contains("not one of this evaluation's"), "{err}");
+        assert_eq!(
+            stored().len(),
+            3,
+            "nothing was stored by a refused evaluation"
+        );
+        // Another label for the other weights is fine.
+        eval(&b, "u", "1").expect("evaluates");
+        assert_eq!(stored().len(), 4);
+    }
+
+    #[test]
+    fn stored_ids_under_a_label_are_recognised_exactly() {
+        assert!(is_sample_suffix("s4611686018427387904.k0"));
+        assert!(is_sample_suffix("s1.k12"));
+        for bad in ["s.k0", "s1.k", "1.k0", "s1.kx", "s1", "hops.L1.s1.k0"] {
+            assert!(!is_sample_suffix(bad), "{bad}");
         }
     }
 }

@@ -1117,7 +1117,27 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
                 run.eval_episodes, run.eval_family
             );
         }
-        let store = open_store(&run_dir.join("eval").join("store"))?;
+        // An earlier, unfinished `corvid run` here may have evaluated into the store; this run
+        // evaluates every stage again (RL may have moved on), and eval refuses a stage label
+        // whose stored episodes came from other weights. The old episodes are kept aside.
+        let store_dir = run_dir.join("eval").join("store");
+        if store_dir.exists() {
+            let old = run_dir
+                .join("eval")
+                .join(format!("store.before-{}", started_unix_ms / 1000));
+            std::fs::rename(&store_dir, &old).with_context(|| {
+                format!(
+                    "moving the earlier evaluation's store {} aside",
+                    store_dir.display()
+                )
+            })?;
+            eprintln!(
+                "[eval] {} held an earlier evaluation's episodes; moved to {}",
+                store_dir.display(),
+                old.display()
+            );
+        }
+        let store = open_store(&store_dir)?;
         let queue = Mutex::new(eval_jobs(&stages, (first, last)).into_iter());
         let results = Mutex::new(Vec::new());
         std::thread::scope(|scope| {
