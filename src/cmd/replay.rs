@@ -3,6 +3,7 @@
 //! Reads the learner's sled store directly. sled allows one process per store,
 //! so run it on a stopped learner's store (or a copy of a live one).
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -10,10 +11,13 @@ use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use corvid_learner::config::LearnerConfig;
 use corvid_learner::episode::EpisodeFormat;
 use corvid_learner::store::{ExportSummary, Filter, TrajectoryRecord, TrajectoryStore};
+use corvid_learner::tokenizer::Special;
+use corvid_learner::train::batch::{turn_advantages, TrainingTrajectory};
+use corvid_learner::train::{AdvantageMode, RlConfig};
 use corvid_proto::{Step, Termination};
-use corvid_rewards::{step_advantages, StepBaseline, StepEpisode};
 use corvid_tasks::{Episode, TaskEnv};
 
 /// List, show and export stored trajectories.
@@ -21,6 +25,7 @@ use corvid_tasks::{Episode, TaskEnv};
 #[command(after_help = "Examples:
   corvid replay list --store runs/demo/store --family hops --success false
   corvid replay show --store runs/demo/store actor-1.ep-17
+  corvid replay show --store runs/eval/store --config runs/demo/config.toml <id>
   corvid replay export --store runs/demo/store --level 3 --out hops3.jsonl
   corvid replay export --store runs/demo/store --format chat --success true --out sft.jsonl
   corvid replay rescore --store runs/demo/store --family hops --limit 50
@@ -43,7 +48,10 @@ enum ReplayCommand {
         json: bool,
     },
     /// One trajectory, turn by turn: what the policy read and wrote, its tool calls and
-    /// results, per-turn process rewards and step-level advantages within its group.
+    /// results, per-turn process rewards, and the advantage the trainer gives each turn
+    /// within its group under the run's `[rl]` settings (the run's `config.toml` or
+    /// `learner.toml` next to the store, or --config). Without a run config no advantage is
+    /// shown.
     Show {
         #[command(flatten)]
         store: StoreArg,
@@ -55,6 +63,12 @@ enum ReplayCommand {
         /// Print tool output and prompts in full (default: the first 400 characters).
         #[arg(long)]
         full: bool,
+        /// The learner config whose `[rl]` settings (advantage, gamma, process_weight,
+        /// process_clip, normalize_step_advantages, adv_eps) the advantages are computed with.
+        /// Default: the run's `config.toml`, else `learner.toml`, in the folder holding the
+        /// store.
+        #[arg(long, value_name = "FILE")]
+        config: Option<PathBuf>,
     },
     /// Matching trajectories as JSON lines. `raw`: {"header", "footer", "stored_unix_ms",
     /// "steps"} with exact token ids. `chat`: {"messages": [...OpenAI-style, with
@@ -67,16 +81,20 @@ enum ReplayCommand {
         /// `raw` or `chat`.
         #[arg(long, default_value = "raw", value_parser = ["raw", "chat"])]
         format: String,
-        /// Write here instead of standard output.
-        #[arg(long)]
+        /// Write here instead of standard output: through a temporary file in the same
+        /// folder, renamed over FILE only once the whole export is written. Refused when no
+        /// trajectory matches (FILE is left as it was) and inside the store's folder.
+        #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
     /// Re-executes every stored tool call in a fresh sandbox workspace of the same task
-    /// instance, reports calls whose result differs from the stored one, and re-runs the
-    /// checker on the final state. Exits 0 if every verdict matches the stored success, 1 if
-    /// any differs, 2 if it could not re-score (a bad store, an unknown family: pass the
-    /// trajectories' task packs with --pack; a trajectory whose task generator changed since
-    /// it was stored). Trajectories that ended without a verdict (abandoned) are skipped.
+    /// instance, reports calls whose result differs from the stored one (status, exit code,
+    /// bytes shown, or the output text the policy read back), and re-runs the checker on the
+    /// final state. Exits 0 if every call and every verdict matches what was stored, 1 if a
+    /// call or a verdict differs, 2 if it could not re-score (a bad store, an unknown family:
+    /// pass the trajectories' task packs with --pack; a trajectory whose task generator
+    /// changed since it was stored). Trajectories that ended without a verdict (abandoned)
+    /// are skipped.
     Rescore {
         #[command(flatten)]
         store: StoreArg,
@@ -180,9 +198,17 @@ fn open(path: &Path) -> Result<Arc<TrajectoryStore>> {
 
 /// Runs the command.
 pub fn run(args: ReplayArgs) -> Result<ExitCode> {
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    run_to(args, &mut out)
+}
+
+/// [`run`] with its standard output going to `out`.
+fn run_to(args: ReplayArgs, out: &mut dyn Write) -> Result<ExitCode> {
     let rescoring = matches!(args.command, ReplayCommand::Rescore { .. });
-    match run_command(args) {
-        // `rescore` keeps 1 for "a verdict differs", so that a script can tell it from an error.
+    match run_command(args, out) {
+        // `rescore` keeps 1 for "a call or a verdict differs", so that a script can tell it from
+        // an error.
         Err(err) if rescoring && !crate::is_broken_pipe(&err) => {
             eprintln!("error: {}", crate::error_text(&err));
             Ok(ExitCode::from(RESCORE_ERROR))
@@ -194,9 +220,7 @@ pub fn run(args: ReplayArgs) -> Result<ExitCode> {
 /// `replay rescore`'s exit status when it could not re-score.
 const RESCORE_ERROR: u8 = 2;
 
-fn run_command(args: ReplayArgs) -> Result<ExitCode> {
-    let stdout = std::io::stdout();
-    let mut out = std::io::BufWriter::new(stdout.lock());
+fn run_command(args: ReplayArgs, mut out: &mut dyn Write) -> Result<ExitCode> {
     match args.command {
         ReplayCommand::List {
             store,
@@ -233,7 +257,13 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
             id,
             json,
             full,
+            config,
         } => {
+            let rl = if json {
+                None
+            } else {
+                run_rl_config(&store.store, config.as_deref())?
+            };
             let store = open(&store.store)?;
             let Some(rec) = store.get(&id)? else {
                 anyhow::bail!(
@@ -250,8 +280,8 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
                 let v = serde_json::json!({"record": rec, "steps": steps});
                 writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
             } else {
-                let advantages = group_advantages(&store, &rec)?;
-                write_transcript(&mut out, &rec, &steps, advantages.as_deref(), full)?;
+                let advantages = group_advantages(&store, &rec, rl.as_ref())?;
+                write_transcript(&mut out, &rec, &steps, &advantages, full)?;
             }
         }
         ReplayCommand::Export {
@@ -260,6 +290,9 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
             format,
             out: path,
         } => {
+            if let Some(p) = &path {
+                refuse_out_inside_store(p, &store.store)?;
+            }
             let store = open(&store.store)?;
             let filter = Filter::from(filter);
             let export = |w: &mut dyn Write| -> Result<ExportSummary> {
@@ -270,15 +303,7 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
                 }
             };
             let summary = match &path {
-                Some(p) => {
-                    let file = std::fs::File::create(p)
-                        .with_context(|| format!("creating {}", p.display()))?;
-                    let mut w = std::io::BufWriter::new(file);
-                    let s = export(&mut w)?;
-                    w.flush()
-                        .with_context(|| format!("writing {}", p.display()))?;
-                    s
-                }
+                Some(p) => export_to_file(p, export)?,
                 None => export(&mut out)?,
             };
             eprintln!(
@@ -308,6 +333,7 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
                     .collect::<Result<_, _>>()?,
             };
             let (mut mismatched, mut not_scored, mut stale) = (0usize, 0usize, 0usize);
+            let (mut diverged_calls, mut diverged_trajectories) = (0usize, 0usize);
             writeln!(
                 out,
                 "{:<48} {:>6} {:>9} {:>7} {:>9}  note",
@@ -317,6 +343,10 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
                 let r = rescore(&store, &env, &families, rec)?;
                 if r.verdict_differs() {
                     mismatched += 1;
+                }
+                if !r.diverged.is_empty() {
+                    diverged_calls += r.diverged.len();
+                    diverged_trajectories += 1;
                 }
                 match r.skipped {
                     Some(Skip::NotScored) => not_scored += 1,
@@ -341,9 +371,10 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
             }
             write!(
                 out,
-                "{} trajectories re-executed; {} verdict(s) differ from the stored outcome",
+                "{} trajectories re-executed; {diverged_calls} call(s) diverged from the stored \
+                 result in {diverged_trajectories} trajectory(ies); {mismatched} verdict(s) \
+                 differ from the stored outcome",
                 records.len() - not_scored - stale,
-                mismatched,
             )?;
             if not_scored > 0 {
                 write!(
@@ -359,7 +390,9 @@ fn run_command(args: ReplayArgs) -> Result<ExitCode> {
             }
             writeln!(out)?;
             out.flush()?;
-            if mismatched > 0 {
+            // A diverged call is a replay that no longer reproduces what the policy saw, even
+            // when the checker happens to agree: a script checking the status must see it.
+            if mismatched > 0 || diverged_calls > 0 {
                 return Ok(ExitCode::from(1));
             }
             if stale > 0 {
@@ -403,51 +436,268 @@ fn write_row(out: &mut impl Write, rec: &TrajectoryRecord) -> Result<()> {
     Ok(())
 }
 
-/// Step-level advantages of `rec`'s turns within its group (the trajectories sharing its
-/// `group_id`): `A_t = (G_t − mean_t) / (std_t + 1e-6)` over the group's scored episodes at
-/// turn `t`, with `G_t` the undiscounted return-to-go of process rewards plus the outcome
-/// (`corvid_rewards::step_advantages`, turn-index buckets). `None` when the group has no
-/// other scored member here.
-fn group_advantages(store: &TrajectoryStore, rec: &TrajectoryRecord) -> Result<Option<Vec<f64>>> {
+/// The trainer's `[rl]` settings of a run, and the file they were read from.
+#[derive(Debug, Clone)]
+struct RunRl {
+    path: PathBuf,
+    rl: RlConfig,
+}
+
+/// The run config files looked for next to a store, in order: the learner's own resolved
+/// copy (`config.toml`, rewritten at every start, so it is what the trainer last ran with),
+/// then the learner part that `corvid run` writes (`learner.toml`).
+const RUN_CONFIGS: [&str; 2] = ["config.toml", "learner.toml"];
+
+/// The `[rl]` settings `replay show` computes advantages with: `explicit` (`--config`), else
+/// the run config in the folder holding the store (a run's `store/` sits in its run folder),
+/// else `None` (a bare eval store: there is no trainer whose numbers could be shown). A file
+/// that is there but unreadable is an error, not a silent fallback to defaults.
+fn run_rl_config(store: &Path, explicit: Option<&Path>) -> Result<Option<RunRl>> {
+    if let Some(path) = explicit {
+        return load_rl(path).map(Some);
+    }
+    let dir = match store.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    for name in RUN_CONFIGS {
+        let path = dir.join(name);
+        if path.is_file() {
+            return load_rl(&path)
+                .map(Some)
+                .context("the run config next to the store (pass --config FILE to use another)");
+        }
+    }
+    Ok(None)
+}
+
+/// Reads `path` as a learner config (the file `corvid learner` and `corvid run` read) and
+/// checks its `[rl]` table. The rest of the config is not validated: it may name task packs
+/// or devices relative to where the run was started, which replay neither needs nor has.
+fn load_rl(path: &Path) -> Result<RunRl> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let cfg: LearnerConfig = toml::from_str(&text)
+        .with_context(|| format!("{} is not a learner config", path.display()))?;
+    cfg.rl
+        .validate()
+        .with_context(|| format!("{}: the [rl] table", path.display()))?;
+    Ok(RunRl {
+        path: path.to_path_buf(),
+        rl: cfg.rl,
+    })
+}
+
+/// What `replay show` prints about a trajectory's advantages.
+#[derive(Debug, Clone, PartialEq)]
+struct Advantages {
+    /// The advantage of each turn, by turn index (every step of a turn split into several
+    /// steps shows its turn's); `None` when none is shown.
+    by_turn: Option<BTreeMap<u32, f64>>,
+    /// One line: how they were computed, or why none is shown.
+    note: String,
+}
+
+impl Advantages {
+    fn none(note: impl Into<String>) -> Self {
+        Self {
+            by_turn: None,
+            note: note.into(),
+        }
+    }
+}
+
+/// The advantage the trainer gives each of `rec`'s turns within its group (the stored,
+/// finished trajectories sharing its `group_id`), by the trainer's own code
+/// (`corvid_learner::train::batch::turn_advantages`): its turns built from steps the way
+/// the trainer builds them (a turn split over several steps is one turn), under `rl`'s
+/// estimator, gamma, process_weight, normalisation and eps. Without `rl` nothing is shown:
+/// any fixed recipe would print numbers the trainer never used.
+///
+/// The group is every member stored here that the trainer could train on; which members a
+/// past update left out as stale depends on the policy version at that update, which the
+/// store does not record, so they are counted in.
+fn group_advantages(
+    store: &TrajectoryStore,
+    rec: &TrajectoryRecord,
+    rl: Option<&RunRl>,
+) -> Result<Advantages> {
+    let Some(run) = rl else {
+        return Ok(Advantages::none(format!(
+            "not shown, no run config found next to the store; pass --config FILE (the \
+             trainer's [rl] settings decide them; looked for {} in the store's folder)",
+            RUN_CONFIGS.join(" and ")
+        )));
+    };
+    let id = &rec.header.trajectory_id;
+    let group = &rec.header.group_id;
     let filter = Filter {
         family: Some(rec.header.task.family.clone()),
         level: Some(rec.header.task.level),
         ..Filter::default()
     };
-    let mut members: Vec<(TrajectoryRecord, Vec<f64>)> = Vec::new();
+    let mut members: Vec<TrainingTrajectory> = Vec::new();
     for r in store.list(&filter) {
         let r = r?;
-        if r.header.group_id != rec.header.group_id || r.footer.is_none() {
+        if &r.header.group_id != group {
             continue;
         }
-        let rewards: Vec<f64> = store
+        let Some(footer) = r.footer else {
+            continue;
+        };
+        let steps: Vec<Step> = store
             .steps(&r.header.trajectory_id)?
             .into_iter()
             .flatten()
-            .map(|s| s.map(|s| s.process_reward as f64))
-            .collect::<Result<_, _>>()?;
-        members.push((r, rewards));
-    }
-    if members.len() < 2 {
-        return Ok(None);
-    }
-    let episodes: Vec<StepEpisode<'_>> = members
-        .iter()
-        .map(|(r, p)| {
-            let f = r.footer.expect("filtered above");
-            StepEpisode {
-                process_rewards: p,
-                outcome: f.outcome_reward as f64,
-                termination: f.termination,
-                state_keys: &[],
+            .collect::<Result<_, _>>()
+            .with_context(|| format!("reading the steps of {}", r.header.trajectory_id))?;
+        let t = TrainingTrajectory {
+            header: r.header,
+            footer,
+            steps,
+        };
+        // The trainer leaves out what it cannot train on (`Trainer::trainable`).
+        if let Err(e) = t.check_trainable() {
+            if &t.header.trajectory_id == id {
+                return Ok(Advantages::none(format!(
+                    "none, the trainer leaves this trajectory out: {e}"
+                )));
             }
-        })
-        .collect();
-    let adv = step_advantages(&episodes, 1.0, StepBaseline::TurnIndex, true, 1e-6)?;
-    let me = members
-        .iter()
-        .position(|(r, _)| r.header.trajectory_id == rec.header.trajectory_id);
-    Ok(me.and_then(|i| adv[i].clone()))
+            continue;
+        }
+        members.push(t);
+    }
+    let Some(me) = members.iter().position(|t| &t.header.trajectory_id == id) else {
+        return Ok(Advantages::none(
+            "none, the trajectory is not among its group's finished members",
+        ));
+    };
+    let refs: Vec<&TrainingTrajectory> = members.iter().collect();
+    let mut adv = turn_advantages(&refs, &run.rl)
+        .with_context(|| format!("the advantages of group {group}"))?;
+    let scored = adv.iter().filter(|a| a.is_some()).count();
+    let Some(per_turn) = adv.swap_remove(me) else {
+        return Ok(Advantages::none(format!(
+            "none, it ended without a verdict ({}): the trainer leaves it out of baselines and \
+             the loss",
+            members[me].footer.termination
+        )));
+    };
+    // `turn_advantages` lists turns in order of first appearance (`TrainingTrajectory::turns`).
+    let mut order: Vec<u32> = Vec::new();
+    for s in &members[me].steps {
+        if !order.contains(&s.turn) {
+            order.push(s.turn);
+        }
+    }
+    let by_turn: BTreeMap<u32, f64> = order.into_iter().zip(per_turn).collect();
+    let c = &run.rl;
+    let how = match c.advantage {
+        AdvantageMode::Step => format!(
+            "step (gamma {}, process_weight {}, process_clip {}, normalize_step_advantages {}, \
+             adv_eps {})",
+            c.gamma, c.process_weight, c.process_clip, c.normalize_step_advantages, c.adv_eps
+        ),
+        AdvantageMode::Grpo | AdvantageMode::DrGrpo | AdvantageMode::Rloo => format!(
+            "{} (process_weight {}, process_clip {}, adv_eps {}; one per trajectory, repeated \
+             on each turn)",
+            serde_json::to_value(c.advantage)?
+                .as_str()
+                .unwrap_or_default(),
+            c.process_weight,
+            c.process_clip,
+            c.adv_eps
+        ),
+    };
+    let mut note = format!(
+        "the trainer's, advantage = {how} from {}, within the {scored} scored member(s) of \
+         group {group} stored here",
+        run.path.display()
+    );
+    if store.consumed_at(id)?.is_none() {
+        note.push_str("; never consumed by a trainer, so what it would have been given");
+    }
+    Ok(Advantages {
+        by_turn: Some(by_turn),
+        note,
+    })
+}
+
+/// Refuses an export file inside the store's folder: sled owns every file there, and an
+/// export over one of them (`--out <store>/db`) destroys the store.
+fn refuse_out_inside_store(out: &Path, store: &Path) -> Result<()> {
+    // A store that does not resolve does not exist; `open` says so.
+    let Ok(store) = store.canonicalize() else {
+        return Ok(());
+    };
+    let target = out.canonicalize().ok().or_else(|| {
+        let dir = match out.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(dir.canonicalize().ok()?.join(out.file_name()?))
+    });
+    if target.is_some_and(|t| t.starts_with(&store)) {
+        anyhow::bail!(
+            "refusing to export into {}: it is inside the store {}; write the export elsewhere",
+            out.display(),
+            store.display()
+        );
+    }
+    Ok(())
+}
+
+/// Runs `export` into a temporary file next to `path` and renames it over `path` only when
+/// the whole export is written and holds at least one trajectory. A failed export, or a
+/// filter that matches nothing (a typo), leaves an earlier file at `path` as it was.
+fn export_to_file(
+    path: &Path,
+    export: impl FnOnce(&mut dyn Write) -> Result<ExportSummary>,
+) -> Result<ExportSummary> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".corvid-export-").suffix(".tmp");
+    // Readable like a file created by `File::create` (a temporary file is 0600).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    let mut tmp = builder.tempfile_in(dir).with_context(|| {
+        format!(
+            "creating a temporary file in {} for {}",
+            dir.display(),
+            path.display()
+        )
+    })?;
+    let summary = {
+        let mut w = std::io::BufWriter::new(tmp.as_file_mut());
+        let s = export(&mut w)?;
+        w.flush()
+            .with_context(|| format!("writing the export for {}", path.display()))?;
+        s
+    };
+    if summary.trajectories == 0 {
+        anyhow::bail!(
+            "no trajectory matches the filters; {} {}",
+            path.display(),
+            if path.exists() {
+                "is left as it was"
+            } else {
+                "is not written"
+            }
+        );
+    }
+    tmp.as_file()
+        .sync_all()
+        .with_context(|| format!("writing the export for {}", path.display()))?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .with_context(|| format!("renaming the export into {}", path.display()))?;
+    Ok(summary)
 }
 
 fn clip_text(s: &str, full: bool) -> String {
@@ -466,7 +716,7 @@ fn write_transcript(
     out: &mut impl Write,
     rec: &TrajectoryRecord,
     steps: &[Step],
-    advantages: Option<&[f64]>,
+    advantages: &Advantages,
     full: bool,
 ) -> Result<()> {
     let h = &rec.header;
@@ -489,13 +739,7 @@ fn write_transcript(
         "  sampling: temperature {} top_p {} max_new_tokens {} seed {}",
         h.sampling.temperature, h.sampling.top_p, h.sampling.max_new_tokens, h.sampling.seed
     )?;
-    if advantages.is_none() {
-        writeln!(
-            out,
-            "  (no step advantages: no other scored member of group {} is stored)",
-            h.group_id
-        )?;
-    }
+    writeln!(out, "  advantages: {}", advantages.note)?;
     for s in steps {
         let generated = s.generated_count();
         let first_gen = s
@@ -521,7 +765,7 @@ fn write_transcript(
             write!(out, ", mean logprob {:.3}", sum / generated as f32)?;
         }
         write!(out, ", process reward {:+.3}", s.process_reward)?;
-        match advantages.and_then(|a| a.get(s.turn as usize)) {
+        match advantages.by_turn.as_ref().and_then(|a| a.get(&s.turn)) {
             Some(a) => writeln!(out, ", advantage {a:+.3}")?,
             None => writeln!(out)?,
         }
@@ -679,13 +923,18 @@ fn rescore(
         );
         return Ok(r);
     }
-    let mut ep = Episode::start(env, &task)?;
-    for step in store
+    let steps: Vec<Step> = store
         .steps(&rec.header.trajectory_id)?
         .into_iter()
         .flatten()
-    {
-        let step = step?;
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("reading the steps of {}", rec.header.trajectory_id))?;
+    let format = EpisodeFormat::default();
+    let mut ep = Episode::start(env, &task)?;
+    // Both texts are printed for the first call whose output text differs; later ones in a
+    // trajectory usually follow from it.
+    let mut texts_shown = false;
+    for (i, step) in steps.iter().enumerate() {
         // Turns whose output did not parse as a call ran no tool; nothing to re-execute.
         let Some(call) = step.tool_call.as_ref().filter(|c| {
             !c.name.is_empty()
@@ -696,23 +945,54 @@ fn rescore(
         };
         r.calls += 1;
         let now = ep.call(call);
-        if let Some(stored) = &step.tool_result {
-            if stored.status != now.result.status
-                || stored.exit_code != now.result.exit_code
-                || stored.bytes_shown != now.result.bytes_shown
-            {
-                r.diverged.push(format!(
-                    "turn {}: {}: stored {} exit {} {} bytes, now {} exit {} {} bytes",
-                    step.turn,
-                    call.name,
-                    stored.status,
-                    stored.exit_code,
-                    stored.bytes_shown,
-                    now.result.status,
-                    now.result.exit_code,
-                    now.result.bytes_shown
-                ));
+        let Some(stored) = &step.tool_result else {
+            continue;
+        };
+        let mut differs: Vec<String> = Vec::new();
+        if stored.status != now.result.status
+            || stored.exit_code != now.result.exit_code
+            || stored.bytes_shown != now.result.bytes_shown
+        {
+            differs.push(format!(
+                "stored {} exit {} {} bytes, now {} exit {} {} bytes",
+                stored.status,
+                stored.exit_code,
+                stored.bytes_shown,
+                now.result.status,
+                now.result.exit_code,
+                now.result.bytes_shown
+            ));
+        }
+        // The output the policy read is the context that opens the next turn; the result
+        // record only holds its size, so a same-length change (a forged transcript, a tool
+        // that is not deterministic) shows only here. A call that ended the episode was
+        // never read back: nothing to compare.
+        let read = read_back(&steps[i + 1..]);
+        if !read.is_empty() {
+            let expected = format.result_ids(format.closed_by_call(&step.token_ids), &now.text);
+            if read != expected {
+                if texts_shown {
+                    differs.push("output text differs".into());
+                } else {
+                    texts_shown = true;
+                    let tok = format.tokenizer();
+                    let (was, is) = (tool_text(tok, &read), tool_text(tok, &expected));
+                    let at = first_difference(&was, &is);
+                    differs.push(format!(
+                        "output text differs at character {at}:\n      stored {}\n      now    {}",
+                        text_around(&was, at),
+                        text_around(&is, at)
+                    ));
+                }
             }
+        }
+        if !differs.is_empty() {
+            r.diverged.push(format!(
+                "turn {}: {}: {}",
+                step.turn,
+                call.name,
+                differs.join("; ")
+            ));
         }
     }
     let verdict = ep.check();
@@ -725,6 +1005,66 @@ fn rescore(
         r.note = format!("VERDICT DIFFERS: {}", r.note);
     }
     Ok(r)
+}
+
+/// The context tokens that open the turn after a call: the leading unmasked tokens of the
+/// steps after it (a long context may be split over several steps of one turn). Empty when
+/// no turn followed.
+fn read_back(after: &[Step]) -> Vec<u32> {
+    let mut ids = Vec::new();
+    for s in after {
+        match s.loss_mask.iter().position(|m| *m) {
+            Some(first_gen) => {
+                ids.extend_from_slice(&s.token_ids[..first_gen]);
+                break;
+            }
+            None => ids.extend_from_slice(&s.token_ids),
+        }
+    }
+    ids
+}
+
+/// The tool's text in a tool-message context (`EpisodeFormat::result_ids`): what follows
+/// `<|tool|>` up to its `<|end|>`. Tool text is encoded plain, so it holds no special token;
+/// a context of another shape is decoded whole.
+fn tool_text(tok: &corvid_learner::tokenizer::ByteTokenizer, ids: &[u32]) -> String {
+    let body = ids
+        .iter()
+        .position(|&t| t == Special::Tool.id())
+        .map(|start| {
+            let rest = &ids[start + 1..];
+            let end = rest
+                .iter()
+                .position(|&t| t == Special::End.id())
+                .unwrap_or(rest.len());
+            &rest[..end]
+        });
+    tok.decode(body.unwrap_or(ids))
+}
+
+/// The index of the first character where `a` and `b` differ (the shorter one's length if
+/// one is a prefix of the other).
+fn first_difference(a: &str, b: &str) -> usize {
+    a.chars()
+        .zip(b.chars())
+        .position(|(x, y)| x != y)
+        .unwrap_or_else(|| a.chars().count().min(b.chars().count()))
+}
+
+/// `text` shortened to a window around character `at`, quoted and escaped so that newlines
+/// and trailing spaces are visible.
+fn text_around(text: &str, at: usize) -> String {
+    const BEFORE: usize = 30;
+    const AFTER: usize = 50;
+    let n = text.chars().count();
+    let lo = at.saturating_sub(BEFORE);
+    let hi = (at + AFTER).min(n);
+    let part: String = text.chars().skip(lo).take(hi - lo).collect();
+    format!(
+        "{}{part:?}{} ({n} characters)",
+        if lo > 0 { "…" } else { "" },
+        if hi < n { "…" } else { "" }
+    )
 }
 
 #[cfg(test)]
@@ -745,6 +1085,55 @@ mod tests {
         Abandoned,
         /// Stored under another task-generator spec than today's.
         OldSpec,
+        /// The oracle episode with turn 1 split into two steps of the same turn index, as
+        /// an actor splits a turn longer than its step limit.
+        SplitTurn,
+        /// The oracle episode with the first character of the tool output read back at turn
+        /// 1 changed (same length, same status: only the text tells).
+        ForgedOutput,
+    }
+
+    /// `steps` with turn 1 split in two steps: the first holds half its context, the second
+    /// the rest, the call, its result and the process reward (as the actor splits a turn).
+    fn split_turn_1(mut steps: Vec<Step>) -> Vec<Step> {
+        let i = steps.iter().position(|s| s.turn == 1).expect("turn 1");
+        let whole = steps.remove(i);
+        let k = whole.loss_mask.iter().position(|m| *m).expect("generated") / 2;
+        assert!(k > 0, "turn 1 has a context to split");
+        let mut first = whole.clone();
+        first.token_ids.truncate(k);
+        first.loss_mask.truncate(k);
+        first.logprobs.truncate(k);
+        first.policy_versions.truncate(k);
+        first.tool_call = None;
+        first.tool_result = None;
+        first.process_reward = 0.0;
+        let mut rest = whole;
+        rest.token_ids.drain(..k);
+        rest.loss_mask.drain(..k);
+        rest.logprobs.drain(..k);
+        rest.policy_versions.drain(..k);
+        steps.insert(i, rest);
+        steps.insert(i, first);
+        steps
+    }
+
+    /// `steps` with the first character of turn 1's tool text replaced by another ASCII one.
+    fn forge_output(mut steps: Vec<Step>) -> Vec<Step> {
+        let s = steps.iter_mut().find(|s| s.turn == 1).expect("turn 1");
+        let at = 1 + s
+            .token_ids
+            .iter()
+            .position(|&t| t == Special::Tool.id())
+            .expect("a tool message");
+        let c = s.token_ids[at];
+        assert!(c < 128, "an ASCII character");
+        s.token_ids[at] = if c == u32::from(b'x') {
+            u32::from(b'y')
+        } else {
+            u32::from(b'x')
+        };
+        steps
     }
 
     /// Stores the oracle episode of hops/L2/s4 twice in one group: once as it is (success)
@@ -801,11 +1190,16 @@ mod tests {
             };
             let tokens: usize = demo.len();
             let generated: usize = demo.steps.iter().map(|s| s.generated_count()).sum();
-            let n = demo.steps.len();
-            for (seq, step) in demo.steps.into_iter().enumerate() {
+            let success = demo.verdict.passed();
+            let steps = match member {
+                Member::SplitTurn => split_turn_1(demo.steps),
+                Member::ForgedOutput => forge_output(demo.steps),
+                _ => demo.steps,
+            };
+            let n = steps.len();
+            for (seq, step) in steps.into_iter().enumerate() {
                 w.append(seq as u64, step).expect("append");
             }
-            let success = demo.verdict.passed();
             assert_eq!(success, !wrong);
             w.finish_blocking(TrajectoryFooter {
                 outcome_reward: if success { 1.0 } else { 0.0 },
@@ -937,34 +1331,377 @@ mod tests {
         assert_eq!(status("old"), ExitCode::from(2), "could not re-score");
     }
 
-    #[test]
-    fn advantages_favour_the_successful_member_of_the_group() {
-        let dir = tempfile::tempdir().expect("tmp");
-        let (store, _env) = store_group(dir.path());
-        let good = store.get("good").expect("get").expect("stored");
-        let bad = store.get("bad").expect("get").expect("stored");
-        let a_good = group_advantages(&store, &good)
-            .expect("adv")
-            .expect("group of 2");
-        let a_bad = group_advantages(&store, &bad)
-            .expect("adv")
-            .expect("group of 2");
-        // Identical reads, so equal returns-to-go until the answer decides: the last turn's
-        // advantage is positive for the success and negative for the failure.
-        assert!(a_good.last().expect("turns") > &0.5, "{a_good:?}");
-        assert!(a_bad.last().expect("turns") < &-0.5, "{a_bad:?}");
-        let mut text = Vec::new();
-        let steps: Vec<Step> = store
-            .steps("good")
+    /// The command line `argv` (after `corvid`) run as `corvid replay` does, its standard
+    /// output captured.
+    fn run_captured(argv: &[&str]) -> (Result<ExitCode>, String) {
+        use clap::Parser;
+        #[derive(Parser)]
+        struct Cli {
+            #[command(flatten)]
+            replay: ReplayArgs,
+        }
+        let args = Cli::try_parse_from(argv).expect("arguments").replay;
+        let mut out = Vec::new();
+        let status = run_to(args, &mut out);
+        (status, String::from_utf8(out).expect("utf8"))
+    }
+
+    fn stored_steps(store: &TrajectoryStore, id: &str) -> Vec<Step> {
+        store
+            .steps(id)
             .expect("steps")
             .into_iter()
             .flatten()
             .collect::<Result<_, _>>()
-            .expect("steps");
-        write_transcript(&mut text, &good, &steps, Some(&a_good), false).expect("show");
+            .expect("steps")
+    }
+
+    /// `id` as the trainer reads it.
+    fn training_trajectory(store: &TrajectoryStore, id: &str) -> TrainingTrajectory {
+        let rec = store.get(id).expect("get").expect("stored");
+        TrainingTrajectory {
+            header: rec.header,
+            footer: rec.footer.expect("finished"),
+            steps: stored_steps(store, id),
+        }
+    }
+
+    fn rl_from(path: &Path, toml: &str) -> RunRl {
+        std::fs::write(path, toml).expect("config");
+        load_rl(path).expect("rl config")
+    }
+
+    #[test]
+    fn advantages_favour_the_successful_member_of_the_group() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (store, _env) = store_group(dir.path());
+        let rl = rl_from(
+            &dir.path().join("learner.toml"),
+            "[rl]\nnormalize_step_advantages = true\n",
+        );
+        let good = store.get("good").expect("get").expect("stored");
+        let bad = store.get("bad").expect("get").expect("stored");
+        let a_good = group_advantages(&store, &good, Some(&rl)).expect("adv");
+        let a_bad = group_advantages(&store, &bad, Some(&rl)).expect("adv");
+        let last = |a: &Advantages| {
+            *a.by_turn
+                .as_ref()
+                .expect("shown")
+                .values()
+                .last()
+                .expect("turns")
+        };
+        // Identical reads, so equal returns-to-go until the answer decides: the last turn's
+        // advantage is positive for the success and negative for the failure.
+        assert!(last(&a_good) > 0.5, "{a_good:?}");
+        assert!(last(&a_bad) < -0.5, "{a_bad:?}");
+        let mut text = Vec::new();
+        write_transcript(
+            &mut text,
+            &good,
+            &stored_steps(&store, "good"),
+            &a_good,
+            false,
+        )
+        .expect("show");
         let text = String::from_utf8(text).expect("utf8");
         assert!(text.contains("advantage +"), "{text}");
         assert!(text.contains("call  | read_file("), "{text}");
+        assert!(
+            text.contains("advantages: the trainer's, advantage = step")
+                && text.contains("learner.toml"),
+            "{text}"
+        );
+        assert!(text.contains("never consumed by a trainer"), "{text}");
+    }
+
+    #[test]
+    fn shown_advantages_are_the_trainers_on_a_group_with_a_split_turn() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (store, _env) = store_episodes(
+            dir.path(),
+            &[("good", Member::SplitTurn), ("bad", Member::WrongAnswer)],
+        );
+        // The run's config sits next to its store; the demo trains without normalisation.
+        let rl = rl_from(
+            &dir.path().join("config.toml"),
+            "[rl]\nnormalize_step_advantages = false\n",
+        );
+        let found = run_rl_config(&dir.path().join("store"), None)
+            .expect("config")
+            .expect("found next to the store");
+        assert_eq!(found.path, dir.path().join("config.toml"));
+        assert!(!found.rl.normalize_step_advantages);
+        let (good, bad) = (
+            training_trajectory(&store, "good"),
+            training_trajectory(&store, "bad"),
+        );
+        assert_eq!(good.steps.len(), 4, "turn 1 is split over two steps");
+        assert_eq!(bad.steps.len(), 3);
+        let trainer = turn_advantages(&[&good, &bad], &rl.rl).expect("trainer");
+        // By hand: gamma 1, no normalisation, so A_t = G_t - mean over the two at turn t,
+        // G_t the outcome plus the process rewards of turns t.. (a split turn's summed, then
+        // clipped at process_clip 1).
+        let returns = |t: &TrainingTrajectory| -> Vec<f64> {
+            let p: Vec<f64> = t.turns().iter().map(|(p, _)| p.clamp(-1.0, 1.0)).collect();
+            (0..p.len())
+                .map(|i| p[i..].iter().sum::<f64>() + t.footer.outcome_reward as f64)
+                .collect()
+        };
+        let (g_good, g_bad) = (returns(&good), returns(&bad));
+        assert_eq!(g_good.len(), 3);
+        for (i, (name, t)) in [("good", &good), ("bad", &bad)].into_iter().enumerate() {
+            let rec = store.get(name).expect("get").expect("stored");
+            let shown = group_advantages(&store, &rec, Some(&found)).expect("adv");
+            let by_turn = shown.by_turn.as_ref().expect("shown");
+            let expected = trainer[i].as_ref().expect("scored");
+            assert_eq!(
+                by_turn.values().copied().collect::<Vec<_>>(),
+                *expected,
+                "{name}: the trainer's per-turn advantages, in turn order"
+            );
+            assert_eq!(by_turn.keys().copied().collect::<Vec<_>>(), vec![0, 1, 2]);
+            for turn in 0..3 {
+                let mine = if name == "good" {
+                    g_good[turn]
+                } else {
+                    g_bad[turn]
+                };
+                let hand = mine - (g_good[turn] + g_bad[turn]) / 2.0;
+                assert!(
+                    (by_turn[&(turn as u32)] - hand).abs() < 1e-9,
+                    "{name} turn {turn}"
+                );
+            }
+            // Every step of the split turn shows its turn's advantage.
+            let mut text = Vec::new();
+            write_transcript(&mut text, &rec, &t.steps, &shown, false).expect("show");
+            let text = String::from_utf8(text).expect("utf8");
+            let turn_1: Vec<&str> = text.lines().filter(|l| l.contains("turn   1:")).collect();
+            assert_eq!(turn_1.len(), if name == "good" { 2 } else { 1 }, "{text}");
+            let a1 = format!("advantage {:+.3}", by_turn[&1]);
+            assert!(turn_1.iter().all(|l| l.ends_with(&a1)), "{a1}: {text}");
+            assert!(text.contains("normalize_step_advantages false"), "{text}");
+        }
+        // The settings decide the numbers: normalised, the same group shows others.
+        let rec = store.get("good").expect("get").expect("stored");
+        let mut normalised = found.clone();
+        normalised.rl.normalize_step_advantages = true;
+        assert_ne!(
+            group_advantages(&store, &rec, Some(&normalised))
+                .expect("adv")
+                .by_turn,
+            group_advantages(&store, &rec, Some(&found))
+                .expect("adv")
+                .by_turn
+        );
+    }
+
+    #[test]
+    fn without_a_run_config_no_advantage_is_shown_and_config_selects_the_estimator() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (store, _env) = store_group(dir.path());
+        let store_dir = dir.path().join("store");
+        // A bare store (an eval store): no numbers, and why.
+        assert!(run_rl_config(&store_dir, None).expect("none").is_none());
+        let good = store.get("good").expect("get").expect("stored");
+        let none = group_advantages(&store, &good, None).expect("adv");
+        assert_eq!(none.by_turn, None);
+        let mut text = Vec::new();
+        write_transcript(
+            &mut text,
+            &good,
+            &stored_steps(&store, "good"),
+            &none,
+            false,
+        )
+        .expect("show");
+        let text = String::from_utf8(text).expect("utf8");
+        assert!(
+            text.contains(
+                "advantages: not shown, no run config found next to the store; pass --config"
+            ),
+            "{text}"
+        );
+        assert!(!text.contains(", advantage "), "{text}");
+        // --config: GRPO gives the trajectory's advantage on every turn.
+        let other = dir.path().join("elsewhere.toml");
+        std::fs::write(&other, "[rl]\nadvantage = \"grpo\"\n").expect("config");
+        let grpo = run_rl_config(&store_dir, Some(&other))
+            .expect("config")
+            .expect("given");
+        let shown = group_advantages(&store, &good, Some(&grpo)).expect("adv");
+        let values: Vec<f64> = shown.by_turn.expect("shown").into_values().collect();
+        let trainer = turn_advantages(
+            &[
+                &training_trajectory(&store, "good"),
+                &training_trajectory(&store, "bad"),
+            ],
+            &grpo.rl,
+        )
+        .expect("trainer");
+        assert_eq!(Some(&values), trainer[0].as_ref());
+        assert_eq!(values.len(), 3);
+        assert!(
+            values.iter().all(|a| *a == values[0] && *a > 0.0),
+            "{values:?}"
+        );
+        assert!(shown.note.contains("grpo"), "{}", shown.note);
+        // A config that is there but broken is an error naming it, not silent defaults.
+        std::fs::write(dir.path().join("config.toml"), "[rl]\ngamma = 2.0\n").expect("config");
+        let err = format!(
+            "{:#}",
+            run_rl_config(&store_dir, None).expect_err("refused")
+        );
+        assert!(
+            err.contains("config.toml") && err.contains("--config"),
+            "{err}"
+        );
+        drop((store, _env));
+        // Through the command: the note is printed.
+        let (status, out) = run_captured(&[
+            "replay",
+            "show",
+            "--store",
+            store_dir.to_str().expect("utf8"),
+            "--config",
+            other.to_str().expect("utf8"),
+            "good",
+        ]);
+        assert_eq!(status.expect("shown"), ExitCode::SUCCESS);
+        assert!(out.contains("advantage = grpo"), "{out}");
+    }
+
+    #[test]
+    fn export_out_is_replaced_only_by_a_whole_export_with_trajectories() {
+        let dir = tempfile::tempdir().expect("tmp");
+        drop(store_group(dir.path()));
+        let store = dir.path().join("store");
+        let store = store.to_str().expect("utf8");
+        let file = dir.path().join("out.jsonl");
+        let file_s = file.to_str().expect("utf8");
+        let export = |extra: &[&str]| {
+            let mut argv = vec!["replay", "export", "--store", store, "--out", file_s];
+            argv.extend_from_slice(extra);
+            run_captured(&argv).0
+        };
+        // Nothing there yet and nothing matches: refused, nothing written.
+        let err = format!("{:#}", export(&["--family", "hopz"]).expect_err("refused"));
+        assert!(err.contains("no trajectory matches"), "{err}");
+        assert!(!file.exists());
+        export(&[]).expect("exported");
+        let before = std::fs::read(&file).expect("written");
+        assert_eq!(String::from_utf8_lossy(&before).lines().count(), 2);
+        // A filter typo leaves the earlier export as it was.
+        let err = format!("{:#}", export(&["--family", "hopz"]).expect_err("refused"));
+        assert!(err.contains("left as it was"), "{err}");
+        assert_eq!(std::fs::read(&file).expect("kept"), before);
+        // A narrower export replaces it whole.
+        export(&["--success", "true", "--format", "chat"]).expect("exported");
+        let after = std::fs::read_to_string(&file).expect("written");
+        assert_eq!(after.lines().count(), 1);
+        // No temporary file is left behind.
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
+    }
+
+    #[test]
+    fn export_out_inside_the_store_is_refused_and_the_store_kept() {
+        let dir = tempfile::tempdir().expect("tmp");
+        drop(store_group(dir.path()));
+        let store = dir.path().join("store");
+        let db = std::fs::read(store.join("db")).expect("db");
+        for out in [store.join("db"), store.join("new.jsonl"), store.clone()] {
+            let (status, _) = run_captured(&[
+                "replay",
+                "export",
+                "--store",
+                store.to_str().expect("utf8"),
+                "--out",
+                out.to_str().expect("utf8"),
+            ]);
+            let err = format!("{:#}", status.expect_err("refused"));
+            assert!(err.contains("inside the store"), "{}: {err}", out.display());
+        }
+        // The same file named through a relative path with `..` is refused too.
+        let sneaky = store.join("..").join("store").join("db");
+        let (status, _) = run_captured(&[
+            "replay",
+            "export",
+            "--store",
+            store.to_str().expect("utf8"),
+            "--out",
+            sneaky.to_str().expect("utf8"),
+        ]);
+        assert!(status.is_err());
+        assert_eq!(std::fs::read(store.join("db")).expect("db"), db);
+        assert!(!store.join("new.jsonl").exists());
+        let store = open(&store).expect("the store still opens");
+        assert_eq!(store.list(&Filter::default()).count(), 2);
+    }
+
+    #[test]
+    fn rescore_compares_the_output_text_the_policy_read() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (store, env) = store_episodes(
+            dir.path(),
+            &[("good", Member::Oracle), ("forged", Member::ForgedOutput)],
+        );
+        let families = Families::new(&[]).expect("families");
+        let rec = store.get("forged").expect("get").expect("stored");
+        let r = rescore(&store, &env, &families, &rec).expect("rescore");
+        assert_eq!(r.calls, 3);
+        // Same status, exit code and size: only the text differs, and the verdict agrees.
+        assert_eq!(r.diverged.len(), 1, "{:?}", r.diverged);
+        let d = &r.diverged[0];
+        assert!(
+            d.starts_with("turn 0: read_file: output text differs at character 0"),
+            "{d}"
+        );
+        assert!(!d.contains("bytes"), "{d}");
+        let lines: Vec<&str> = d.lines().collect();
+        assert_eq!(lines.len(), 3, "{d}");
+        assert!(
+            lines[1].trim_start().starts_with("stored \"x")
+                || lines[1].trim_start().starts_with("stored \"y"),
+            "{d}"
+        );
+        assert!(lines[2].trim_start().starts_with("now    \""), "{d}");
+        assert_ne!(lines[1].trim_start()[6..], lines[2].trim_start()[6..]);
+        assert_eq!(r.rescored, Some(true));
+        assert!(!r.verdict_differs());
+        let good = store.get("good").expect("get").expect("stored");
+        assert!(rescore(&store, &env, &families, &good)
+            .expect("rescore")
+            .diverged
+            .is_empty());
+    }
+
+    #[test]
+    fn rescore_counts_diverged_calls_and_exits_1_although_every_verdict_matches() {
+        let dir = tempfile::tempdir().expect("tmp");
+        drop(store_episodes(
+            dir.path(),
+            &[("good", Member::Oracle), ("forged", Member::ForgedOutput)],
+        ));
+        let store = dir.path().join("store");
+        let store = store.to_str().expect("utf8");
+        let (status, out) = run_captured(&["replay", "rescore", "--store", store]);
+        assert_eq!(status.expect("an exit status"), ExitCode::from(1), "{out}");
+        assert!(
+            out.contains(
+                "2 trajectories re-executed; 1 call(s) diverged from the stored result in 1 \
+                 trajectory(ies); 0 verdict(s) differ"
+            ),
+            "{out}"
+        );
+        assert!(out.contains("output text differs"), "{out}");
+        let (status, out) = run_captured(&["replay", "rescore", "--store", store, "--id", "good"]);
+        assert_eq!(status.expect("an exit status"), ExitCode::SUCCESS, "{out}");
+        assert!(out.contains("0 call(s) diverged"), "{out}");
     }
 
     #[test]
