@@ -110,7 +110,8 @@ pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ModelE
                 ),
             )
         })?;
-    let head = bytes.get(8..8 + header_len).ok_or_else(|| {
+    let head_end = header_len.checked_add(8).unwrap_or(usize::MAX);
+    let head = bytes.get(8..head_end).ok_or_else(|| {
         bad(
             "<header>",
             format!(
@@ -121,7 +122,7 @@ pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ModelE
     })?;
     let header: serde_json::Map<String, Value> =
         serde_json::from_slice(head).map_err(|e| bad("<header>", format!("not JSON: {e}")))?;
-    let data = &bytes[8 + header_len..];
+    let data = &bytes[head_end..];
     let mut out = BTreeMap::new();
     for (name, info) in header {
         if name == "__metadata__" {
@@ -138,7 +139,8 @@ pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ModelE
             .iter()
             .map(|v| {
                 v.as_i64()
-                    .ok_or_else(|| bad(&name, "shape entries must be integers"))
+                    .filter(|&d| d >= 0)
+                    .ok_or_else(|| bad(&name, "shape entries must be integers >= 0"))
             })
             .collect::<Result<_, _>>()?;
         let offs = info["data_offsets"]
@@ -149,8 +151,11 @@ pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ModelE
             offs[0].as_u64().unwrap_or(u64::MAX) as usize,
             offs[1].as_u64().unwrap_or(u64::MAX) as usize,
         );
-        let numel: i64 = shape.iter().product();
-        let want = numel as usize * kind.elt_size_in_bytes();
+        // Sizes from the file are checked: a product that overflows is a bad header.
+        let want = shape
+            .iter()
+            .try_fold(kind.elt_size_in_bytes(), |n, &d| n.checked_mul(d as usize))
+            .ok_or_else(|| bad(&name, format!("shape {shape:?} is too large")))?;
         if end < start || end - start != want {
             return Err(bad(&name, format!("data_offsets [{start}, {end}] hold {} bytes, shape {shape:?} {dtype} needs {want}", end.saturating_sub(start))));
         }
@@ -238,4 +243,49 @@ pub fn load(dir: &Path, device: Device) -> Result<(nn::VarStore, MoePolicy), Mod
     let bytes = std::fs::read(&path).map_err(io(&path))?;
     load_weights_from_bytes(&vs, &bytes)?;
     Ok((vs, model))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A safetensors file with `header` as its JSON header and `data` after it.
+    fn file(header: &str, data: &[u8]) -> Vec<u8> {
+        let mut b = (header.len() as u64).to_le_bytes().to_vec();
+        b.extend(header.as_bytes());
+        b.extend(data);
+        b
+    }
+
+    #[test]
+    fn hostile_headers_are_errors_not_panics_or_wraps() {
+        let ok = file(
+            r#"{"w":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}}"#,
+            &[0; 8],
+        );
+        assert_eq!(read_safetensors(&ok).unwrap()["w"].size(), [2]);
+        let mut huge_len = u64::MAX.to_le_bytes().to_vec();
+        huge_len.extend(b"{}");
+        for (bytes, what) in [
+            (huge_len, "truncated"),
+            (
+                // [-2, -4] multiplies to 8 elements, the size of the data.
+                file(
+                    r#"{"w":{"dtype":"F32","shape":[-2,-4],"data_offsets":[0,32]}}"#,
+                    &[0; 32],
+                ),
+                "integers >= 0",
+            ),
+            (
+                file(
+                    r#"{"w":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,0]}}"#,
+                    &[],
+                ),
+                "too large",
+            ),
+        ] {
+            let e = read_safetensors(&bytes).unwrap_err().to_string();
+            assert!(e.contains(what), "{e}");
+        }
+    }
 }
