@@ -105,8 +105,11 @@ impl Spool {
     /// Renames `path` to `to` and makes the rename durable.
     fn move_to(path: &Path, to: PathBuf) -> Result<PathBuf, ActorError> {
         std::fs::rename(path, &to).map_err(ActorError::io(path))?;
-        if let Some(Ok(d)) = to.parent().map(std::fs::File::open) {
-            let _ = d.sync_all();
+        // The rename is done either way; a folder whose sync fails may lose it in a power
+        // cut, which the operator should hear about (the journal itself is synced).
+        let dir = to.parent().unwrap_or(Path::new("."));
+        if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+            tracing::warn!(folder = %dir.display(), error = %e, "could not sync the spool folder after a rename");
         }
         Ok(to)
     }

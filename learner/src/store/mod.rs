@@ -314,8 +314,7 @@ pub struct TrajectoryRecord {
 
 impl TrajectoryRecord {
     fn encode(&self) -> Vec<u8> {
-        // Serialising plain data to JSON cannot fail.
-        serde_json::to_vec(self).unwrap_or_default()
+        serde_json::to_vec(self).expect("a record of plain data serialises to JSON")
     }
 
     fn decode(id: &str, bytes: &[u8]) -> Result<Self> {
@@ -479,9 +478,11 @@ impl TrajectoryStore {
             .open
             .iter()
             .keys()
-            .filter_map(|k| k.ok())
-            .map(|k| String::from_utf8_lossy(&k).into_owned())
-            .collect();
+            .map(|k| {
+                k.map(|k| String::from_utf8_lossy(&k).into_owned())
+                    .map_err(|e| self.sled_err(e))
+            })
+            .collect::<Result<_>>()?;
         for id in &ids {
             self.purge_partial(id)?;
         }
