@@ -645,6 +645,10 @@ mod tests {
         let e = LearnerConfig::load(&path).unwrap_err().to_string();
         assert!(e.contains("line 4") && e.contains("group_siz"), "{e}");
         assert_eq!(e.matches("does not parse").count(), 1, "{e}");
+        let e = LearnerConfig::from_toml("[rl.optim]\nlr = -1.0\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`rl.optim.lr` = -1"), "{e}");
         let e = LearnerConfig::from_toml("[rollout]\nmax_open_groups = 0\n")
             .unwrap_err()
             .to_string();

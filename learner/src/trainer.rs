@@ -738,7 +738,7 @@ impl Trainer {
         let update_s = started.elapsed().as_secs_f64();
         let mut record = update_record(&stats, &groups, version, self.cfg.rl.staleness_bound);
         if stats.optimizer_steps == 0 && record.rollout.episodes == 0 {
-            self.skip_stale_batch(&ids, &stats)?;
+            self.skip_stale_batch(&ids, &stats, invalid)?;
             return Ok(None);
         }
 
@@ -840,24 +840,34 @@ impl Trainer {
         Ok(())
     }
 
-    /// A batch none of whose episodes is both scored and within `rl.staleness_bound`: the
-    /// trainer fell behind the actors. It is skipped like an unscored batch (no step, no
-    /// metrics line of zeros); the actors' rule-3 back-pressure keeps this rare.
+    /// A batch none of whose episodes is scored, trainable and within `rl.staleness_bound`:
+    /// usually the trainer fell behind the actors. It is skipped like an unscored batch (no
+    /// step, no metrics line of zeros); the actors' rule-3 back-pressure keeps this rare.
     fn skip_stale_batch(
         &mut self,
         ids: &[String],
         stats: &UpdateStats,
+        invalid: u64,
     ) -> Result<(), LearnerError> {
         self.consume_skipped_batch(ids)?;
         let t = &mut self.state.totals;
         t.stale_skipped += stats.stale_skipped as u64;
         t.unscored_skipped += stats.unscored_excluded as u64;
-        tracing::warn!(
-            episodes = ids.len(),
-            stale = stats.stale_skipped,
-            bound = self.cfg.rl.staleness_bound,
-            "no episode of the batch is within rl.staleness_bound policy versions; skipped (the trainer is slower than the actors: fewer actors, or a larger bound)"
-        );
+        if invalid > 0 && stats.stale_skipped == 0 {
+            tracing::warn!(
+                episodes = ids.len(),
+                invalid,
+                "no episode of the batch is trainable (see the warnings above); skipped"
+            );
+        } else {
+            tracing::warn!(
+                episodes = ids.len(),
+                stale = stats.stale_skipped,
+                invalid,
+                bound = self.cfg.rl.staleness_bound,
+                "no episode of the batch is within rl.staleness_bound policy versions; skipped (the trainer is slower than the actors: fewer actors, or a larger bound)"
+            );
+        }
         Ok(())
     }
 

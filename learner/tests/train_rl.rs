@@ -169,7 +169,6 @@ fn one_update_raises_the_rewarded_action_grpo() {
     contrived_update_moves_the_right_way(AdvantageMode::Grpo);
 }
 
-/// The routers' balance biases, by variable name.
 /// Router noise is SFT's: RL scores every policy without it, so an on-policy update still
 /// sees importance weights of exactly 1 (with noise in the training forward they were not).
 #[test]
@@ -195,6 +194,7 @@ fn rl_scores_without_router_noise() {
     assert!((st.is_weight_max - 1.0).abs() < 1e-5, "{st:?}");
 }
 
+/// The routers' balance biases, by variable name.
 fn router_biases(vs: &nn::VarStore) -> Vec<(String, Vec<f32>)> {
     params(vs)
         .into_iter()

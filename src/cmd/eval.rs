@@ -662,8 +662,8 @@ fn mismatch(want: &TrajectoryHeader, got: &TrajectoryHeader) -> Option<String> {
     if got.sampling != want.sampling {
         let s = |p: &SamplingParams| {
             format!(
-                "temperature {} top-p {} max-new-tokens {}",
-                p.temperature, p.top_p, p.max_new_tokens
+                "temperature {} top-p {} max-new-tokens {} seed {}",
+                p.temperature, p.top_p, p.max_new_tokens, p.seed
             )
         };
         return Some(format!(

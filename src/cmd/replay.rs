@@ -83,7 +83,9 @@ enum ReplayCommand {
         format: String,
         /// Write here instead of standard output: through a temporary file in the same
         /// folder, renamed over FILE only once the whole export is written. Refused when no
-        /// trajectory matches (FILE is left as it was) and inside the store's folder.
+        /// trajectory matches (FILE is left as it was) and inside the store's folder. The
+        /// new file replaces FILE itself (a symbolic link is replaced, not followed) with
+        /// mode 0644.
         #[arg(long, value_name = "FILE")]
         out: Option<PathBuf>,
     },
@@ -463,9 +465,15 @@ fn run_rl_config(store: &Path, explicit: Option<&Path>) -> Result<Option<RunRl>>
     for name in RUN_CONFIGS {
         let path = dir.join(name);
         if path.is_file() {
-            return load_rl(&path)
-                .map(Some)
-                .context("the run config next to the store (pass --config FILE to use another)");
+            // Found, not named: a file that is not a run config only costs the advantages.
+            return Ok(load_rl(&path)
+                .map_err(|e| {
+                    eprintln!(
+                        "note: {} next to the store is not a run config ({e:#}); no advantages are shown (pass --config FILE)",
+                        path.display()
+                    )
+                })
+                .ok());
         }
     }
     Ok(None)
@@ -1547,14 +1555,17 @@ mod tests {
             "{values:?}"
         );
         assert!(shown.note.contains("grpo"), "{}", shown.note);
-        // A config that is there but broken is an error naming it, not silent defaults.
-        std::fs::write(dir.path().join("config.toml"), "[rl]\ngamma = 2.0\n").expect("config");
+        // A file found next to the store that is no run config costs only the advantages
+        // (never silent defaults); named with --config, it is an error naming it.
+        let found = dir.path().join("config.toml");
+        std::fs::write(&found, "[rl]\ngamma = 2.0\n").expect("config");
+        assert!(run_rl_config(&store_dir, None).expect("a note").is_none());
         let err = format!(
             "{:#}",
-            run_rl_config(&store_dir, None).expect_err("refused")
+            run_rl_config(&store_dir, Some(&found)).expect_err("refused")
         );
         assert!(
-            err.contains("config.toml") && err.contains("--config"),
+            err.contains("config.toml") && err.contains("gamma"),
             "{err}"
         );
         drop((store, _env));

@@ -996,16 +996,20 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
             ablation_dir.display()
         );
     }
+    // A fresh run starts from `[model] init`; one that resumes a checkpoint ignores it.
     if let Some(init) = table
         .get("model")
         .and_then(|m| m.get("init"))
         .and_then(|v| v.as_str())
+        .filter(|_| !has_checkpoint(&run_dir))
     {
-        if !Path::new(init).join("config.json").is_file() {
-            bail!(
-                "{}: [model] init = {init:?} is not a policy folder (no config.json there; e.g. runs/demo/ref)",
-                args.config.display()
-            );
+        for file in [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE] {
+            if !Path::new(init).join(file).is_file() {
+                bail!(
+                    "{}: [model] init = {init:?} is not a policy folder (no {file} there; e.g. runs/demo/ref)",
+                    args.config.display()
+                );
+            }
         }
     }
     std::fs::create_dir_all(&run_dir).with_context(|| format!("creating {}", run_dir.display()))?;

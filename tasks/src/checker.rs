@@ -303,8 +303,9 @@ fn shell_lex(line: &str) -> Result<Vec<ShellTok>, String> {
             }
             _ => {
                 in_word = true;
-                // An unquoted wildcard may expand to file names.
-                dynamic |= matches!(c, '*' | '?' | '[');
+                // An unquoted wildcard may expand to file names: `*`, `?`, or a `[…]` class
+                // (a lone `[`, as in `[ -f x ]`, matches nothing and runs as itself).
+                dynamic |= matches!(c, '*' | '?') || (c == ']' && word.contains('['));
                 word.push(c);
                 i += 1;
             }

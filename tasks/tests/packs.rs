@@ -982,6 +982,7 @@ fn command_exit_checker_names_only_commands_the_toolbox_shell_has() {
     for (command, unknown) in [
         ("grep -c ok a.txt | tally", "tally"),
         ("grep ok a.txt && test -s a.txt", "test"),
+        ("[ -f a.txt ]", "["),
         ("cat a.txt; bash -c 'x'", "bash"),
         ("> out.txt python3 x.py", "python3"),
         ("wc -l a.txt 2>&1 | awk -F, x", "awk"),

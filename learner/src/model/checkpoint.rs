@@ -110,7 +110,7 @@ pub fn read_safetensors(bytes: &[u8]) -> Result<BTreeMap<String, Tensor>, ModelE
                 ),
             )
         })?;
-    let head_end = header_len.checked_add(8).unwrap_or(usize::MAX);
+    let head_end = header_len.saturating_add(8);
     let head = bytes.get(8..head_end).ok_or_else(|| {
         bad(
             "<header>",

@@ -146,7 +146,10 @@ fn read_finished_record(path: &Path) -> Result<Option<FinishedRecord>> {
         }
     };
     let r: FinishedRecord = serde_json::from_str(&text).map_err(|e| StoreError::Io {
-        what: format!("reading {}", file.display()),
+        what: format!(
+            "reading {} (the store's count of acknowledged trajectories; delete it to open the store without that check)",
+            file.display()
+        ),
         source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
     })?;
     Ok(Some(r))
@@ -244,8 +247,9 @@ pub enum StoreError {
     /// The store holds fewer finished trajectories than it recorded having acknowledged.
     #[error(
         "store at {}: sled recovered {found} finished trajectories, but at least {expected} were \
-         acknowledged ({FINISHED_FILE}): its files are damaged or were truncated. Restore them \
-         from a backup; to open what is left and accept the loss, delete {}",
+         acknowledged ({FINISHED_FILE}): its files are damaged or were truncated (or it is a copy \
+         taken while a learner was writing it: copy a stopped store). Restore them from a \
+         backup; to open what is left and accept the loss, delete {}",
         path.display(),
         path.join(FINISHED_FILE).display()
     )]
@@ -355,6 +359,8 @@ pub struct TrajectoryStore {
     finished: AtomicU64,
     /// The count last written to [`FINISHED_FILE`].
     recorded: AtomicU64,
+    /// Held while [`FINISHED_FILE`] is written.
+    record_lock: Mutex<()>,
 }
 
 impl Drop for TrajectoryStore {
@@ -364,7 +370,7 @@ impl Drop for TrajectoryStore {
         let finished = self.finished.load(Ordering::Acquire);
         let recorded = self
             .flush_sync()
-            .and_then(|()| self.record_finished(finished));
+            .and_then(|()| self.record_finished(finished, true));
         if let Err(e) = recorded {
             tracing::warn!(path = %self.path.display(), error = %e, "closing the store: could not record its finished count");
         }
@@ -447,6 +453,7 @@ impl TrajectoryStore {
             active: Arc::default(),
             finished: AtomicU64::new(found),
             recorded: AtomicU64::new(expected.unwrap_or(0)),
+            record_lock: Mutex::new(()),
         };
         let swept = store.sweep_open()?;
         if swept > 0 {
@@ -579,15 +586,22 @@ impl TrajectoryStore {
             self.db.flush().map_err(|e| self.sled_err(e))?;
         }
         if finished >= self.recorded.load(Ordering::Relaxed) + RECORD_EVERY {
-            self.record_finished(finished)?;
+            self.record_finished(finished, false)?;
         }
         Ok(())
     }
 
-    /// Writes `finished` to [`FINISHED_FILE`] (a new file renamed over the old one), unless a
-    /// larger count is recorded already.
-    fn record_finished(&self, finished: u64) -> Result<()> {
-        if self.recorded.fetch_max(finished, Ordering::AcqRel) >= finished {
+    /// Writes `finished` and the log's size to [`FINISHED_FILE`] (a new file renamed over the
+    /// old one) when `finished` is above the recorded count, or `on_close` at all (the log
+    /// may have shrunk: sled cuts free segments off its tail). One writer at a time: they
+    /// share the temporary file.
+    fn record_finished(&self, finished: u64, on_close: bool) -> Result<()> {
+        let _one_writer = self
+            .record_lock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let recorded = self.recorded.load(Ordering::Acquire);
+        if finished < recorded || (finished == recorded && !on_close) {
             return Ok(());
         }
         let path = self.path.join(FINISHED_FILE);
@@ -601,13 +615,15 @@ impl TrajectoryStore {
             finished_at_least: finished,
             db_bytes,
         })
-        .expect("a struct of one integer serialises");
+        .expect("a struct of two integers serialises");
         {
             let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", e))?;
             std::io::Write::write_all(&mut f, text.as_bytes()).map_err(|e| io("writing", e))?;
             f.sync_all().map_err(|e| io("syncing", e))?;
         }
-        std::fs::rename(&tmp, &path).map_err(|e| io("renaming", e))
+        std::fs::rename(&tmp, &path).map_err(|e| io("renaming", e))?;
+        self.recorded.store(finished, Ordering::Release);
+        Ok(())
     }
 
     /// Raw record of `id`, open or finished (internal; readers use [`get`](Self::get)).

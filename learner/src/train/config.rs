@@ -64,36 +64,45 @@ impl Default for OptimConfig {
 }
 
 impl OptimConfig {
-    /// Checks ranges; names the first bad field.
+    /// Checks ranges; names the first bad field as `optim.<field>` (the table lives under
+    /// `[sft]` or `[rl]`, which prefix it).
     pub fn validate(&self) -> Result<(), TrainError> {
         if !(self.lr.is_finite() && self.lr >= 0.0) {
-            return Err(bad("lr", self.lr, "must be a finite value >= 0"));
+            return Err(bad("optim.lr", self.lr, "must be a finite value >= 0"));
         }
         for (i, b) in self.betas.iter().enumerate() {
             if !(0.0..1.0).contains(b) {
                 return Err(bad(
-                    if i == 0 { "betas[0]" } else { "betas[1]" },
+                    if i == 0 {
+                        "optim.betas[0]"
+                    } else {
+                        "optim.betas[1]"
+                    },
                     b,
                     "must be in [0, 1)",
                 ));
             }
         }
         if !(self.eps.is_finite() && self.eps > 0.0) {
-            return Err(bad("eps", self.eps, "must be a finite value > 0"));
+            return Err(bad("optim.eps", self.eps, "must be a finite value > 0"));
         }
         if !(self.weight_decay.is_finite() && self.weight_decay >= 0.0) {
             return Err(bad(
-                "weight_decay",
+                "optim.weight_decay",
                 self.weight_decay,
                 "must be a finite value >= 0",
             ));
         }
         if !(0.0..=1.0).contains(&self.min_lr_ratio) {
-            return Err(bad("min_lr_ratio", self.min_lr_ratio, "must be in [0, 1]"));
+            return Err(bad(
+                "optim.min_lr_ratio",
+                self.min_lr_ratio,
+                "must be in [0, 1]",
+            ));
         }
         if !(self.grad_clip.is_finite() && self.grad_clip >= 0.0) {
             return Err(bad(
-                "grad_clip",
+                "optim.grad_clip",
                 self.grad_clip,
                 "must be a finite value >= 0 (0 = off)",
             ));
