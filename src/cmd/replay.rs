@@ -522,9 +522,11 @@ impl Advantages {
 /// estimator, gamma, process_weight, normalisation and eps. Without `rl` nothing is shown:
 /// any fixed recipe would print numbers the trainer never used.
 ///
-/// The group is every member stored here that the trainer could train on; which members a
-/// past update left out as stale depends on the policy version at that update, which the
-/// store does not record, so they are counted in.
+/// The group is every member stored here that the trainer could train on, less second
+/// copies of an episode (same sampler seed, a later finish: the collector never trains on
+/// them); which members a past update left out as stale depends on the policy version at
+/// that update, which the store does not record, so they are counted in. The trainer's
+/// vocabulary check is not repeated (replay loads no model).
 fn group_advantages(
     store: &TrajectoryStore,
     rec: &TrajectoryRecord,
@@ -544,15 +546,33 @@ fn group_advantages(
         level: Some(rec.header.task.level),
         ..Filter::default()
     };
-    let mut members: Vec<TrainingTrajectory> = Vec::new();
+    // The group's finished members in finish order, as the trainer's collector reads them.
+    let mut found: Vec<TrajectoryRecord> = Vec::new();
     for r in store.list(&filter) {
         let r = r?;
-        if &r.header.group_id != group {
-            continue;
+        if &r.header.group_id == group && r.footer.is_some() {
+            found.push(r);
         }
+    }
+    found.sort_by_key(|r| r.finish_seq);
+    let mut members: Vec<TrainingTrajectory> = Vec::new();
+    let mut seeds: Vec<(u64, String)> = Vec::new();
+    for r in found {
         let Some(footer) = r.footer else {
             continue;
         };
+        // A second copy of an episode (same sampler seed; its first actor was taken for gone
+        // and was not) is stored but never trained on (the collector's rule 4).
+        let seed = r.header.sampling.seed;
+        if let Some((_, first)) = seeds.iter().find(|(s, _)| seed != 0 && *s == seed) {
+            if &r.header.trajectory_id == id {
+                return Ok(Advantages::none(format!(
+                    "none, a second copy of episode {first} (same group and sampler seed): the trainer does not train on it"
+                )));
+            }
+            continue;
+        }
+        seeds.push((seed, r.header.trajectory_id.clone()));
         let steps: Vec<Step> = store
             .steps(&r.header.trajectory_id)?
             .into_iter()
@@ -1099,6 +1119,9 @@ mod tests {
         /// The oracle episode with the first character of the tool output read back at turn
         /// 1 changed (same length, same status: only the text tells).
         ForgedOutput,
+        /// A failed second copy of the group's first episode (its sampler seed), as an
+        /// actor taken for gone delivers it late.
+        SecondCopy,
     }
 
     /// `steps` with turn 1 split in two steps: the first holds half its context, the second
@@ -1168,8 +1191,8 @@ mod tests {
             .expect("hops")
             .instance(2, 4)
             .expect("task");
-        for &(id, member) in members {
-            let wrong = member == Member::WrongAnswer;
+        for (i, &(id, member)) in members.iter().enumerate() {
+            let wrong = matches!(member, Member::WrongAnswer | Member::SecondCopy);
             let mut task = task.clone();
             if wrong {
                 task.oracle.answer = "12345678".into();
@@ -1188,7 +1211,12 @@ mod tests {
                     temperature: 1.0,
                     top_p: 1.0,
                     max_new_tokens: 256,
-                    seed: 0,
+                    // Episode i's own seed; a second copy repeats the first's.
+                    seed: if member == Member::SecondCopy {
+                        1
+                    } else {
+                        i as u64 + 1
+                    },
                 },
                 group_id: "g1".into(),
                 started_unix_ms: 0,
@@ -1421,6 +1449,38 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("never consumed by a trainer"), "{text}");
+    }
+
+    #[test]
+    fn a_second_copy_shows_no_advantage_and_is_not_in_its_group_s_baseline() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let (store, _env) = store_episodes(
+            dir.path(),
+            &[
+                ("good", Member::Oracle),
+                ("bad", Member::WrongAnswer),
+                ("copy", Member::SecondCopy),
+            ],
+        );
+        let rl = rl_from(&dir.path().join("config.toml"), "[rl]\n");
+        let (good, bad) = (
+            training_trajectory(&store, "good"),
+            training_trajectory(&store, "bad"),
+        );
+        // The trainer's group: the copy is not in it.
+        let trainer = turn_advantages(&[&good, &bad], &rl.rl).expect("trainer");
+        let rec = store.get("good").expect("get").expect("stored");
+        let shown = group_advantages(&store, &rec, Some(&rl)).expect("adv");
+        let by_turn: Vec<f64> = shown.by_turn.expect("shown").values().copied().collect();
+        assert_eq!(&by_turn, trainer[0].as_ref().expect("scored"));
+        let rec = store.get("copy").expect("get").expect("stored");
+        let shown = group_advantages(&store, &rec, Some(&rl)).expect("adv");
+        assert!(shown.by_turn.is_none());
+        assert!(
+            shown.note.contains("second copy of episode good"),
+            "{}",
+            shown.note
+        );
     }
 
     #[test]
