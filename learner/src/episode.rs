@@ -623,14 +623,10 @@ impl EpisodeFormat {
         let mut out = Vec::new();
         // The call of the latest assistant message, until the tool message answering it.
         let mut unanswered: Option<String> = None;
-        for (n, step) in steps.iter().enumerate() {
-            let first_gen = step
-                .loss_mask
-                .iter()
-                .position(|m| *m)
-                .unwrap_or(step.token_ids.len());
+        for (n, (token_ids, loss_mask)) in joined_turns(steps).iter().enumerate() {
+            let first_gen = loss_mask.iter().position(|m| *m).unwrap_or(token_ids.len());
             let mut context = Vec::new();
-            self.context_messages(&step.token_ids[..first_gen], &mut context);
+            self.context_messages(&token_ids[..first_gen], &mut context);
             for mut m in context {
                 if m.role == "tool" {
                     match unanswered.take() {
@@ -641,7 +637,7 @@ impl EpisodeFormat {
                 }
                 out.push(m);
             }
-            let generated = &step.token_ids[first_gen..];
+            let generated = &token_ids[first_gen..];
             if generated.is_empty() {
                 continue;
             }
@@ -800,6 +796,22 @@ impl EpisodeFormat {
     }
 }
 
+/// Each turn's tokens and loss mask, its steps joined: an actor splits a turn longer than its
+/// step limit into several steps of the same turn index, and a transcript is read per turn.
+fn joined_turns(steps: &[Step]) -> Vec<(Vec<u32>, Vec<bool>)> {
+    let mut out: Vec<(u32, Vec<u32>, Vec<bool>)> = Vec::new();
+    for s in steps {
+        match out.last_mut() {
+            Some((turn, ids, mask)) if *turn == s.turn => {
+                ids.extend(&s.token_ids);
+                mask.extend(&s.loss_mask);
+            }
+            _ => out.push((s.turn, s.token_ids.clone(), s.loss_mask.clone())),
+        }
+    }
+    out.into_iter().map(|(_, ids, mask)| (ids, mask)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -900,6 +912,30 @@ mod tests {
         let want_mask: Vec<bool> = steps.iter().flat_map(|s| s.loss_mask.clone()).collect();
         assert_eq!(ids, want_ids);
         assert_eq!(mask, want_mask);
+    }
+
+    #[test]
+    fn a_turn_split_over_steps_exports_as_one_turn() {
+        let f = EpisodeFormat::default();
+        let read = f.call_ids("read_file", &json!({"path": "a.txt"}));
+        let answer = f.call_ids("answer", &json!({"answer": "42"}));
+        let whole = vec![
+            step(0, prompt(&f), &read),
+            step(1, f.result_ids(true, "value: 42"), &answer),
+        ];
+        // Turn 1 split as an actor splits a long turn: part of the tool output in one step,
+        // the rest, and the call, in the next (same turn index).
+        let mut split = whole.clone();
+        let t1 = split.pop().expect("turn 1");
+        let cut = 3;
+        let a = Step::context(1, t1.token_ids[..cut].to_vec());
+        let mut b = t1.clone();
+        b.token_ids.drain(..cut);
+        b.loss_mask.drain(..cut);
+        b.logprobs.drain(..cut);
+        b.policy_versions.drain(..cut);
+        split.extend([a, b]);
+        assert_eq!(f.to_messages(&split), f.to_messages(&whole));
     }
 
     #[test]
