@@ -185,6 +185,83 @@ fn keep_cut_log(path: &Path, record: &FinishedRecord) -> Result<Option<PathBuf>>
     Ok(Some(copy))
 }
 
+/// What [`open_sled`] found.
+enum Opened {
+    /// sled opened the store (or returned an error): the log, the `by_seq` tree and its
+    /// length (the finished trajectories).
+    Sled(sled::Result<(sled::Db, sled::Tree, u64)>),
+    /// sled panicked; the panic's message.
+    Panicked(String),
+}
+
+thread_local! {
+    /// Where a panic on this thread is reported instead of printed (set by [`open_sled`]).
+    static REPORT_PANIC: std::cell::RefCell<Option<std::sync::mpsc::Sender<Opened>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Opens sled's log at `path` on a thread of its own. A panic there is sent back as
+/// [`Opened::Panicked`] from the panic hook, before unwinding starts, so the caller never
+/// waits on the unwinding: dropping a half-recovered sled can hang (a cut-log test did, in
+/// a fresh process). That thread is then left to finish or hang on its own.
+fn open_sled(path: &Path, cache_bytes: u64) -> Opened {
+    static HOOK: std::sync::Once = std::sync::Once::new();
+    HOOK.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            let reported = REPORT_PANIC.with(|r| {
+                r.borrow()
+                    .as_ref()
+                    .is_some_and(|tx| tx.send(Opened::Panicked(panic_message(info))).is_ok())
+            });
+            if !reported {
+                previous(info);
+            }
+        }));
+    });
+    let (tx, rx) = std::sync::mpsc::channel();
+    let dir = path.to_path_buf();
+    let spawned = std::thread::Builder::new()
+        .name("store-open".into())
+        .spawn(move || {
+            REPORT_PANIC.with(|r| *r.borrow_mut() = Some(tx.clone()));
+            let opened = open_db(&dir, cache_bytes).and_then(|db| {
+                let by_seq = db.open_tree("by_seq")?;
+                let found = by_seq.len() as u64;
+                Ok((db, by_seq, found))
+            });
+            REPORT_PANIC.with(|r| *r.borrow_mut() = None);
+            let _ = tx.send(Opened::Sled(opened));
+        });
+    if let Err(e) = spawned {
+        return Opened::Sled(Err(sled::Error::Io(e)));
+    }
+    // sled's recovery can also hang on a cut log without panicking (a log cut to 90% did, in
+    // 2 runs of 3). A healthy log opens far faster than 10 MB/s.
+    let log_bytes = std::fs::metadata(path.join("db")).map_or(0, |m| m.len());
+    let limit = std::time::Duration::from_secs(20 + log_bytes / (10 << 20));
+    match rx.recv_timeout(limit) {
+        Ok(opened) => opened,
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => Opened::Panicked(format!(
+            "sled's recovery did not finish in {} s (a healthy log of this size opens in a fraction of that)",
+            limit.as_secs()
+        )),
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            Opened::Panicked("the thread opening it ended without a word".into())
+        }
+    }
+}
+
+/// A panic's message, without its location.
+fn panic_message(info: &std::panic::PanicHookInfo<'_>) -> String {
+    let payload = info.payload();
+    payload
+        .downcast_ref::<String>()
+        .cloned()
+        .or_else(|| payload.downcast_ref::<&str>().map(|s| s.to_string()))
+        .unwrap_or_else(|| "a panic".into())
+}
+
 fn open_db(path: &Path, cache_bytes: u64) -> sled::Result<sled::Db> {
     let started = std::time::Instant::now();
     loop {
@@ -403,33 +480,19 @@ impl TrajectoryStore {
             keep_cut_log(&path, r)?;
         }
         let expected = record.map(|r| r.finished_at_least);
-        // sled panics on some damage (a zeroed block); everything it reads at open is here.
-        // The store is built only once the checks pass: a refused one is never flushed.
-        let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            let db = open_db(&path, cache_bytes).map_err(sled_err)?;
-            let by_seq = db.open_tree("by_seq").map_err(sled_err)?;
-            let found = by_seq.len() as u64;
-            Ok((db, by_seq, found))
-        }));
-        let (db, by_seq, found) = match opened {
-            Ok(Err(StoreError::Sled {
-                source: source @ sled::Error::Corruption { .. },
-                ..
-            })) => {
+        // sled panics on some damage (a zeroed block), and unwinding from such a panic can
+        // hang in sled's destructors: `open_sled` reports a panic the moment it happens, from
+        // its own thread. The store is built only once the checks pass: a refused one is
+        // never flushed.
+        let (db, by_seq, found) = match open_sled(&path, cache_bytes) {
+            Opened::Sled(Err(source @ sled::Error::Corruption { .. })) => {
                 return Err(StoreError::Damaged {
                     path,
                     reason: source.to_string(),
                 })
             }
-            Ok(r) => r?,
-            Err(panic) => {
-                let reason = panic
-                    .downcast_ref::<String>()
-                    .cloned()
-                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-                    .unwrap_or_else(|| "a panic".into());
-                return Err(StoreError::Damaged { path, reason });
-            }
+            Opened::Sled(r) => r.map_err(sled_err)?,
+            Opened::Panicked(reason) => return Err(StoreError::Damaged { path, reason }),
         };
         if let Some(expected) = expected.filter(|&e| e > found) {
             return Err(StoreError::Lost {
