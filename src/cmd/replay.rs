@@ -1407,6 +1407,13 @@ mod tests {
         load_rl(path).expect("rl config")
     }
 
+    /// What `replay show` prints for `rec` with `steps` and `advantages`.
+    fn shown(rec: &TrajectoryRecord, steps: &[Step], advantages: &Advantages) -> String {
+        let mut text = Vec::new();
+        write_transcript(&mut text, rec, steps, advantages, false).expect("show");
+        String::from_utf8(text).expect("utf8")
+    }
+
     #[test]
     fn advantages_favour_the_successful_member_of_the_group() {
         let dir = tempfile::tempdir().expect("tmp");
@@ -1431,16 +1438,7 @@ mod tests {
         // advantage is positive for the success and negative for the failure.
         assert!(last(&a_good) > 0.5, "{a_good:?}");
         assert!(last(&a_bad) < -0.5, "{a_bad:?}");
-        let mut text = Vec::new();
-        write_transcript(
-            &mut text,
-            &good,
-            &stored_steps(&store, "good"),
-            &a_good,
-            false,
-        )
-        .expect("show");
-        let text = String::from_utf8(text).expect("utf8");
+        let text = shown(&good, &stored_steps(&store, "good"), &a_good);
         assert!(text.contains("advantage +"), "{text}");
         assert!(text.contains("call  | read_file("), "{text}");
         assert!(
@@ -1542,9 +1540,7 @@ mod tests {
                 );
             }
             // Every step of the split turn shows its turn's advantage.
-            let mut text = Vec::new();
-            write_transcript(&mut text, &rec, &t.steps, &shown, false).expect("show");
-            let text = String::from_utf8(text).expect("utf8");
+            let text = self::shown(&rec, &t.steps, &shown);
             let turn_1: Vec<&str> = text.lines().filter(|l| l.contains("turn   1:")).collect();
             assert_eq!(turn_1.len(), if name == "good" { 2 } else { 1 }, "{text}");
             let a1 = format!("advantage {:+.3}", by_turn[&1]);
@@ -1575,16 +1571,7 @@ mod tests {
         let good = store.get("good").expect("get").expect("stored");
         let none = group_advantages(&store, &good, None).expect("adv");
         assert_eq!(none.by_turn, None);
-        let mut text = Vec::new();
-        write_transcript(
-            &mut text,
-            &good,
-            &stored_steps(&store, "good"),
-            &none,
-            false,
-        )
-        .expect("show");
-        let text = String::from_utf8(text).expect("utf8");
+        let text = shown(&good, &stored_steps(&store, "good"), &none);
         assert!(
             text.contains(
                 "advantages: not shown, no run config found next to the store; pass --config"
