@@ -31,9 +31,10 @@ enum TasksCommand {
     /// List the built-in families and the packs in a folder, each with its level table
     /// (oracle tool calls and estimated tokens per level).
     List {
-        /// Folder of task packs (`*.toml`); skipped if it does not exist.
-        #[arg(long, default_value = "tasks/packs")]
-        packs: PathBuf,
+        /// Folder of task packs (`*.toml`) [default: tasks/packs, skipped if it does not
+        /// exist; a folder named here must exist]. Exits 1 when a pack is invalid.
+        #[arg(long)]
+        packs: Option<PathBuf>,
         /// Seed of the instance each table row measures.
         #[arg(long, default_value_t = 1)]
         seed: u64,
@@ -76,7 +77,7 @@ struct ShowArgs {
 /// Runs the command.
 pub fn run(args: TasksArgs) -> anyhow::Result<ExitCode> {
     match args.command {
-        TasksCommand::List { packs, seed } => list(&packs, seed),
+        TasksCommand::List { packs, seed } => list(packs.as_deref(), seed),
         TasksCommand::Show(a) | TasksCommand::Sample(a) => show(&a),
         TasksCommand::Validate { path } => validate(&path),
     }
@@ -133,12 +134,17 @@ fn level_table(fam: &dyn TaskFamily, seed: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn list(packs: &Path, seed: u64) -> anyhow::Result<ExitCode> {
+fn list(named: Option<&Path>, seed: u64) -> anyhow::Result<ExitCode> {
+    let packs = named.unwrap_or(Path::new("tasks/packs"));
+    if named.is_some() && !packs.exists() {
+        anyhow::bail!("--packs {}: no such file or folder", packs.display());
+    }
     println!("calls: oracle tool calls before `answer`; tokens: bytes of prompt, calls and tool outputs (byte-level tokenizer)\n");
     for fam in builtin_families() {
         level_table(fam.as_ref(), seed)?;
         println!();
     }
+    let mut invalid = 0;
     if packs.exists() {
         let mut named = BTreeMap::new();
         for file in pack_files(packs)? {
@@ -153,16 +159,23 @@ fn list(packs: &Path, seed: u64) -> anyhow::Result<ExitCode> {
                         );
                     }
                 }
-                Err(e) => println!(
-                    "{} — invalid, run `corvid tasks validate {}`: {e}",
-                    file.display(),
-                    file.display()
-                ),
+                Err(e) => {
+                    invalid += 1;
+                    eprintln!(
+                        "{} — invalid, run `corvid tasks validate {}`: {e}",
+                        file.display(),
+                        file.display()
+                    );
+                }
             }
             println!();
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(if invalid > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn instance(a: &ShowArgs) -> anyhow::Result<TaskInstance> {
@@ -417,6 +430,18 @@ mod tests {
         assert_ne!(renamed, text, "the pack names itself greeting-fix");
         std::fs::write(dir.path().join("b.toml"), renamed).unwrap();
         assert_eq!(validate(dir.path()).unwrap(), ExitCode::SUCCESS);
+    }
+
+    #[test]
+    fn listing_names_a_missing_packs_folder_and_fails_on_an_invalid_pack() {
+        let dir = tempfile::tempdir().unwrap();
+        let err = list(Some(&dir.path().join("nope")), 1).unwrap_err();
+        assert!(format!("{err:#}").contains("nope"), "{err:#}");
+        let pack = Path::new(env!("CARGO_MANIFEST_DIR")).join("tasks/packs/greeting-fix.toml");
+        std::fs::copy(&pack, dir.path().join("a.toml")).unwrap();
+        assert_eq!(list(Some(dir.path()), 1).unwrap(), ExitCode::SUCCESS);
+        std::fs::write(dir.path().join("b.toml"), "[pack]\nname = 3\n").unwrap();
+        assert_eq!(list(Some(dir.path()), 1).unwrap(), ExitCode::FAILURE);
     }
 
     #[test]
