@@ -946,6 +946,23 @@ mod tests {
         Cli::try_parse_from(argv).expect("arguments parse").eval
     }
 
+    /// One hops level-1 episode of the random policy into `store`, plus `extra` flags.
+    fn random_l1(store: &str, extra: &[&str]) -> EvalArgs {
+        let mut argv = vec![
+            "--random-init",
+            "--family",
+            "hops",
+            "--levels",
+            "1",
+            "--episodes",
+            "1",
+            "--store",
+            store,
+        ];
+        argv.extend_from_slice(extra);
+        args(&argv)
+    }
+
     #[test]
     fn levels_parse_and_bad_ones_are_named() {
         assert_eq!(parse_levels("1..4"), Ok((1, 4)));
@@ -1034,19 +1051,7 @@ mod tests {
         let store = dir.path().join("store");
         let store = store.to_str().expect("utf8");
         let run = |extra: &[&str]| {
-            let mut argv = vec![
-                "--random-init",
-                "--family",
-                "hops",
-                "--levels",
-                "1",
-                "--episodes",
-                "1",
-                "--store",
-                store,
-            ];
-            argv.extend_from_slice(extra);
-            let err = evaluate(&args(&argv)).expect_err("refused");
+            let err = evaluate(&random_l1(store, extra)).expect_err("refused");
             format!("{err:#}")
         };
         for (flags, names) in [
@@ -1154,22 +1159,10 @@ mod tests {
     fn several_greedy_samples_per_instance_are_refused() {
         let dir = tempfile::tempdir().expect("tmp");
         let store = dir.path().join("store");
-        let argv = |extra: &[&'static str]| {
-            let mut v = vec![
-                "--random-init",
-                "--family",
-                "hops",
-                "--levels",
-                "1",
-                "--episodes",
-                "1",
-                "--max-new-tokens",
-                "4",
-                "--store",
-                store.to_str().expect("utf8"),
-            ];
+        let argv = |extra: &[&str]| {
+            let mut v = vec!["--max-new-tokens", "4"];
             v.extend_from_slice(extra);
-            args(&v)
+            random_l1(store.to_str().expect("utf8"), &v)
         };
         for extra in [&["--k", "4"][..], &["--k", "2", "--temperature", "0"][..]] {
             let err = format!("{:#}", evaluate(&argv(extra)).expect_err("refused"));

@@ -161,6 +161,20 @@ fn shell_lex(line: &str) -> Result<Vec<ShellTok>, String> {
             _ => None,
         }
     }
+    // The `$` at `i`: a variable makes the word known only at run time, a lone `$` is
+    // literal. Returns the index after it.
+    fn dollar(chars: &[char], i: usize, word: &mut String, dynamic: &mut bool) -> usize {
+        match var_len(chars, i) {
+            Some(n) => {
+                *dynamic = true;
+                i + n
+            }
+            None => {
+                word.push('$');
+                i + 1
+            }
+        }
+    }
     let chars: Vec<char> = line.chars().collect();
     let mut toks = Vec::new();
     let mut word = String::new();
@@ -255,16 +269,7 @@ fn shell_lex(line: &str) -> Result<Vec<ShellTok>, String> {
                             word.push(chars[i + 1]);
                             i += 2;
                         }
-                        '$' => match var_len(&chars, i) {
-                            Some(n) => {
-                                dynamic = true;
-                                i += n;
-                            }
-                            None => {
-                                word.push('$');
-                                i += 1;
-                            }
-                        },
+                        '$' => i = dollar(&chars, i, &mut word, &mut dynamic),
                         _ => {
                             word.push(c);
                             i += 1;
@@ -285,16 +290,7 @@ fn shell_lex(line: &str) -> Result<Vec<ShellTok>, String> {
             }
             '$' => {
                 in_word = true;
-                match var_len(&chars, i) {
-                    Some(n) => {
-                        dynamic = true;
-                        i += n;
-                    }
-                    None => {
-                        word.push('$');
-                        i += 1;
-                    }
-                }
+                i = dollar(&chars, i, &mut word, &mut dynamic);
             }
             '`' | '(' | ')' => {
                 return Err(format!(
