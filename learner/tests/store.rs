@@ -514,7 +514,7 @@ fn a_truncated_store_is_refused_not_emptied() {
     );
     // Cut the log, as a failed copy or a full disk would, at several points. sled reads
     // some cuts as corruption and recovers others by dropping the tail (down to an empty
-    // store): every one must be refused, naming the store.
+    // store): every one that loses data must be refused, naming the store.
     let len = std::fs::metadata(path.join("db")).unwrap().len();
     const SEGMENT: u64 = 512 << 10; // sled's segment size: cuts at a boundary recover silently
     let boundary = (len / 2 / SEGMENT).max(1) * SEGMENT;
@@ -547,11 +547,6 @@ fn a_truncated_store_is_refused_not_emptied() {
             .set_len(keep)
             .unwrap();
         let line = open_in_child(&copy);
-        let Some(e) = line.strip_prefix("REFUSED ") else {
-            panic!("a store cut to {keep} of {len} bytes: {line} of 150 trajectories");
-        };
-        assert!(e.contains(&copy.display().to_string()), "{e}");
-        assert!(e.contains("damaged"), "{e}");
         let kept: Vec<u64> = std::fs::read_dir(&copy)
             .unwrap()
             .map(|e| e.unwrap())
@@ -563,6 +558,16 @@ fn a_truncated_store_is_refused_not_emptied() {
             [keep],
             "the cut log is kept as it was before sled opened it"
         );
+        if line == "OPENED 150" {
+            // The cut took only free space at the log's tail (where sled's data sits varies
+            // from run to run): nothing was lost.
+            continue;
+        }
+        let Some(e) = line.strip_prefix("REFUSED ") else {
+            panic!("a store cut to {keep} of {len} bytes: {line} of 150 trajectories");
+        };
+        assert!(e.contains(&copy.display().to_string()), "{e}");
+        assert!(e.contains("damaged"), "{e}");
         if e.contains("at least 150 were acknowledged") {
             // Deleting the record accepts the loss: what is left opens.
             std::fs::remove_file(copy.join("corvid-finished.json")).unwrap();
@@ -589,7 +594,12 @@ fn a_store_with_a_zeroed_block_is_reported_not_panicked_on() {
         f.seek(SeekFrom::Start(len / 2)).unwrap();
         f.write_all(&[0u8; 4096]).unwrap();
     }
+    // Where sled's live data sits in the file varies from run to run: a block of free space
+    // may be hit (then everything opens), otherwise the open is refused naming the store.
+    // Never a panic, a hang or a store opened short.
     let line = open_in_child(&path);
-    assert!(line.starts_with("REFUSED "), "{line}");
-    assert!(line.contains(&path.display().to_string()), "{line}");
+    if line != "OPENED 150" {
+        assert!(line.starts_with("REFUSED "), "{line}");
+        assert!(line.contains(&path.display().to_string()), "{line}");
+    }
 }
