@@ -38,6 +38,11 @@ bench: release
 lint: bootstrap
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# The toolbox and its shell grammar: a separate wasm32-wasip1 project, outside the workspace.
+	cd sandbox/toolbox && $(CARGO) fmt --all -- --check
+	cd sandbox/toolbox && $(CARGO) clippy --locked --release --target wasm32-wasip1 \
+		--target-dir ../../target/toolbox-lint --workspace --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
+	cd sandbox/toolbox && $(CARGO) fmt --all

@@ -19,7 +19,7 @@ fn main() {
     let toolbox = manifest_dir.join("toolbox");
     let out_dir = PathBuf::from(env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let target_dir = out_dir.join("toolbox-target");
-    for p in ["Cargo.toml", "Cargo.lock", "build.rs", "src"] {
+    for p in ["Cargo.toml", "Cargo.lock", "build.rs", "src", "syntax"] {
         println!("cargo:rerun-if-changed={}", toolbox.join(p).display());
     }
     println!("cargo:rerun-if-changed=build.rs");

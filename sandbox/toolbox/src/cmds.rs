@@ -142,9 +142,12 @@ pub fn dispatch<'a>(
 
 // ------------------------------------------------------------------ helpers
 
+/// Parsed flags (each with its value, empty for a plain flag) and operands.
+type Opts = (Vec<(char, String)>, Vec<String>);
+
 /// Splits `-abc` style flags; returns (flags, operands). `with_value` flags take
 /// the next argument (or the rest of the cluster) as their value.
-fn getopt(args: &[String], with_value: &str) -> Result<(Vec<(char, String)>, Vec<String>), String> {
+fn getopt(args: &[String], with_value: &str) -> Result<Opts, String> {
     let mut flags = Vec::new();
     let mut rest = Vec::new();
     let mut i = 0;
@@ -1383,7 +1386,7 @@ fn sed(io: &mut Io, args: &[String]) -> io::Result<i32> {
     Ok(code)
 }
 
-fn field_split<'a>(line: &'a str, sep: Option<char>) -> Vec<&'a str> {
+fn field_split(line: &str, sep: Option<char>) -> Vec<&str> {
     match sep {
         Some(c) => line.split(c).collect(),
         None => line.split_whitespace().collect(),
