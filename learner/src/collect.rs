@@ -209,7 +209,7 @@ impl Collector {
                         group = %t.header.group_id,
                         actor = %t.header.actor_id,
                         sampler_seed = t.header.sampling.seed,
-                        "second copy of an episode (its first actor was taken for gone and was not); stored, not trained on"
+                        "second copy of an episode (it was handed out again: its first actor was taken for gone and was not, or the learner was killed after handing it out and resumed from an older checkpoint); stored, not trained on"
                     );
                     self.copies += 1;
                 } else {

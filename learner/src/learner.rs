@@ -46,6 +46,7 @@ use crate::config::{ConfigError, LearnerConfig};
 use crate::metrics::{serve_prometheus, LiveGauges};
 use crate::model::{ModelConfig, ModelError};
 use crate::policy_store::{PolicyStore, PublishError};
+use crate::server::group_ids::{resume_past, GroupIds};
 use crate::server::tasks::DispenseError;
 use crate::server::{
     serve, ActorRegistry, Control, DispenserConfig, DispenserState, LearnerService, RunSettings,
@@ -314,6 +315,17 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
             )
         }
     };
+    // Rule 7 of the dispenser: a learner killed after its last checkpoint may have handed
+    // out groups that checkpoint never saw; the next group starts past all of them.
+    let group_ids = GroupIds::open(&paths.run_dir).map_err(DispenseError::from)?;
+    let mut dispenser_state = dispenser_state;
+    if let Some(was) = resume_past(&mut dispenser_state, &group_ids) {
+        tracing::warn!(
+            checkpoint_next = format_args!("g{was:08}"),
+            next = format_args!("g{:08}", dispenser_state.next_group),
+            "groups may have been handed out after the last checkpoint (the learner did not stop cleanly); new groups start past them, with fresh draws"
+        );
+    }
     let registry = cfg.families()?;
     let family_objs = families
         .iter()
@@ -325,7 +337,18 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
         family_objs,
         Arc::new(Mutex::new(curriculum)),
         dispenser_state,
-    )?;
+    )?
+    .with_group_ids(group_ids);
+    if let Some(r) = &restored {
+        // Trajectories stored after the checkpoint complete their episodes again (rule 4),
+        // so none of them is handed out a second time and no group waits out its timeout
+        // for an episode it already has.
+        for item in store.finished_since(r.state.read_cursor) {
+            let (_, rec) = item?;
+            let h = &rec.header;
+            dispenser.complete(&h.group_id, &h.actor_id, h.sampling.seed);
+        }
+    }
     let control = Arc::new(Control {
         settings: RunSettings::new(&cfg, &model_config),
         dispenser: Arc::new(dispenser),
@@ -489,7 +512,7 @@ pub async fn run(
                     })));
                 }
                 Err(e) => {
-                    tracing::warn!(addr = %addr, error = %e, "Prometheus endpoint not started")
+                    tracing::warn!(addr = %addr, error = %e, "Prometheus endpoint not started: this run's metrics are not served (another learner may hold the address and answer for its own run); set --prometheus or [metrics] prometheus to a free address")
                 }
             }
         }

@@ -430,13 +430,16 @@ impl Trainer {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let policy = self.policy();
-        Ok(self.ckpt.save(Snapshot {
+        let saved = self.ckpt.save(Snapshot {
             vs: policy.vs(),
             model_config: &self.model_cfg,
             optimizer: policy.optimizer_state(),
             curriculum: &curriculum,
             state,
-        })?)
+        })?;
+        // The checkpoint holds the group counter now: the id reservation can shrink to it.
+        self.shared.control.dispenser.trim_group_ids();
+        Ok(saved)
     }
 
     /// Publishes the current weights as the current policy version.

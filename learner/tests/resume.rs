@@ -304,6 +304,57 @@ fn after_a_kill_without_checkpoint_no_stored_trajectory_is_lost() {
     assert_eq!(b.state().rl_step, 2);
 }
 
+/// The episodes of `assignments` as (group, task seed, sampler seed).
+fn episodes_of(assignments: &[Assignment]) -> BTreeSet<(String, u64, u64)> {
+    assignments
+        .iter()
+        .map(|a| (a.group_id.clone(), a.task.seed, a.sampling.seed))
+        .collect()
+}
+
+#[test]
+fn a_learner_killed_after_handing_out_groups_its_checkpoint_never_saw_hands_out_no_episode_twice() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut a, shared) = open(dir.path(), false);
+    let d = &shared.control.dispenser;
+    // One episode of group X is out at the checkpoint, its partner not yet.
+    let x_first = d.next("actor-1", 1).unwrap();
+    a.checkpoint().unwrap();
+    // After it: X's partner and two new groups go out. X completes and one new group
+    // delivers one episode; the rest are still running on actor-1 when the learner dies.
+    let after = d.next("actor-1", 5).unwrap();
+    let x = &x_first[0].group_id;
+    assert_eq!(&after[0].group_id, x);
+    for (i, e) in [&x_first[0], &after[0], &after[1]].into_iter().enumerate() {
+        store_one(&shared.store, e, &format!("before-kill-{i}"), 1);
+        d.complete(&e.group_id, "actor-1", e.sampling.seed);
+    }
+    let handed_out: BTreeSet<_> = episodes_of(&x_first)
+        .union(&episodes_of(&after))
+        .cloned()
+        .collect();
+    drop(a); // SIGKILL: the checkpoint knows one open group with one episode out
+    drop(shared);
+
+    let (_b, shared) = open(dir.path(), true);
+    let d = &shared.control.dispenser;
+    assert!(
+        !d.is_open(x),
+        "X's episodes were all stored after the checkpoint: it is complete, not waiting out its timeout"
+    );
+    // actor-2 asks for work: nothing it gets was handed out before the kill, by group id
+    // or by draw.
+    let fresh = d.next("actor-2", 8).unwrap();
+    assert_eq!(fresh.len(), 8);
+    let fresh = episodes_of(&fresh);
+    let before_ids: BTreeSet<&String> = handed_out.iter().map(|e| &e.0).collect();
+    let before_draws: BTreeSet<(u64, u64)> = handed_out.iter().map(|e| (e.1, e.2)).collect();
+    for e in &fresh {
+        assert!(!before_ids.contains(&e.0), "group {} handed out twice", e.0);
+        assert!(!before_draws.contains(&(e.1, e.2)), "draw {e:?} repeated");
+    }
+}
+
 #[test]
 fn a_run_folder_is_never_silently_restarted() {
     let dir = tempfile::tempdir().unwrap();

@@ -14,6 +14,8 @@ use corvid_learner::learner::{self, LearnerOptions};
 #[command(after_help = "Examples:
   corvid learner --config configs/demo.toml
   corvid learner --config configs/demo.toml --listen 127.0.0.1:50051 --run-dir runs/demo
+  corvid learner --config configs/demo.toml --listen 127.0.0.1:50052 --prometheus 127.0.0.1:9465 \
+      --run-dir runs/second                                  a second learner on this machine
   corvid learner --config configs/demo.toml --resume      continue from the newest checkpoint
 
 The run folder holds store/ (trajectories), ckpt/ (run checkpoints), ref/ (the SFT
@@ -27,6 +29,9 @@ pub struct LearnerArgs {
     /// gRPC listen address; overrides `listen` in the config.
     #[arg(long, value_name = "ADDR")]
     listen: Option<SocketAddr>,
+    /// Prometheus /metrics address; overrides `[metrics] prometheus` in the config ("" = off).
+    #[arg(long, value_name = "ADDR")]
+    prometheus: Option<String>,
     /// Run folder; overrides `run_dir` in the config (default runs/<run_name>).
     #[arg(long, value_name = "DIR")]
     run_dir: Option<PathBuf>,
@@ -43,6 +48,9 @@ fn resolve(args: &LearnerArgs) -> Result<LearnerConfig> {
     let mut cfg = LearnerConfig::load(&args.config)?;
     if let Some(addr) = args.listen {
         cfg.listen = addr.to_string();
+    }
+    if let Some(addr) = &args.prometheus {
+        cfg.metrics.prometheus = addr.clone();
     }
     if let Some(dir) = &args.run_dir {
         cfg.run_dir = Some(dir.clone());
@@ -107,13 +115,21 @@ mod tests {
             "127.0.0.1:7777",
             "--run-dir",
             "/tmp/somewhere",
+            "--prometheus",
+            "127.0.0.1:9999",
             "--resume",
         ]);
         assert!(cli.args.resume);
         let cfg = resolve(&cli.args).unwrap();
         assert_eq!(cfg.listen, "127.0.0.1:7777");
         assert_eq!(cfg.run_dir(), PathBuf::from("/tmp/somewhere"));
+        assert_eq!(cfg.metrics.prometheus, "127.0.0.1:9999");
         assert_eq!(cfg.run_name, "t");
+        // A Prometheus address that is no address is refused by the config's own check.
+        let mut cli = Cli::parse_from(["x", "--config", path.to_str().unwrap()]);
+        cli.args.prometheus = Some("nowhere".into());
+        let e = format!("{:#}", resolve(&cli.args).unwrap_err());
+        assert!(e.contains("prometheus"), "{e}");
         let bad = Cli::try_parse_from(["x", "--config", "c", "--listen", "nowhere"]);
         assert!(bad.is_err());
     }

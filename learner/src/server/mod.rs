@@ -14,6 +14,7 @@
 //!   control plane ([`Control`], attached with [`LearnerService::with_control`]);
 //!   a service built for ingest alone answers them FAILED_PRECONDITION.
 
+pub mod group_ids;
 pub mod policy;
 pub mod register;
 mod submit;

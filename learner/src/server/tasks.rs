@@ -38,6 +38,11 @@
 //!    not the groups they belong to. Actors poll `PolicyInfo` every
 //!    `rollout.policy_poll_interval_ms`, so a busy actor is never silent for long.
 //!
+//! 7. **Ids once.** A group id is never handed out twice, also when the learner is killed
+//!    between two checkpoints and resumed: ids are reserved on disk ahead of use, and a
+//!    resumed dispenser starts past the reservation with fresh draws
+//!    ([`super::group_ids`]).
+//!
 //! The whole state — RNG, group counter, open groups, budget, counters — is serialisable
 //! ([`DispenserState`]) and goes into every run checkpoint.
 
@@ -49,6 +54,7 @@ use corvid_proto::{SamplingParams, TaskRef};
 use corvid_tasks::{Curriculum, SplitMix64, TaskFamily, TaskInstance, TasksError};
 use serde::{Deserialize, Serialize};
 
+use super::group_ids::{GroupIds, GroupIdsError};
 use crate::config::{LearnerConfig, SamplingSection};
 
 /// Most assignments one `NextTasks` call returns.
@@ -261,6 +267,8 @@ struct Inner {
     heard: HashMap<String, Instant>,
     /// Completed groups waiting for the trainer (rule 3).
     waiting: usize,
+    /// Group ids reserved ahead of use (rule 7).
+    ids: GroupIds,
 }
 
 /// Seeds a pack may refuse in a row before opening a group fails: a pack whose instances
@@ -273,6 +281,9 @@ pub enum DispenseError {
     /// The curriculum or a family refused.
     #[error("cannot draw a task: {0}")]
     Tasks(#[from] TasksError),
+    /// The group-id reservation could not be written (rule 7).
+    #[error("cannot reserve group ids: {0}")]
+    GroupIds(#[from] GroupIdsError),
 }
 
 /// Hands out groups of task assignments (see the module doc for the rules).
@@ -354,8 +365,27 @@ impl TaskDispenser {
                 counters: state.counters,
                 heard,
                 waiting: 0,
+                ids: GroupIds::in_memory(),
             }),
         })
+    }
+
+    /// Keeps the group-id reservation (rule 7) in `ids` (the run folder's) instead of in
+    /// memory. The restored state must already be past it ([`super::group_ids::resume_past`]).
+    pub fn with_group_ids(self, ids: GroupIds) -> Self {
+        self.lock().ids = ids;
+        self
+    }
+
+    /// Trims the group-id reservation to the group counter (rule 7), after a checkpoint has
+    /// saved it: a run stopped cleanly then resumes exactly at its counter. A failure only
+    /// leaves the reservation longer, so it is logged, not returned.
+    pub fn trim_group_ids(&self) {
+        let mut inner = self.lock();
+        let next = inner.next_group;
+        if let Err(e) = inner.ids.trim(next) {
+            tracing::warn!(error = %e, "group-id reservation not trimmed; a resume will skip some ids");
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
@@ -436,7 +466,9 @@ impl TaskDispenser {
             c.sample_level(family.name())?
         };
         let instance = Self::draw_instance(family.as_ref(), level, inner)?;
-        let group_id = format!("g{:08}", inner.next_group);
+        let next = inner.next_group;
+        inner.ids.cover(next)?;
+        let group_id = format!("g{next:08}");
         inner.next_group += 1;
         inner.counters.groups_opened += 1;
         if let Some(b) = inner.budget.as_mut() {
