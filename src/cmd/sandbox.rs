@@ -14,6 +14,8 @@ use corvid_sandbox::{Mount, MountSource, Quota, Sandbox, ToolOutput, ToolStatus,
   corvid sandbox exec --workspace /tmp/ws -- 'grep -c needle *.txt'
   corvid sandbox exec --workspace /tmp/ws --json -- 'ls -l | sort -k 2 -n'
   corvid sandbox tool --workspace /tmp/ws read_file '{\"path\": \"notes.txt\", \"limit\": 20}'
+  corvid sandbox toolbox --out packs/wasm/toolbox.wasm   the shell's own module, for a pack's
+                                                         custom tool or wasi checker
 
 The directory is used in place (nothing is copied or deleted). Exit codes:
 0 the call succeeded; the command's own exit code for exit_nonzero (1..=255);
@@ -29,6 +31,15 @@ enum SandboxCmd {
     Exec(ExecArgs),
     /// Call any tool with raw JSON arguments.
     Tool(ToolArgs),
+    /// Write the toolbox module (the WASI program behind `shell`) to a file.
+    Toolbox(ToolboxArgs),
+}
+
+#[derive(Args, Debug)]
+struct ToolboxArgs {
+    /// Where to write it (folders are created; an existing file is replaced whole).
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
 }
 
 #[derive(Args, Debug)]
@@ -79,6 +90,7 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
             )
         }
         SandboxCmd::Tool(t) => (t.common, t.name, t.args),
+        SandboxCmd::Toolbox(t) => return write_toolbox(&t.out),
     };
     let sandbox = match Sandbox::new() {
         Ok(s) => s,
@@ -111,6 +123,26 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(exit_code(&out))
+}
+
+/// Writes the toolbox module to `out` through a temporary file and a rename, so an
+/// interrupted write never leaves a truncated module where a pack expects one.
+fn write_toolbox(out: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let bytes = corvid_sandbox::toolbox_wasm();
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let mut tmp = out.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+    println!(
+        "wrote the toolbox module ({} bytes) to {}",
+        bytes.len(),
+        out.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 fn exit_code(out: &ToolOutput) -> ExitCode {
@@ -153,8 +185,19 @@ mod tests {
                 assert_eq!(e.command, vec!["ls -l | wc -l"]);
                 assert!(e.common.json);
             }
-            SandboxCmd::Tool(_) => panic!("parsed as tool"),
+            _ => panic!("not parsed as exec"),
         }
+    }
+
+    #[test]
+    fn toolbox_writes_the_module_a_pack_can_run() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path().join("packs/wasm/toolbox.wasm");
+        let cli = Cli::try_parse_from(["x", "toolbox", "--out", out.to_str().unwrap()]).unwrap();
+        assert_eq!(run(cli.a).unwrap(), ExitCode::SUCCESS);
+        let bytes = std::fs::read(&out).unwrap();
+        assert_eq!(bytes, corvid_sandbox::toolbox_wasm());
+        assert_eq!(&bytes[..4], b"\0asm");
     }
 
     #[test]
@@ -173,7 +216,7 @@ mod tests {
                 (t.name.as_str(), t.args.as_str()),
                 ("read_file", "{\"path\":\"a\"}")
             ),
-            SandboxCmd::Exec(_) => panic!("parsed as exec"),
+            _ => panic!("not parsed as tool"),
         }
     }
 }

@@ -228,8 +228,16 @@ fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
     }
     println!("\n--- oracle episode");
     let stdout = std::io::stdout();
-    let verdict = oracle_episode(&t, &mut stdout.lock())?;
-    match verdict {
+    let run = oracle_episode(&t, &mut stdout.lock())?;
+    match run.verdict {
+        Verdict::Pass if run.unexpected > 0 => {
+            println!(
+                "checker: PASS, but {} oracle call(s) did not return what the plan expects \
+                 (marked above): the demonstrations would show those results",
+                run.unexpected
+            );
+            Ok(ExitCode::from(1))
+        }
         Verdict::Pass => {
             println!("checker: PASS");
             Ok(ExitCode::SUCCESS)
@@ -242,16 +250,26 @@ fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// What running an oracle plan showed.
+#[derive(Debug)]
+struct OracleRun {
+    /// The checker's verdict on the final state.
+    verdict: Verdict,
+    /// Calls that returned another status than the plan expects.
+    unexpected: usize,
+}
+
 /// Runs `t`'s oracle plan in a fresh sandbox workspace, as an actor runs a policy's calls
 /// (the task's tool gate, its pack's own WASI tools, its checker, `command_exit` and `wasi`
 /// included), and writes each turn: the call, its status, the process reward and what the
-/// model would read. Returns the checker's verdict.
-fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Result<Verdict> {
+/// model would read.
+fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Result<OracleRun> {
     let env = super::task_env()?;
     let mut ep = Episode::start(&env, t)?;
     let mut steps = t.oracle.steps.clone();
     steps.push(t.oracle.answer_step());
     let mut total = 0.0;
+    let mut unexpected_calls = 0;
     for (i, s) in steps.iter().enumerate() {
         let result = ep.call(&s.tool_call());
         let reward = ep.last_process_reward();
@@ -262,6 +280,7 @@ fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Re
         // purpose from level 4, to teach recovery; in a pack it is usually a wrong path).
         let status = result.result.status;
         let unexpected = if status != s.expect {
+            unexpected_calls += 1;
             format!("  <- the oracle plan expects {}", s.expect)
         } else if status != corvid_proto::ToolStatus::Ok {
             "  <- a failing call in the oracle plan: its demonstrations show this error".into()
@@ -284,7 +303,10 @@ fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Re
         t.oracle_calls(),
         t.oracle_tokens()
     )?;
-    Ok(ep.check())
+    Ok(OracleRun {
+        verdict: ep.check(),
+        unexpected: unexpected_calls,
+    })
 }
 
 fn validate(path: &Path) -> anyhow::Result<ExitCode> {
@@ -362,9 +384,9 @@ mod tests {
             .instance(1, 0)
             .unwrap();
         let mut out = Vec::new();
-        let verdict = oracle_episode(&task, &mut out).unwrap();
+        let run = oracle_episode(&task, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
-        assert_eq!(verdict, Verdict::Pass, "{text}");
+        assert_eq!((run.verdict, run.unexpected), (Verdict::Pass, 0), "{text}");
         let first = text.lines().nth(1).unwrap_or_default();
         assert!(first.starts_with("  -> ok "), "{text}");
         assert!(text.contains("  | 2"), "the tool's own output: {text}");
@@ -374,8 +396,8 @@ mod tests {
             .unwrap()
             .instance(1, 0)
             .unwrap();
-        let verdict = oracle_episode(&task, &mut Vec::new()).unwrap();
-        assert!(matches!(verdict, Verdict::Fail(_)), "{verdict:?}");
+        let run = oracle_episode(&task, &mut Vec::new()).unwrap();
+        assert!(matches!(run.verdict, Verdict::Fail(_)), "{run:?}");
         // A call that does not return what the plan expects is flagged on its turn.
         let file = line_count_pack(dir.path(), "2");
         let pack = std::fs::read_to_string(&file)
@@ -384,10 +406,25 @@ mod tests {
         std::fs::write(&file, pack).unwrap();
         let task = load_pack(&file).unwrap().instance(1, 0).unwrap();
         let mut out = Vec::new();
-        oracle_episode(&task, &mut out).unwrap();
+        let run = oracle_episode(&task, &mut out).unwrap();
         let text = String::from_utf8(out).unwrap();
         let first = text.lines().nth(1).unwrap_or_default();
         assert!(first.ends_with("<- the oracle plan expects ok"), "{text}");
+        // The checker still passes (the answer is right), but `tasks show` fails the pack:
+        // its demonstrations would show an error the plan does not foresee.
+        assert_eq!(run.unexpected, 1, "{text}");
+        let cli = Cli::try_parse_from([
+            "corvid",
+            "show",
+            "--pack",
+            file.to_str().unwrap(),
+            "--oracle",
+        ])
+        .unwrap();
+        let TasksCommand::Show(a) = cli.args.command else {
+            panic!("parsed as another command")
+        };
+        assert_eq!(show(&a).unwrap(), ExitCode::from(1));
     }
 
     #[test]
@@ -399,7 +436,8 @@ mod tests {
             .instance(4, 1)
             .unwrap();
         let mut out = Vec::new();
-        assert_eq!(oracle_episode(&task, &mut out).unwrap(), Verdict::Pass);
+        let run = oracle_episode(&task, &mut out).unwrap();
+        assert_eq!((run.verdict, run.unexpected), (Verdict::Pass, 0));
         let text = String::from_utf8(out).unwrap();
         let marked: Vec<&str> = text
             .lines()

@@ -387,7 +387,14 @@ fn module_problem(pack_file: &str, module: &str, hint: &str) -> Option<ModulePro
         .join(module);
     let max = corvid_sandbox::limits::MAX_CUSTOM_MODULE_BYTES;
     match std::fs::metadata(&path) {
-        Err(e) => bad(format!("cannot read module {}: {e}", path.display()), hint),
+        Err(e) => bad(
+            format!("cannot read module {}: {e}", path.display()),
+            &format!(
+                "{hint}; build one for wasm32-wasip1 (docs/sandbox.md, \"Adding your own tool\"), \
+                 or put the sandbox's own toolbox there: corvid sandbox toolbox --out {}",
+                path.display()
+            ),
+        ),
         Ok(m) if m.len() > max as u64 => bad(
             format!("module is {} bytes; the limit is {max}", m.len()),
             "a smaller module (build with opt-level \"s\", lto, strip)",
