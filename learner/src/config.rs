@@ -83,6 +83,18 @@ fn trainer_invalid(section: &str, e: crate::train::TrainError) -> ConfigError {
     }
 }
 
+/// A family name `field` gives that neither a built-in family nor a pack in `[tasks] packs`
+/// has.
+fn unknown_family(field: &str, name: &str, e: corvid_tasks::TasksError) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_owned(),
+        value: name.to_owned(),
+        why: format!(
+            "{e} (a task pack is known by its [pack] name once its file is in [tasks] packs)"
+        ),
+    }
+}
+
 fn invalid(field: &str, value: impl ToString, expected: &str) -> ConfigError {
     ConfigError::Invalid {
         field: field.to_owned(),
@@ -493,7 +505,7 @@ impl LearnerConfig {
         for name in &self.tasks.families {
             let family = families
                 .get(name)
-                .map_err(|e| invalid("tasks.families", name, &e.to_string()))?;
+                .map_err(|e| unknown_family("tasks.families", name, e))?;
             let top = family.levels();
             let max = self.tasks.max_levels.get(name).copied().unwrap_or(top);
             if max == 0 || max > top {
@@ -545,6 +557,19 @@ impl LearnerConfig {
             }
         }
         self.family_levels()?;
+        // SFT demonstrations (and PPO-ptx's) are drawn by family name too: a typo there would
+        // only fail once the learner had started and made its run folder.
+        let families = self.families()?;
+        for (field, levels) in [
+            ("sft.levels", &self.sft.levels),
+            ("sft.late_levels", &self.sft.late_levels),
+        ] {
+            for name in levels.keys() {
+                families
+                    .get(name)
+                    .map_err(|e| unknown_family(&format!("{field}.{name}"), name, e))?;
+            }
+        }
         self.curriculum
             .validate()
             .map_err(|e| ConfigError::Section {
@@ -732,7 +757,18 @@ mod tests {
                 "[rollout]\nactor_timeout_s = 2\npolicy_poll_interval_ms = 1000",
                 "`rollout.actor_timeout_s` = 2: expected at least 3 policy polls (1000 ms each",
             ),
-            ("[tasks]\nfamilies = [\"nope\"]", "tasks.families"),
+            (
+                "[tasks]\nfamilies = [\"my-pack\"]",
+                "`tasks.families` = my-pack: unknown task family `my-pack`; known: hops, search, shell (a task pack is known by its [pack] name once its file is in [tasks] packs)",
+            ),
+            (
+                "[sft]\nlevels = { mypack = [1] }",
+                "`sft.levels.mypack` = mypack: unknown task family `mypack`",
+            ),
+            (
+                "[sft]\nlate_levels = { hopz = [3] }",
+                "`sft.late_levels.hopz` = hopz: unknown task family",
+            ),
             (
                 "[tasks]\nmax_levels = { hops = 99 }",
                 "tasks.max_levels.hops",

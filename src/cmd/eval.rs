@@ -180,6 +180,9 @@ pub struct EvalResult {
     pub seed: u64,
     /// Where the episodes are stored.
     pub store: String,
+    /// The label they are stored under (`<label>.<family>.L<level>.s<seed>.k<i>`): a rerun
+    /// with `--label` reuses them, or finishes an interrupted evaluation.
+    pub label: String,
     /// Per family.
     pub families: Vec<FamilyResult>,
     /// Wall time, seconds.
@@ -493,7 +496,12 @@ fn plan(args: &EvalArgs) -> Result<Plan> {
         Some(p) => Box::new(
             corvid_tasks::load_pack(p).with_context(|| format!("loading {}", p.display()))?,
         ),
-        None => corvid_tasks::builtin_family(&args.family)?,
+        None => corvid_tasks::builtin_family(&args.family).with_context(|| {
+            format!(
+                "--family {} (a task pack's family needs its file: --pack FILE)",
+                args.family
+            )
+        })?,
     };
     if family.name() != args.family {
         bail!(
@@ -856,6 +864,7 @@ fn run_plan(args: &EvalArgs, plan: Plan, store: &Arc<TrajectoryStore>) -> Result
         temperature: args.temperature,
         seed: args.seed,
         store: args.store.display().to_string(),
+        label,
         families: vec![FamilyResult {
             family: family.name().to_string(),
             levels,
@@ -881,8 +890,9 @@ pub fn run(args: EvalArgs) -> Result<ExitCode> {
     } else {
         print!("{}", table(&result));
         println!(
-            "episodes stored in {} (corvid replay list --store {})",
-            result.store, result.store
+            "episodes stored in {} under label {} (corvid replay list --store {}; \
+             --label {} reuses them, or finishes an interrupted evaluation)",
+            result.store, result.label, result.store, result.label
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -1122,7 +1132,14 @@ mod tests {
                 &["--checkpoint", ck, "--concurrency", "0"][..],
                 "--concurrency",
             ),
-            (&["--checkpoint", ck, "--family", "hopz"][..], "hopz"),
+            (
+                &["--checkpoint", ck, "--family", "my-pack"][..],
+                "unknown task family `my-pack`; known: hops, search, shell",
+            ),
+            (
+                &["--checkpoint", ck, "--family", "my-pack"][..],
+                "--pack FILE",
+            ),
             (&["--checkpoint", ck, "--levels", "1..99"][..], "levels"),
             (
                 &["--checkpoint", "/nonexistent/ck"][..],
@@ -1213,6 +1230,7 @@ mod tests {
             ids
         };
         let first = eval(&a, "t", "2").expect("evaluates");
+        assert_eq!(first.label, "t", "the result names its label");
         let after_first = stored();
         assert_eq!(after_first.len(), 2);
         assert!(after_first

@@ -1377,6 +1377,7 @@ mod eval_levels_tests {
             temperature: 0.0,
             seed: 1 << 62,
             store: "runs/x/eval/store".into(),
+            label: "sft".into(),
             families: vec![FamilyResult {
                 family: "hops".into(),
                 levels: vec![LevelResult {
