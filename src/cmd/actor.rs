@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use corvid_actor::{run_actor, ActorConfig, EngineConfig};
+use corvid_actor::{run_actor, ActorConfig, ActorReport, EngineConfig};
+use corvid_proto::Termination;
 
 /// roll out episodes against sandboxed tools and stream them to a learner.
 #[derive(Args, Debug)]
@@ -159,22 +160,51 @@ pub fn run(args: ActorArgs) -> Result<ExitCode> {
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     }
-    eprintln!(
-        "actor {} stopped: {} episodes finished ({} acked, {} duplicates, {} spooled, {} rejected, {} lost), {} still spooled",
-        if report.actor_id.is_empty() { "(unregistered)" } else { &report.actor_id },
+    eprintln!("{}", summary(&report));
+    if report.refused > 0 {
+        eprintln!(
+            "error: {} of {} assignments were refused (this actor cannot run the learner's tasks; \
+             see the errors above: a task pack's run needs --task-pack FILE, the same file as the learner's)",
+            report.refused, report.assigned
+        );
+    }
+    Ok(
+        if report.lost > 0 || report.rejected > 0 || report.refused > 0 {
+            ExitCode::FAILURE
+        } else {
+            ExitCode::SUCCESS
+        },
+    )
+}
+
+/// The one-line account an actor prints when it stops: how its episodes ended (abandoned
+/// ones were cut off by the stop and are stored unscored; refused ones never ran) and where
+/// their trajectories went.
+fn summary(report: &ActorReport) -> String {
+    let abandoned = report
+        .engine
+        .terminations
+        .get(Termination::Abandoned.as_str())
+        .copied()
+        .unwrap_or(0);
+    format!(
+        "actor {} stopped: {} episodes finished ({} of them abandoned at the stop, {} refused; \
+         {} acked, {} duplicates, {} spooled, {} rejected, {} lost), {} still spooled",
+        if report.actor_id.is_empty() {
+            "(unregistered)"
+        } else {
+            &report.actor_id
+        },
         report.finished,
+        abandoned,
+        report.refused,
         report.acked,
         report.duplicates,
         report.spooled,
         report.rejected,
         report.lost,
         report.spool_left,
-    );
-    Ok(if report.lost > 0 || report.rejected > 0 {
-        ExitCode::FAILURE
-    } else {
-        ExitCode::SUCCESS
-    })
+    )
 }
 
 #[cfg(test)]
@@ -186,6 +216,25 @@ mod tests {
     struct Cli {
         #[command(flatten)]
         args: ActorArgs,
+    }
+
+    #[test]
+    fn the_summary_tells_abandoned_and_refused_episodes_apart() {
+        let mut report = ActorReport {
+            actor_id: "actor-2".into(),
+            finished: 18,
+            refused: 2,
+            acked: 18,
+            ..ActorReport::default()
+        };
+        report.engine.terminations.insert("abandoned".into(), 16);
+        let line = summary(&report);
+        assert!(
+            line.starts_with(
+                "actor actor-2 stopped: 18 episodes finished (16 of them abandoned at the stop, 2 refused; 18 acked,"
+            ),
+            "{line}"
+        );
     }
 
     #[test]

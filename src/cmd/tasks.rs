@@ -54,7 +54,7 @@ enum TasksCommand {
 
 #[derive(Args, Debug)]
 struct ShowArgs {
-    /// Built-in family: hops, search or shell.
+    /// A built-in family (`corvid tasks list` names them: hops, search, shell, ...).
     #[arg(long, required_unless_present = "pack", conflicts_with = "pack")]
     family: Option<String>,
     /// A task pack file instead of a built-in family.

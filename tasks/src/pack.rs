@@ -1046,7 +1046,7 @@ impl TaskPack {
             && name
                 .bytes()
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-');
-        if !ok_name || ["hops", "search", "shell"].contains(&name.as_str()) {
+        if !ok_name || crate::families::builtin_names().contains(name) {
             d.push(
                 raw.pack.name.span(),
                 format!("pack name {name:?} must be lowercase letters, digits and '-', and not a built-in family"),

@@ -32,6 +32,14 @@ pub fn builtin_families() -> Vec<Box<dyn TaskFamily>> {
     vec![Box::new(Hops), Box::new(Search), Box::new(Shell)]
 }
 
+/// The names of the built-in families, in [`builtin_families`] order.
+pub fn builtin_names() -> Vec<String> {
+    builtin_families()
+        .iter()
+        .map(|f| f.name().to_string())
+        .collect()
+}
+
 /// The built-in family called `name`.
 pub fn builtin_family(name: &str) -> Result<Box<dyn TaskFamily>, TasksError> {
     builtin_families()
@@ -39,7 +47,7 @@ pub fn builtin_family(name: &str) -> Result<Box<dyn TaskFamily>, TasksError> {
         .find(|f| f.name() == name)
         .ok_or_else(|| TasksError::UnknownFamily {
             name: name.to_string(),
-            known: "hops, search, shell".into(),
+            known: builtin_names().join(", "),
         })
 }
 
