@@ -232,17 +232,11 @@ fn run_command(args: ReplayArgs, mut out: &mut dyn Write) -> Result<ExitCode> {
             let store = open(&store.store)?;
             let filter = Filter::from(filter);
             if !json {
+                // The id, the one column of any width, comes last so the others line up.
                 writeln!(
                     out,
-                    "{:<48} {:<14} {:>7} {:>7} {:<12} {:>7} {:>9} {:>8}",
-                    "id",
-                    "family/level",
-                    "seed",
-                    "version",
-                    "termination",
-                    "success",
-                    "tokens",
-                    "reward"
+                    "{:<14} {:>20} {:>7} {:<12} {:>7} {:>9} {:>8}  id",
+                    "family/level", "seed", "version", "termination", "success", "tokens", "reward"
                 )?;
             }
             for rec in store.list(&filter) {
@@ -425,15 +419,15 @@ fn write_row(out: &mut impl Write, rec: &TrajectoryRecord) -> Result<()> {
         .unwrap_or(("?", false, 0, 0.0));
     writeln!(
         out,
-        "{:<48} {:<14} {:>7} {:>7} {:<12} {:>7} {:>9} {:>8.3}",
-        h.trajectory_id,
+        "{:<14} {:>20} {:>7} {:<12} {:>7} {:>9} {:>8.3}  {}",
         format!("{}/{}", h.task.family, h.task.level),
         h.task.seed,
         h.policy_version,
         term,
         success,
         tokens,
-        reward
+        reward,
+        h.trajectory_id,
     )?;
     Ok(())
 }
@@ -1254,6 +1248,29 @@ mod tests {
             .expect("finish");
         }
         (store, env)
+    }
+
+    #[test]
+    fn list_keeps_its_columns_under_their_headers_whatever_the_id() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let long = "an-evaluation-label.hops.L2.s4611686018427387904.k0";
+        let (store, _env) = store_episodes(
+            dir.path(),
+            &[("short", Member::Oracle), (long, Member::WrongAnswer)],
+        );
+        drop(store);
+        let store = dir.path().join("store");
+        let (status, text) = run_captured(&["replay", "list", "--store", store.to_str().unwrap()]);
+        assert_eq!(status.expect("lists"), ExitCode::SUCCESS);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        // Each column ends where its header does, and the id is the last word.
+        let end_of = |line: &str, word: &str| line.find(word).map(|i| i + word.len());
+        let reward_end = end_of(lines[0], "reward").expect("header");
+        for (row, id, reward) in [(lines[1], "short", "1.000"), (lines[2], long, "0.000")] {
+            assert_eq!(end_of(row, reward), Some(reward_end), "{text}");
+            assert!(row.ends_with(&format!("  {id}")), "{text}");
+        }
     }
 
     #[test]
