@@ -936,7 +936,8 @@ fn check_command_renderings(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSe
             corvid_sandbox::limits::MAX_COMMAND_BYTES
         ),
     };
-    if bad.vars.is_empty() {
+    if bad.vars.is_empty() || bad.failed == bad.checked {
+        // No value of the variables helps: the command itself is wrong.
         d.push(
             at,
             format!(
@@ -1261,10 +1262,28 @@ impl TaskPack {
                     "answer = \"{var}\" under [oracle]",
                 );
             } else if !raw.tools.get_ref().contains_key(t) {
+                let allowed: Vec<&str> = raw.tools.get_ref().keys().map(String::as_str).collect();
+                let exists = KNOWN_TOOLS.contains(&t.as_str()) || raw.custom_tools.contains_key(t);
+                // A tool that exists can be allowed; a name that does not is a typo of one.
+                let hint = if exists {
+                    format!("add `{t} = {{}}` under [tools], or call an allowed tool")
+                } else {
+                    let near = KNOWN_TOOLS
+                        .iter()
+                        .copied()
+                        .chain(raw.custom_tools.keys().map(String::as_str))
+                        .find(|k| same_letters(k, t))
+                        .map(|k| format!("`{k}`, or "))
+                        .unwrap_or_default();
+                    format!(
+                        "tool = {near}one of the allowed tools: {}",
+                        allowed.join(", ")
+                    )
+                };
                 d.push(
                     c.get_ref().tool.span(),
                     format!("oracle calls `{t}`, which the pack's [tools] do not allow"),
-                    format!("add `{t} = {{}}` under [tools], or call an allowed tool"),
+                    hint,
                 );
             }
         }
@@ -1274,6 +1293,18 @@ impl TaskPack {
     pub fn file(&self) -> &str {
         &self.file
     }
+}
+
+/// Whether two tool names differ only in case, `_` and `-` (`writefile`, `Write-File` and
+/// `write_file`).
+fn same_letters(a: &str, b: &str) -> bool {
+    let letters = |s: &str| -> String {
+        s.chars()
+            .filter(|c| !matches!(c, '_' | '-'))
+            .map(|c| c.to_ascii_lowercase())
+            .collect()
+    };
+    letters(a) == letters(b)
 }
 
 /// Reads and validates the pack at `path`.

@@ -209,6 +209,41 @@ fn unknown_tool_is_reported_with_every_consequence() {
 }
 
 #[test]
+fn an_oracle_tool_the_pack_does_not_allow_gets_a_hint_that_validates() {
+    let hint_on = |src: &str, line: usize| {
+        errors(src)
+            .into_iter()
+            .find(|e| e.line == line && e.message.contains("do not allow"))
+            .map(|e| e.hint)
+            .unwrap_or_else(|| panic!("no diagnostic on line {line}:\n{src}"))
+    };
+    // A tool that exists: allow it.
+    let src = broken("tool = \"read_file\"", "tool = \"list_dir\"");
+    let hint = hint_on(&src, 35);
+    assert_eq!(
+        hint,
+        "add `list_dir = {}` under [tools], or call an allowed tool"
+    );
+    // A name no tool has: the tool it misspells, not `writefile = {}` (an unknown tool).
+    let src = broken("tool = \"read_file\"", "tool = \"readfile\"");
+    let hint = hint_on(&src, 35);
+    assert_eq!(
+        hint,
+        "tool = `read_file`, or one of the allowed tools: answer, read_file"
+    );
+    TaskPack::parse(
+        "p.toml",
+        &broken("tool = \"read_file\"", "tool = \"read_file\""),
+    )
+    .expect("the hint's tool validates");
+    let src = broken("tool = \"read_file\"", "tool = \"frobnicate\"");
+    assert_eq!(
+        hint_on(&src, 35),
+        "tool = one of the allowed tools: answer, read_file"
+    );
+}
+
+#[test]
 fn missing_answer_tool_is_reported() {
     expect(
         &broken("answer = {}\n", ""),
@@ -1062,6 +1097,15 @@ fn command_exit_checker_names_only_commands_the_toolbox_shell_has() {
         "{d}"
     );
     assert!(d.contains("(1 of 2 renderings checked fail)"), "{d}");
+    // When every rendering fails, no value helps: the hint is about the command alone.
+    let src = command_exit("{f}p ok a.txt").replacen(
+        "f = { choices = [\"a.txt\", \"b.txt\"] }",
+        "f = { choices = [\"xx\", \"yy\"] }",
+        1,
+    );
+    let d = only_diagnostic(&src);
+    assert!(d.contains("cannot judge any episode"), "{d}");
+    assert!(!d.contains("values of"), "{d}");
     // The checker checks itself too (instances validate their checker).
     let c = |command: &str| Checker::CommandExit {
         command: command.into(),
