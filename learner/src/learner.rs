@@ -433,6 +433,12 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<Summary, LearnerError> {
     let resume = opts.resume;
+    // The address first: a port another learner holds is refused before a run folder is
+    // made or a store opened.
+    let addr = cfg.listen_addr()?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(io_err("binding the gRPC address", Path::new(&cfg.listen)))?;
     let prepared = tokio::task::spawn_blocking(move || prepare(cfg, resume))
         .await
         .map_err(|e| LearnerError::Panicked(e.to_string()))??;
@@ -451,10 +457,6 @@ pub async fn run(
         cfg.to_toml()
     );
 
-    let addr = cfg.listen_addr()?;
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .map_err(io_err("binding the gRPC address", Path::new(&cfg.listen)))?;
     tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), token_file = %paths.token.0.display(), "serving corvid.v1.Learner");
     let (server_stop, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let service =

@@ -826,6 +826,25 @@ fn sft_stops_at_the_heldout_loss_target_and_a_resumed_run_stays_stopped() {
     assert_eq!(c.state().sft_heldout_loss, Some(logged[0].1));
 }
 
+#[tokio::test]
+async fn a_taken_grpc_port_is_refused_before_the_run_folder_is_made() {
+    let dir = tempfile::tempdir().unwrap();
+    let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut cfg = config(dir.path());
+    cfg.listen = held.local_addr().unwrap().to_string();
+    let err = learner::run(cfg, LearnerOptions { resume: false }, async {})
+        .await
+        .expect_err("the port is taken");
+    assert!(
+        err.to_string().contains("binding the gRPC address"),
+        "{err}"
+    );
+    assert!(
+        !dir.path().join("run").exists(),
+        "the run folder was made for a learner that could not serve"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_learner_process_checkpoints_on_stop_and_resumes() {
     tch::set_num_threads(1);
