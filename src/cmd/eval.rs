@@ -900,8 +900,17 @@ pub fn run(args: EvalArgs) -> Result<ExitCode> {
 
 /// The per-level figures as a text table, one row per family and level (`-`: no denominator).
 fn table(result: &EvalResult) -> String {
+    let label = |family: &str, level: u32| format!("{family}/{level}");
+    // The first column is as wide as its longest label (a pack's name can be long).
+    let w = result
+        .families
+        .iter()
+        .flat_map(|f| f.levels.iter().map(|l| label(&f.family, l.level).len()))
+        .max()
+        .unwrap_or(0)
+        .max("level".len());
     let mut out = format!(
-        "{:<8} {:>8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>6} {:>7}\n",
+        "{:<w$} {:>8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>6} {:>7}\n",
         "level",
         "episodes",
         "success",
@@ -921,8 +930,8 @@ fn table(result: &EvalResult) -> String {
     for f in &result.families {
         for l in &f.levels {
             out += &format!(
-                "{:<8} {:>8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>6.1} {:>7.0}\n",
-                format!("{}/{}", f.family, l.level),
+                "{:<w$} {:>8} {:>8} {:>7} {:>8} {:>9} {:>9} {:>8} {:>8} {:>6.1} {:>7.0}\n",
+                label(&f.family, l.level),
                 l.episodes,
                 pct(l.success_rate),
                 pct(l.tool_call_parse_rate),

@@ -232,11 +232,12 @@ fn run_command(args: ReplayArgs, mut out: &mut dyn Write) -> Result<ExitCode> {
             let store = open(&store.store)?;
             let filter = Filter::from(filter);
             if !json {
-                // The id, the one column of any width, comes last so the others line up.
+                // Family/level and the id, the columns of any width, come last so the others
+                // line up.
                 writeln!(
                     out,
-                    "{:<14} {:>20} {:>7} {:<12} {:>7} {:>9} {:>8}  id",
-                    "family/level", "seed", "version", "termination", "success", "tokens", "reward"
+                    "{:>20} {:>7} {:<12} {:>7} {:>9} {:>8}  {:<16} id",
+                    "seed", "version", "termination", "success", "tokens", "reward", "family/level"
                 )?;
             }
             for rec in store.list(&filter) {
@@ -419,14 +420,14 @@ fn write_row(out: &mut impl Write, rec: &TrajectoryRecord) -> Result<()> {
         .unwrap_or(("?", false, 0, 0.0));
     writeln!(
         out,
-        "{:<14} {:>20} {:>7} {:<12} {:>7} {:>9} {:>8.3}  {}",
-        format!("{}/{}", h.task.family, h.task.level),
+        "{:>20} {:>7} {:<12} {:>7} {:>9} {:>8.3}  {:<16} {}",
         h.task.seed,
         h.policy_version,
         term,
         success,
         tokens,
         reward,
+        format!("{}/{}", h.task.family, h.task.level),
         h.trajectory_id,
     )?;
     Ok(())
@@ -1264,12 +1265,15 @@ mod tests {
         assert_eq!(status.expect("lists"), ExitCode::SUCCESS);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");
-        // Each column ends where its header does, and the id is the last word.
+        // Each column ends where its header does; family/level and the id come last.
         let end_of = |line: &str, word: &str| line.find(word).map(|i| i + word.len());
         let reward_end = end_of(lines[0], "reward").expect("header");
         for (row, id, reward) in [(lines[1], "short", "1.000"), (lines[2], long, "0.000")] {
             assert_eq!(end_of(row, reward), Some(reward_end), "{text}");
-            assert!(row.ends_with(&format!("  {id}")), "{text}");
+            assert!(
+                row.ends_with(&format!("  hops/2{} {id}", " ".repeat(10))),
+                "{text}"
+            );
         }
     }
 

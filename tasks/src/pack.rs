@@ -1272,8 +1272,8 @@ impl TaskPack {
                         .iter()
                         .copied()
                         .chain(raw.custom_tools.keys().map(String::as_str))
-                        .find(|k| same_letters(k, t))
-                        .map(|k| format!("`{k}`, or "))
+                        .find(|k| looks_like(k, t))
+                        .map(|k| format!("\"{k}\", or "))
                         .unwrap_or_default();
                     format!(
                         "tool = {near}one of the allowed tools: {}",
@@ -1295,16 +1295,35 @@ impl TaskPack {
     }
 }
 
-/// Whether two tool names differ only in case, `_` and `-` (`writefile`, `Write-File` and
-/// `write_file`).
-fn same_letters(a: &str, b: &str) -> bool {
-    let letters = |s: &str| -> String {
+/// Whether the tool name `typed` looks like a typo of `name`: the same letters up to case,
+/// `_` and `-` (`writefile`, `Write-File`), or one letter added, dropped or changed (`shel`).
+fn looks_like(name: &str, typed: &str) -> bool {
+    let letters = |s: &str| -> Vec<char> {
         s.chars()
             .filter(|c| !matches!(c, '_' | '-'))
             .map(|c| c.to_ascii_lowercase())
             .collect()
     };
-    letters(a) == letters(b)
+    let (a, b) = (letters(name), letters(typed));
+    let (short, long) = if a.len() <= b.len() {
+        (&a, &b)
+    } else {
+        (&b, &a)
+    };
+    match long.len() - short.len() {
+        // Equal, or one letter changed.
+        0 => a.iter().zip(&b).filter(|(x, y)| x != y).count() <= 1,
+        // One letter added or dropped: the rest matches around it.
+        1 => {
+            let i = short
+                .iter()
+                .zip(long.iter())
+                .take_while(|(x, y)| x == y)
+                .count();
+            short[i..] == long[i + 1..]
+        }
+        _ => false,
+    }
 }
 
 /// Reads and validates the pack at `path`.

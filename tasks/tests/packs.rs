@@ -229,7 +229,13 @@ fn an_oracle_tool_the_pack_does_not_allow_gets_a_hint_that_validates() {
     let hint = hint_on(&src, 35);
     assert_eq!(
         hint,
-        "tool = `read_file`, or one of the allowed tools: answer, read_file"
+        "tool = \"read_file\", or one of the allowed tools: answer, read_file"
+    );
+    // A typo of a tool that exists but is not allowed still names it.
+    let src = broken("tool = \"read_file\"", "tool = \"shel\"");
+    assert_eq!(
+        hint_on(&src, 35),
+        "tool = \"shell\", or one of the allowed tools: answer, read_file"
     );
     TaskPack::parse(
         "p.toml",
