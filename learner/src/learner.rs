@@ -439,6 +439,22 @@ pub async fn run(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .map_err(io_err("binding the gRPC address", Path::new(&cfg.listen)))?;
+    // The Prometheus address too: a scrape of an address another learner holds would answer
+    // with that run's figures.
+    let metrics_listener = match cfg.metrics.prometheus.as_str() {
+        "" => None,
+        text => {
+            let addr: std::net::SocketAddr = text
+                .parse()
+                .map_err(|_| LearnerError::RunDir(format!("metrics.prometheus = {text:?}")))?;
+            let listener = tokio::net::TcpListener::bind(addr).await.map_err(io_err(
+                "binding the Prometheus address (another learner may hold it: give this one \
+                 --prometheus ADDR, or --prometheus \"\" to turn it off)",
+                Path::new(text),
+            ))?;
+            Some(listener)
+        }
+    };
     let prepared = tokio::task::spawn_blocking(move || prepare(cfg, resume))
         .await
         .map_err(|e| LearnerError::Panicked(e.to_string()))??;
@@ -497,26 +513,14 @@ pub async fn run(
 
     let (metrics_stop, metrics_stopped) = tokio::sync::oneshot::channel::<()>();
     let mut metrics_task = None;
-    if !cfg.metrics.prometheus.is_empty() {
+    if let Some(l) = metrics_listener {
         if let Ok(latest) = latest_rx.await {
-            let addr: std::net::SocketAddr = cfg
-                .metrics
-                .prometheus
-                .parse()
-                .map_err(|_| LearnerError::RunDir("metrics.prometheus".into()))?;
-            match tokio::net::TcpListener::bind(addr).await {
-                Ok(l) => {
-                    tracing::info!(addr = %addr, "serving Prometheus metrics at /metrics");
-                    let s = shared.clone();
-                    let live: LiveGauges = Arc::new(move || live_gauges(&s));
-                    metrics_task = Some(tokio::spawn(serve_prometheus(l, latest, live, async {
-                        let _ = metrics_stopped.await;
-                    })));
-                }
-                Err(e) => {
-                    tracing::warn!(addr = %addr, error = %e, "Prometheus endpoint not started: this run's metrics are not served (another learner may hold the address and answer for its own run); set --prometheus or [metrics] prometheus to a free address")
-                }
-            }
+            tracing::info!(addr = %cfg.metrics.prometheus, "serving Prometheus metrics at /metrics");
+            let s = shared.clone();
+            let live: LiveGauges = Arc::new(move || live_gauges(&s));
+            metrics_task = Some(tokio::spawn(serve_prometheus(l, latest, live, async {
+                let _ = metrics_stopped.await;
+            })));
         }
     }
 

@@ -827,7 +827,7 @@ fn sft_stops_at_the_heldout_loss_target_and_a_resumed_run_stays_stopped() {
 }
 
 #[tokio::test]
-async fn a_taken_grpc_port_is_refused_before_the_run_folder_is_made() {
+async fn a_taken_grpc_or_prometheus_port_is_refused_before_the_run_folder_is_made() {
     let dir = tempfile::tempdir().unwrap();
     let held = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let mut cfg = config(dir.path());
@@ -843,6 +843,17 @@ async fn a_taken_grpc_port_is_refused_before_the_run_folder_is_made() {
         !dir.path().join("run").exists(),
         "the run folder was made for a learner that could not serve"
     );
+    // The same for a Prometheus address another learner holds.
+    let mut cfg = config(dir.path());
+    cfg.metrics.prometheus = held.local_addr().unwrap().to_string();
+    let err = learner::run(cfg, LearnerOptions { resume: false }, async {})
+        .await
+        .expect_err("the metrics port is taken");
+    assert!(
+        err.to_string().contains("binding the Prometheus address"),
+        "{err}"
+    );
+    assert!(!dir.path().join("run").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
