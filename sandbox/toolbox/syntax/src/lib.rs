@@ -79,6 +79,16 @@ pub enum Conn {
 /// A parsed command line: pipelines in order, each with how it joins the one before.
 pub type Script = Vec<(Conn, Vec<Command>)>;
 
+/// The operator at `i`: `doubled` when the next character repeats it (`||`, `>>`),
+/// otherwise `single`; and the characters it takes.
+fn single_or_doubled(chars: &[char], i: usize, single: Tok, doubled: Tok) -> (Tok, usize) {
+    if chars.get(i + 1) == Some(&chars[i]) {
+        (doubled, 2)
+    } else {
+        (single, 1)
+    }
+}
+
 /// Splits a command line into words and operators.
 fn lex(line: &str) -> Result<Vec<Tok>, String> {
     let chars: Vec<char> = line.chars().collect();
@@ -114,6 +124,20 @@ fn lex(line: &str) -> Result<Vec<Tok>, String> {
             _ => None,
         }
     }
+    // The `$` at `i`, inside double quotes or not: a variable, or a literal `$`. Returns the
+    // characters it takes.
+    fn dollar(chars: &[char], i: usize, word: &mut Word, quoted: bool) -> usize {
+        match var_at(chars, i) {
+            Some((seg, n)) => {
+                word.push(seg);
+                n
+            }
+            None => {
+                push_lit(word, '$', quoted);
+                1
+            }
+        }
+    }
     macro_rules! end_word {
         () => {
             if in_word {
@@ -134,15 +158,14 @@ fn lex(line: &str) -> Result<Vec<Tok>, String> {
                 toks.push(Tok::Semi);
                 i += 1;
             }
-            '|' => {
+            '|' | '>' => {
                 end_word!();
-                if chars.get(i + 1) == Some(&'|') {
-                    toks.push(Tok::Or);
-                    i += 2;
-                } else {
-                    toks.push(Tok::Pipe);
-                    i += 1;
-                }
+                let (tok, n) = match c {
+                    '|' => single_or_doubled(&chars, i, Tok::Pipe, Tok::Or),
+                    _ => single_or_doubled(&chars, i, Tok::Out, Tok::Append),
+                };
+                toks.push(tok);
+                i += n;
             }
             '&' => {
                 end_word!();
@@ -151,16 +174,6 @@ fn lex(line: &str) -> Result<Vec<Tok>, String> {
                     i += 2;
                 } else {
                     return Err("background jobs (`&`) are not supported".into());
-                }
-            }
-            '>' => {
-                end_word!();
-                if chars.get(i + 1) == Some(&'>') {
-                    toks.push(Tok::Append);
-                    i += 2;
-                } else {
-                    toks.push(Tok::Out);
-                    i += 1;
                 }
             }
             '<' => {
@@ -211,16 +224,7 @@ fn lex(line: &str) -> Result<Vec<Tok>, String> {
                             push_lit(&mut word, chars[i + 1], true);
                             i += 2;
                         }
-                        '$' => match var_at(&chars, i) {
-                            Some((seg, n)) => {
-                                word.push(seg);
-                                i += n;
-                            }
-                            None => {
-                                push_lit(&mut word, '$', true);
-                                i += 1;
-                            }
-                        },
+                        '$' => i += dollar(&chars, i, &mut word, true),
                         _ => {
                             push_lit(&mut word, c, true);
                             i += 1;
@@ -243,16 +247,7 @@ fn lex(line: &str) -> Result<Vec<Tok>, String> {
             }
             '$' => {
                 in_word = true;
-                match var_at(&chars, i) {
-                    Some((seg, n)) => {
-                        word.push(seg);
-                        i += n;
-                    }
-                    None => {
-                        push_lit(&mut word, '$', false);
-                        i += 1;
-                    }
-                }
+                i += dollar(&chars, i, &mut word, false);
             }
             '`' | '(' | ')' => {
                 return Err(format!(
