@@ -15,6 +15,7 @@
 pub mod checkpoint;
 pub mod collect;
 pub mod config;
+pub mod durable;
 pub mod episode;
 pub mod learner;
 pub mod metrics;

@@ -366,9 +366,7 @@ impl MetricsSink {
             }
         }
         if dropped > 0 {
-            let tmp = path.with_extension("jsonl.tmp");
-            std::fs::write(&tmp, kept)?;
-            std::fs::rename(&tmp, path)?;
+            crate::durable::replace_file(path, kept.as_bytes())?;
         }
         Ok(dropped)
     }

@@ -14,8 +14,6 @@
 //! repeats one made before the crash. Each checkpoint trims the reservation to the counter
 //! ([`GroupIds::trim`]), so a run stopped cleanly resumes exactly where it stopped.
 
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use corvid_tasks::SplitMix64;
@@ -132,25 +130,15 @@ impl GroupIds {
 
     fn write(&mut self, reserved_below: u64) -> Result<(), GroupIdsError> {
         if let Some(path) = &self.path {
-            let io = |path: &Path| {
-                let path = path.to_path_buf();
-                move |source| GroupIdsError::Io { path, source }
-            };
-            let tmp = path.with_extension("json.tmp");
             let text = serde_json::to_vec(&OnDisk {
                 format: FORMAT,
                 reserved_below,
             })
             .expect("two integers serialise");
-            let mut f = File::create(&tmp).map_err(io(&tmp))?;
-            f.write_all(&text).map_err(io(&tmp))?;
-            f.sync_all().map_err(io(&tmp))?;
-            std::fs::rename(&tmp, path).map_err(io(path))?;
-            if let Some(dir) = path.parent() {
-                File::open(dir)
-                    .and_then(|d| d.sync_all())
-                    .map_err(io(dir))?;
-            }
+            crate::durable::replace_file(path, &text).map_err(|source| GroupIdsError::Io {
+                path: path.clone(),
+                source,
+            })?;
         }
         self.reserved_below = reserved_below;
         Ok(())

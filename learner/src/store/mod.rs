@@ -668,23 +668,16 @@ impl TrajectoryStore {
             return Ok(());
         }
         let path = self.path.join(FINISHED_FILE);
-        let tmp = self.path.join(format!("{FINISHED_FILE}.tmp"));
-        let io = |what: &str, source| StoreError::Io {
-            what: format!("{what} {}", tmp.display()),
-            source,
-        };
         let db_bytes = std::fs::metadata(self.path.join("db")).map_or(0, |m| m.len());
         let text = serde_json::to_string(&FinishedRecord {
             finished_at_least: finished,
             db_bytes,
         })
         .expect("a struct of two integers serialises");
-        {
-            let mut f = std::fs::File::create(&tmp).map_err(|e| io("creating", e))?;
-            std::io::Write::write_all(&mut f, text.as_bytes()).map_err(|e| io("writing", e))?;
-            f.sync_all().map_err(|e| io("syncing", e))?;
-        }
-        std::fs::rename(&tmp, &path).map_err(|e| io("renaming", e))?;
+        crate::durable::replace_file(&path, text.as_bytes()).map_err(|source| StoreError::Io {
+            what: format!("writing {}", path.display()),
+            source,
+        })?;
         self.recorded.store(finished, Ordering::Release);
         Ok(())
     }
