@@ -125,18 +125,15 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
     Ok(exit_code(&out))
 }
 
-/// Writes the toolbox module to `out` through a temporary file and a rename, so an
-/// interrupted write never leaves a truncated module where a pack expects one.
+/// Writes the toolbox module to `out` whole, so an interrupted write never leaves a
+/// truncated module where a pack expects one.
 fn write_toolbox(out: &std::path::Path) -> anyhow::Result<ExitCode> {
     let bytes = corvid_sandbox::toolbox_wasm();
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    let mut tmp = out.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).with_context(|| format!("writing {}", tmp.display()))?;
-    std::fs::rename(&tmp, out).with_context(|| format!("writing {}", out.display()))?;
+    corvid_learner::durable::replace_file(out, bytes)
+        .with_context(|| format!("writing {}", out.display()))?;
     println!(
         "wrote the toolbox module ({} bytes) to {}",
         bytes.len(),
