@@ -23,10 +23,12 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod assignment;
 pub mod auth;
 pub mod client;
 pub mod limits;
 pub mod synthetic;
+pub mod trajectory;
 pub mod types;
 
 /// Code generated from `corvid/v1/learner.proto`.
@@ -35,6 +37,8 @@ pub mod pb {
     tonic::include_proto!("corvid.v1");
 }
 
+pub use assignment::Assignment;
+pub use trajectory::{Trajectory, TurnTotals};
 pub use types::{
     validate_trajectory_id, ProtoError, SamplingParams, Step, StepTimings, TaskRef, Termination,
     ToolCall, ToolResult, ToolStatus, TrajectoryFooter, TrajectoryHeader,

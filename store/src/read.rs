@@ -1,0 +1,287 @@
+//! Reading the store: get, stream steps, list with filters, export, stats, and
+//! the trainer's cursor. Every reader sees finished trajectories only.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use corvid_proto::{pb, Step, Termination, Trajectory};
+use prost::Message;
+use serde::Serialize;
+
+use super::keys;
+use super::{RecordStatus, Result, StoreError, TrajectoryRecord, TrajectoryStore};
+
+/// Which trajectories to list or export. Empty fields match everything.
+#[derive(Debug, Clone, Default)]
+pub struct Filter {
+    /// Task family.
+    pub family: Option<String>,
+    /// Task level (with or without a family).
+    pub level: Option<u32>,
+    /// Checker verdict.
+    pub success: Option<bool>,
+    /// Lowest policy version at the start of the episode.
+    pub min_policy_version: Option<u64>,
+    /// Highest policy version at the start of the episode.
+    pub max_policy_version: Option<u64>,
+    /// How the episode ended.
+    pub termination: Option<Termination>,
+    /// Stop after this many matches.
+    pub limit: Option<usize>,
+}
+
+impl Filter {
+    /// Whether a finished record matches.
+    pub fn matches(&self, r: &TrajectoryRecord) -> bool {
+        let h = &r.header;
+        let Some(f) = &r.footer else { return false };
+        self.family.as_ref().is_none_or(|x| *x == h.task.family)
+            && self.level.is_none_or(|x| x == h.task.level)
+            && self.success.is_none_or(|x| x == f.success)
+            && self
+                .min_policy_version
+                .is_none_or(|x| h.policy_version >= x)
+            && self
+                .max_policy_version
+                .is_none_or(|x| h.policy_version <= x)
+            && self.termination.is_none_or(|x| x == f.termination)
+    }
+}
+
+/// Counts over the whole store.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StoreStats {
+    /// Finished (visible) trajectories.
+    pub finished: u64,
+    /// Trajectories being written right now.
+    pub open: u64,
+    /// Finished trajectories the trainer has consumed.
+    pub consumed: u64,
+    /// Finished trajectories whose checker accepted the result.
+    pub succeeded: u64,
+    /// Steps of finished trajectories.
+    pub steps: u64,
+    /// Tokens of finished trajectories.
+    pub tokens: u64,
+    /// Generated tokens of finished trajectories.
+    pub generated_tokens: u64,
+    /// Finished trajectories per termination.
+    pub by_termination: BTreeMap<String, u64>,
+    /// Finished trajectories per `family/level`.
+    pub by_task: BTreeMap<String, u64>,
+    /// Size of the store on disk, bytes.
+    pub disk_bytes: u64,
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ExportSummary {
+    /// Trajectories (lines) written.
+    pub trajectories: u64,
+    /// Steps written.
+    pub steps: u64,
+    /// Tokens written.
+    pub tokens: u64,
+}
+
+type RecordIter<'a> = Box<dyn Iterator<Item = Result<TrajectoryRecord>> + 'a>;
+
+impl TrajectoryStore {
+    /// The record of a finished trajectory; `None` if unknown or unfinished.
+    pub fn get(&self, id: &str) -> Result<Option<TrajectoryRecord>> {
+        Ok(self
+            .record(id)?
+            .filter(|r| r.status == RecordStatus::Finished))
+    }
+
+    /// The finished trajectory `id`, read whole, with its place in the finish order (`None`
+    /// for a record from before the store kept one); `None` if `id` is not finished.
+    pub fn load(&self, id: &str) -> Result<Option<(Option<u64>, Trajectory)>> {
+        let Some(rec) = self.get(id)? else {
+            return Ok(None);
+        };
+        let Some(footer) = rec.footer else {
+            return Ok(None);
+        };
+        let Some(steps) = self.steps(id)? else {
+            return Ok(None);
+        };
+        let trajectory = Trajectory {
+            header: rec.header,
+            steps: steps.collect::<Result<Vec<_>>>()?,
+            footer,
+        };
+        Ok(Some((rec.finish_seq, trajectory)))
+    }
+
+    /// Streams the steps of a finished trajectory in order, one decoded step at a
+    /// time; `None` if unknown or unfinished.
+    pub fn steps(&self, id: &str) -> Result<Option<impl Iterator<Item = Result<Step>> + '_>> {
+        if self.get(id)?.is_none() {
+            return Ok(None);
+        }
+        let owned_id = id.to_owned();
+        Ok(Some(
+            self.steps
+                .scan_prefix(keys::step_prefix(id))
+                .values()
+                .map(move |v| {
+                    let bytes = v.map_err(|e| self.sled_err(e))?;
+                    let corrupt = |reason: String| StoreError::Corrupt {
+                        id: owned_id.clone(),
+                        reason,
+                    };
+                    let wire = pb::Step::decode(bytes.as_ref())
+                        .map_err(|e| corrupt(format!("step: {e}")))?;
+                    Step::try_from(wire).map_err(|e| corrupt(format!("step: {e}")))
+                }),
+        ))
+    }
+
+    /// Finished trajectories matching `filter`, using the most selective index.
+    pub fn list<'a>(&'a self, filter: &'a Filter) -> RecordIter<'a> {
+        let ids: Box<dyn Iterator<Item = Result<String>> + 'a> =
+            if let Some(family) = &filter.family {
+                let prefix = keys::task_prefix(family, filter.level);
+                Box::new(self.by_task.scan_prefix(prefix).keys().map(move |k| {
+                    let k = k.map_err(|e| self.sled_err(e))?;
+                    let n = keys::task_prefix_len(&k).unwrap_or(k.len());
+                    Ok(keys::id_after(&k, n).unwrap_or_default())
+                }))
+            } else if let Some(t) = filter.termination {
+                let prefix = keys::status_prefix(t, filter.success);
+                Box::new(self.by_status.scan_prefix(prefix).keys().map(move |k| {
+                    let k = k.map_err(|e| self.sled_err(e))?;
+                    Ok(keys::id_after(&k, 2).unwrap_or_default())
+                }))
+            } else if filter.min_policy_version.is_some() || filter.max_policy_version.is_some() {
+                let lo = filter
+                    .min_policy_version
+                    .unwrap_or(0)
+                    .to_be_bytes()
+                    .to_vec();
+                let range = match filter.max_policy_version.and_then(|v| v.checked_add(1)) {
+                    Some(hi) => self.by_version.range(lo..hi.to_be_bytes().to_vec()),
+                    None => self.by_version.range(lo..),
+                };
+                Box::new(range.keys().map(move |k| {
+                    let k = k.map_err(|e| self.sled_err(e))?;
+                    Ok(keys::id_after(&k, 8).unwrap_or_default())
+                }))
+            } else {
+                Box::new(self.by_seq.iter().values().map(move |v| {
+                    let v = v.map_err(|e| self.sled_err(e))?;
+                    Ok(String::from_utf8_lossy(&v).into_owned())
+                }))
+            };
+        let records = ids.filter_map(move |id| match id.and_then(|id| self.get(&id)) {
+            Ok(Some(r)) if filter.matches(&r) => Some(Ok(r)),
+            Ok(_) => None,
+            Err(e) => Some(Err(e)),
+        });
+        match filter.limit {
+            Some(n) => Box::new(records.take(n)),
+            None => Box::new(records),
+        }
+    }
+
+    /// Finished trajectories in finish order after `cursor` (exclusive), with their
+    /// position. The trainer keeps the last position it read as its cursor; 0 reads
+    /// from the start.
+    pub fn finished_since(
+        &self,
+        cursor: u64,
+    ) -> impl Iterator<Item = Result<(u64, TrajectoryRecord)>> + '_ {
+        let start = cursor.saturating_add(1).to_be_bytes();
+        self.by_seq.range(start..).filter_map(move |kv| {
+            let (k, v) = match kv {
+                Ok(kv) => kv,
+                Err(e) => return Some(Err(self.sled_err(e))),
+            };
+            let seq = <[u8; 8]>::try_from(k.as_ref())
+                .map(u64::from_be_bytes)
+                .ok()?;
+            let id = String::from_utf8_lossy(&v).into_owned();
+            match self.get(&id) {
+                Ok(Some(r)) => Some(Ok((seq, r))),
+                Ok(None) => None,
+                Err(e) => Some(Err(e)),
+            }
+        })
+    }
+
+    /// Writes matching trajectories as JSON lines, one trajectory per line:
+    /// `{"header":…,"footer":…,"stored_unix_ms":…,"steps":[…]}` with the field
+    /// names of `corvid_proto::types`. Steps are streamed, never collected.
+    pub fn export_jsonl(&self, filter: &Filter, out: &mut dyn Write) -> Result<ExportSummary> {
+        let io = |source| StoreError::Io {
+            what: "writing the export".into(),
+            source,
+        };
+        let mut summary = ExportSummary::default();
+        for rec in self.list(filter) {
+            let rec = rec?;
+            let id = rec.header.trajectory_id.clone();
+            write!(
+                out,
+                "{{\"header\":{},\"footer\":{},\"stored_unix_ms\":{},\"steps\":[",
+                json(&rec.header),
+                json(&rec.footer),
+                rec.stored_unix_ms
+            )
+            .map_err(io)?;
+            if let Some(steps) = self.steps(&id)? {
+                for (i, step) in steps.enumerate() {
+                    let step = step?;
+                    summary.steps += 1;
+                    summary.tokens += step.token_ids.len() as u64;
+                    if i > 0 {
+                        out.write_all(b",").map_err(io)?;
+                    }
+                    out.write_all(json(&step).as_bytes()).map_err(io)?;
+                }
+            }
+            out.write_all(b"]}\n").map_err(io)?;
+            summary.trajectories += 1;
+        }
+        out.flush().map_err(io)?;
+        Ok(summary)
+    }
+
+    /// Counts over the whole store (scans the records, not the steps).
+    pub fn stats(&self) -> Result<StoreStats> {
+        let mut s = StoreStats {
+            open: self.open.len() as u64,
+            disk_bytes: self.db.size_on_disk().map_err(|e| self.sled_err(e))?,
+            ..StoreStats::default()
+        };
+        for kv in self.meta.iter() {
+            let (k, v) = kv.map_err(|e| self.sled_err(e))?;
+            let id = String::from_utf8_lossy(&k).into_owned();
+            let r = TrajectoryRecord::decode(&id, &v)?;
+            let Some(f) = r.footer.filter(|_| r.status == RecordStatus::Finished) else {
+                continue;
+            };
+            s.finished += 1;
+            s.succeeded += u64::from(f.success);
+            s.steps += f.step_count;
+            s.tokens += f.token_count;
+            s.generated_tokens += f.generated_token_count;
+            *s.by_termination
+                .entry(f.termination.to_string())
+                .or_default() += 1;
+            *s.by_task
+                .entry(format!("{}/{}", r.header.task.family, r.header.task.level))
+                .or_default() += 1;
+            if self.consumed_at(&id)?.is_some() {
+                s.consumed += 1;
+            }
+        }
+        Ok(s)
+    }
+}
+
+/// JSON of plain data, where serialising cannot fail.
+fn json<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
