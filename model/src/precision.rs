@@ -3,7 +3,7 @@
 //! decisions compare scores that differ in the third digit, which bf16 would blur.
 //!
 //! The router already computes in fp32 whatever its input's dtype
-//! (`router::router_kind`); keeping its parameters in fp32 also keeps their updates exact.
+//! ([`work_kind`]); keeping its parameters in fp32 also keeps their updates exact.
 //! Everything else (embedding, attention, experts, norms, the cross-layer mix) follows `kind`.
 //! The cast rewrites the variables in place (`set_data`), so a model built on the store before
 //! the cast sees it.
@@ -11,6 +11,18 @@
 use tch::{nn, Device, Kind};
 
 use super::ModelError;
+
+/// The dtype the numerically sensitive steps compute in, whatever the activations' dtype (the
+/// router's scores, the absorbed attention's softmax, the cross-layer mix, the balance loss):
+/// f64 for an f64 model (the finite-difference gradient check runs in f64 throughout), fp32
+/// otherwise.
+pub fn work_kind(kind: Kind) -> Kind {
+    if kind == Kind::Double {
+        Kind::Double
+    } else {
+        Kind::Float
+    }
+}
 
 /// Whether variable `name` belongs to a router (`layers.{i}.mlp.gate.weight` or
 /// `layers.{i}.mlp.gate.e_score_correction_bias`).

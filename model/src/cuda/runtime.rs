@@ -236,6 +236,11 @@ pub fn compile_all(
     Ok(out)
 }
 
+/// The name the driver reports for CUDA device `ordinal` (`NVIDIA H200`).
+pub fn device_name(ordinal: usize) -> Result<String, CudaError> {
+    Ok(device_runtime(ordinal)?.name())
+}
+
 /// One device's context (the primary one, shared with libtorch) and its loaded kernels.
 pub(crate) struct DeviceRuntime {
     ctx: Arc<CudaContext>,

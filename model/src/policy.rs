@@ -1,6 +1,7 @@
 //! The policy: embedding → blocks (MLA + cross-layer residual, dense or MoE FFN) → norm → head.
 //!
-//! Shape legend: `b` batch, `t` time, `d` hidden, `v` vocabulary.
+//! Shape legend: `b` batch, `t` time, `s` cache slots in use, `k` token-shift taps, `d` hidden,
+//! `v` vocabulary.
 
 // `x = x + y` on purpose: tch's `+=` is in-place `add_`, which would clobber tensors autograd
 // saved for the backward (RMSNorm keeps its input).
@@ -15,7 +16,8 @@ use super::config::{ModelConfig, RopeScaling};
 use super::cross_layer::{CrossLayerResidual, CrossLayerState};
 use super::health::MoeHealth;
 use super::layers::{Linear, Mlp, RmsNorm};
-use super::moe::MoeLayer;
+use super::moe::{MoeAux, MoeLayer};
+use super::precision::work_kind;
 use super::rope::Rope;
 use super::ModelError;
 
@@ -26,7 +28,8 @@ enum Ffn {
     Moe(MoeLayer),
 }
 
-/// One transformer block.
+/// One transformer block: `x + mix(attn(norm(x)))`, then `x + ffn(norm(x))`, where `mix` is
+/// the cross-layer residual (the identity without one).
 #[derive(Debug)]
 struct Block {
     attn_norm: RmsNorm,
@@ -34,6 +37,163 @@ struct Block {
     cross: Option<CrossLayerResidual>,
     ffn_norm: RmsNorm,
     ffn: Ffn,
+    /// Which of the cache's latent layers this block writes or reads: `layer / cla_factor`
+    /// (a CLA-shared block reads its owner's).
+    latent_slot: usize,
+}
+
+impl Block {
+    /// The block's output `[B, T, d]` for `x [B, T, d]`, and in a training forward an MoE
+    /// block's balance terms. `ctx` says how attention reaches its keys and carries what
+    /// later blocks need (the CLA latent, the cross-layer history, the cache).
+    fn forward(
+        &self,
+        x_btd: &Tensor,
+        ctx: &mut BlockCtx<'_>,
+    ) -> Result<(Tensor, Option<MoeAux>), ModelError> {
+        let h = self.attn_norm.forward(x_btd);
+        let h_prev = ctx.prev_inputs(&h, self.attn.shift_taps(), self.latent_slot);
+        let input = LayerInput {
+            x_btd: &h,
+            x_prev: &h_prev,
+        };
+        let a = ctx.attention(&self.attn, input, self.latent_slot)?;
+        let mixed = match &self.cross {
+            Some(c) => c.forward(&mut ctx.cross, &a),
+            None => a.shallow_clone(),
+        };
+        ctx.cross.push(&a);
+        let x = x_btd + mixed;
+        let h = self.ffn_norm.forward(&x);
+        let (y, aux) = match &self.ffn {
+            Ffn::Dense(m) => (m.forward(&h), None),
+            Ffn::Moe(m) => m.forward(&h, ctx.train),
+        };
+        Ok((x + y, aux))
+    }
+}
+
+/// What the blocks of one forward share: positions, how attention reaches its keys, and the
+/// state one block leaves for the next.
+struct BlockCtx<'a> {
+    /// RoPE positions `[B, T]`; in a full forward also the positions within each sequence
+    /// at which the token shift stops.
+    pos_bt: Tensor,
+    rope: &'a Rope,
+    /// Attention outputs of the blocks run so far (the cross-layer residual's input).
+    cross: CrossLayerState,
+    /// Router noise on, and MoE blocks report their balance terms.
+    train: bool,
+    attend: Attend<'a>,
+}
+
+/// How a block's attention reaches its keys, and where its latent goes.
+enum Attend<'a> {
+    /// Training or scoring: attention over the tokens of this forward, the latent
+    /// decompressed per head ([`Mla::forward_full`]).
+    Full {
+        /// `true` = may attend (block-diagonal causal for packed documents); `None` is
+        /// plain causal attention.
+        mask_b1tt: Option<&'a Tensor>,
+        /// The latest latent-owning block's latent, which CLA-shared blocks reuse.
+        latent: Option<Latent>,
+    },
+    /// Cached decoding ([`MoePolicy::cached_ctx`]): each owning block writes its latent
+    /// into the cache, and every block attends in latent space over slots `0..s`.
+    Cached {
+        cache: &'a mut KvCache,
+        /// Cache slots the tokens are written to `[B, T]` (their positions, not clamped).
+        slot_bt: Tensor,
+        /// Slots in use (not the cache's spare capacity).
+        s: i64,
+        /// `latent_token_shift`: the gather index `[B, k, d]` of the inputs each row keeps,
+        /// and per tap `k` (index `k - 1`) whether a token has an input `k` back, `[B, T, 1]`.
+        shift: Option<(Tensor, Vec<Tensor>)>,
+        keys: CachedKeys,
+    },
+}
+
+/// Which absorbed attention reads the cache.
+enum CachedKeys {
+    /// A decode step (one token per row) through a core of
+    /// [`Mla::forward_absorbed_lens`]; row `b` sees slots `0..lens[b]`.
+    Core { core: DecodeCore, lens_b: Tensor },
+    /// The matmul path of [`Mla::forward_absorbed`]; the mask `[B, T, S]` is 0 for visible
+    /// keys, −inf past each token's position.
+    Matmul { bias_bts: Tensor },
+}
+
+impl BlockCtx<'_> {
+    /// Each token's inputs `1..=taps` tokens back within its sequence (zeros before a
+    /// sequence start), one `[B, T, d]` per tap; empty when `taps` is 0.
+    fn prev_inputs(&mut self, h_btd: &Tensor, taps: usize, latent_slot: usize) -> Vec<Tensor> {
+        match &mut self.attend {
+            Attend::Full { .. } => (1..=taps as i64)
+                .map(|k| token_shift(h_btd, &self.pos_bt, k))
+                .collect(),
+            Attend::Cached {
+                cache,
+                shift: Some((keep_bkd, valid_k_bt1)),
+                ..
+            } if taps > 0 => {
+                let hist = cache.push_inputs(latent_slot, h_btd, keep_bkd); // [B, taps + t, d]
+                                                                            // The history holds the config's taps, those of every shifting layer.
+                let (taps, t) = (valid_k_bt1.len() as i64, h_btd.size()[1]);
+                // Token j's input k back sits at `taps + j - k`.
+                (1..=taps)
+                    .zip(valid_k_bt1.iter())
+                    .map(|(k, valid_bt1)| hist.narrow(1, taps - k, t) * valid_bt1)
+                    .collect()
+            }
+            Attend::Cached { .. } => Vec::new(),
+        }
+    }
+
+    /// The block's latent (its own, or the CLA owner's), then its attention output
+    /// `[B, T, d]`.
+    fn attention(
+        &mut self,
+        mla: &Mla,
+        input: LayerInput<'_>,
+        latent_slot: usize,
+    ) -> Result<Tensor, ModelError> {
+        let (pos_bt, rope) = (&self.pos_bt, self.rope);
+        let own = mla.latent(input.x_btd, input.x_prev, pos_bt, rope);
+        match &mut self.attend {
+            Attend::Full { mask_b1tt, latent } => {
+                if own.is_some() {
+                    *latent = own;
+                }
+                let lat = latent.as_ref().expect("layer 0 always owns a latent");
+                Ok(mla.forward_full(input, lat, pos_bt, rope, *mask_b1tt))
+            }
+            Attend::Cached {
+                cache,
+                slot_bt,
+                s,
+                keys,
+                ..
+            } => {
+                if let Some(lat) = own {
+                    cache.write(latent_slot, slot_bt, &lat.c_kv_btc, &lat.k_pe_btr);
+                }
+                let (c_kv_bsc, k_pe_bsr) = cache.read(latent_slot, *s);
+                Ok(match keys {
+                    CachedKeys::Core { core, lens_b } => {
+                        let rows = CacheRows {
+                            c_kv_bsc: &c_kv_bsc,
+                            k_pe_bsr: &k_pe_bsr,
+                            lens_b,
+                        };
+                        mla.forward_absorbed_lens(input, pos_bt, rope, rows, *core)?
+                    }
+                    CachedKeys::Matmul { bias_bts } => {
+                        mla.forward_absorbed(input, pos_bt, rope, &c_kv_bsc, &k_pe_bsr, bias_bts)
+                    }
+                })
+            }
+        }
+    }
 }
 
 /// Balance statistics of every MoE layer for one forward; sum micro-batches with
@@ -145,6 +305,7 @@ impl MoePolicy {
                     .then(|| CrossLayerResidual::new(&p / "cross_layer", d, cfg.rms_norm_eps)),
                 ffn_norm: RmsNorm::new(&p / "post_attention_layernorm", d, cfg.rms_norm_eps),
                 ffn,
+                latent_slot: (i / cfg.cla_factor) as usize,
             });
         }
         let lm_head = (!cfg.tie_word_embeddings)
@@ -335,53 +496,29 @@ impl MoePolicy {
         train: bool,
     ) -> Result<ForwardOutput, ModelError> {
         let (b, t) = tokens_bt.size2()?;
-        let mut x = self.embed(tokens_bt, b, t);
-        let mut state = CrossLayerState::new();
-        let mut latent: Option<Latent> = None;
-        // The balance loss sums in fp32 (f64 for an f64 model), whatever the activations.
-        let aux_kind = if x.kind() == Kind::Double {
-            Kind::Double
-        } else {
-            Kind::Float
+        let mut ctx = BlockCtx {
+            pos_bt: pos_bt.shallow_clone(),
+            rope: &self.rope,
+            cross: CrossLayerState::new(),
+            train,
+            attend: Attend::Full {
+                mask_b1tt,
+                latent: None,
+            },
         };
+        let mut x = self.embed(tokens_bt, b, t);
+        // The balance loss sums in fp32 (f64 for an f64 model), whatever the activations.
+        let aux_kind = work_kind(x.kind());
         let mut aux_loss = Tensor::zeros([], (aux_kind, self.device));
         let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
         for (i, blk) in self.blocks.iter().enumerate() {
-            let h = blk.attn_norm.forward(&x);
-            let h_prev: Vec<Tensor> = (1..=blk.attn.shift_taps() as i64)
-                .map(|k| token_shift(&h, pos_bt, k))
-                .collect();
-            if let Some(own) = blk.attn.latent(&h, &h_prev, pos_bt, &self.rope) {
-                latent = Some(own);
+            let (y, aux) = blk.forward(&x, &mut ctx)?;
+            x = y;
+            if let Some(aux) = aux {
+                aux_loss = aux_loss + aux.loss.to_kind(aux_kind);
+                health.push(aux.health);
+                balance.layers.push((i as i64, aux.stats));
             }
-            let lat = latent.as_ref().expect("layer 0 always owns a latent");
-            let input = LayerInput {
-                x_btd: &h,
-                x_prev: &h_prev,
-            };
-            let a = blk
-                .attn
-                .forward_full(input, lat, pos_bt, &self.rope, mask_b1tt);
-            let mixed = match &blk.cross {
-                Some(c) => c.forward(&mut state, &a),
-                None => a.shallow_clone(),
-            };
-            state.push(&a);
-            x = x + mixed;
-            let h = blk.ffn_norm.forward(&x);
-            let y = match &blk.ffn {
-                Ffn::Dense(m) => m.forward(&h),
-                Ffn::Moe(m) => {
-                    let (y, aux) = m.forward(&h, train);
-                    if let Some(aux) = aux {
-                        aux_loss = aux_loss + aux.loss.to_kind(aux_kind);
-                        health.push(aux.health);
-                        balance.layers.push((i as i64, aux.stats));
-                    }
-                    y
-                }
-            };
-            x = x + y;
         }
         Ok(ForwardOutput {
             logits_btv: self.head(&x),
@@ -459,131 +596,103 @@ impl MoePolicy {
         new_b: &[i64],
     ) -> Result<Tensor, ModelError> {
         tch::no_grad(|| {
-            if b as usize != cache.batch() || new_b.len() != cache.batch() {
-                return Err(ModelError::Input(format!(
-                    "tokens have batch {b} and {} row lengths but the cache holds {} sequences",
-                    new_b.len(),
-                    cache.batch()
-                )));
-            }
-            let max_pos = self.cfg.max_position_embeddings;
-            for (row, (&len, &n)) in cache.lens().iter().zip(new_b).enumerate() {
-                if !(0..=t).contains(&n) {
-                    return Err(ModelError::Input(format!(
-                        "row {row} appends {n} tokens but the batch has {t} per row"
-                    )));
-                }
-                if len + n > max_pos {
-                    return Err(ModelError::Input(format!(
-                        "row {row}: position {} exceeds max_position_embeddings {max_pos}",
-                        len + n
-                    )));
-                }
-            }
-            let max_len = cache.lens().iter().copied().max().unwrap_or(0);
-            cache.ensure_capacity(max_len + t);
-            let lens_b1 = Tensor::from_slice(cache.lens())
-                .to_device(self.device)
-                .unsqueeze(1);
-            let new_b1 = Tensor::from_slice(new_b)
-                .to_device(self.device)
-                .unsqueeze(1);
-            // Cache slots the tokens are written to; padding may run past the position
-            // table, so RoPE sees positions clamped to it (padding only).
-            let pos_bt = &lens_b1 + Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0);
-            let rope_pos_bt = pos_bt.clamp_max(max_pos - 1);
-            // latent_token_shift: a row's kept inputs followed by its new ones are
-            // `[last_h (taps) ; h (t)]`; after this step it keeps the `taps` inputs ending at
-            // its last real token, i.e. from index `new` on (a row appending nothing keeps
-            // what it had). Tap `k` of a token exists only at positions `>= k` (not before a
-            // sequence start: a fresh or reset row); the same for every layer.
-            let taps = self.cfg.shift_taps() as i64;
-            let shift = (taps > 0).then(|| {
-                let keep_bk = &new_b1 + Tensor::arange(taps, (Kind::Int64, self.device));
-                let keep_bkd = keep_bk
-                    .unsqueeze(-1)
-                    .expand([b, taps, self.cfg.hidden_size], false);
-                let valid_k_bt1: Vec<Tensor> = (1..=taps)
-                    .map(|k| pos_bt.ge(k).unsqueeze(-1).to_kind(self.embed_vd.kind()))
-                    .collect();
-                (keep_bkd, valid_k_bt1)
-            });
-            // Attend over the slots in use only, not the cache's spare capacity.
-            let s = max_len + t;
-            // Decode steps through the chosen core see slots 0..=pos, as the bias does.
-            let lens_core = match self.decode_core {
-                Some(core) if t == 1 => Some((core, (pos_bt.select(1, 0) + 1).clamp_max(s))),
-                _ => None,
-            };
-            // The matmul path's mask: 0 for visible keys, −inf past each token's position.
-            let bias_bts = lens_core.is_none().then(|| {
-                let key_s = Tensor::arange(s, (Kind::Int64, self.device)).view([1, 1, s]);
-                let visible_bts = key_s.le_tensor(&pos_bt.unsqueeze(-1));
-                Tensor::zeros([b, t, s], (self.embed_vd.kind(), self.device))
-                    .masked_fill(&visible_bts.logical_not(), f64::NEG_INFINITY)
-            });
+            let mut ctx = self.cached_ctx(cache, (b, t), new_b)?;
             let mut x = self.embed(tokens_bt, b, t);
-            let mut state = CrossLayerState::new();
-            for (i, blk) in self.blocks.iter().enumerate() {
-                let slot = i / self.cfg.cla_factor as usize;
-                let h = blk.attn_norm.forward(&x);
-                let h_prev: Vec<Tensor> = match &shift {
-                    Some((keep_bkd, valid_k_bt1)) if blk.attn.shift_taps() > 0 => {
-                        let hist = Tensor::cat(&[&cache.last_h[slot], &h], 1); // [B, taps + t, d]
-                        cache.last_h[slot] = hist.gather(1, keep_bkd, false);
-                        // Token j's input k back sits at `taps + j - k`.
-                        (1..=taps)
-                            .zip(valid_k_bt1)
-                            .map(|(k, valid_bt1)| hist.narrow(1, taps - k, t) * valid_bt1)
-                            .collect()
-                    }
-                    _ => Vec::new(),
-                };
-                if let Some(lat) = blk.attn.latent(&h, &h_prev, &rope_pos_bt, &self.rope) {
-                    cache.write(slot, &pos_bt, &lat.c_kv_btc, &lat.k_pe_btr);
-                }
-                let input = LayerInput {
-                    x_btd: &h,
-                    x_prev: &h_prev,
-                };
-                let c_kv_bsc = cache.c_kv[slot].narrow(1, 0, s);
-                let k_pe_bsr = cache.k_pe[slot].narrow(1, 0, s);
-                let a = match &lens_core {
-                    Some((core, lens_b)) => blk.attn.forward_absorbed_lens(
-                        input,
-                        &rope_pos_bt,
-                        &self.rope,
-                        CacheRows {
-                            c_kv_bsc: &c_kv_bsc,
-                            k_pe_bsr: &k_pe_bsr,
-                            lens_b,
-                        },
-                        *core,
-                    )?,
-                    None => blk.attn.forward_absorbed(
-                        input,
-                        &rope_pos_bt,
-                        &self.rope,
-                        &c_kv_bsc,
-                        &k_pe_bsr,
-                        bias_bts.as_ref().expect("the matmul path has its mask"),
-                    ),
-                };
-                let mixed = match &blk.cross {
-                    Some(c) => c.forward(&mut state, &a),
-                    None => a.shallow_clone(),
-                };
-                state.push(&a);
-                x = x + mixed;
-                let h = blk.ffn_norm.forward(&x);
-                let y = match &blk.ffn {
-                    Ffn::Dense(m) => m.forward(&h),
-                    Ffn::Moe(m) => m.forward(&h, false).0,
-                };
-                x = x + y;
+            for blk in &self.blocks {
+                x = blk.forward(&x, &mut ctx)?.0;
             }
+            drop(ctx); // gives the cache back
             cache.advance_rows(new_b);
             Ok(self.head(&x))
+        })
+    }
+
+    /// Checks that `new_b` fits the cache and the position table, grows the cache for `t`
+    /// more tokens per row, and sets up what every block of the append shares: positions,
+    /// the token-shift gather and which attention reads the cache.
+    fn cached_ctx<'a>(
+        &'a self,
+        cache: &'a mut KvCache,
+        (b, t): (i64, i64),
+        new_b: &[i64],
+    ) -> Result<BlockCtx<'a>, ModelError> {
+        if b as usize != cache.batch() || new_b.len() != cache.batch() {
+            return Err(ModelError::Input(format!(
+                "tokens have batch {b} and {} row lengths but the cache holds {} sequences",
+                new_b.len(),
+                cache.batch()
+            )));
+        }
+        let max_pos = self.cfg.max_position_embeddings;
+        for (row, (&len, &n)) in cache.lens().iter().zip(new_b).enumerate() {
+            if !(0..=t).contains(&n) {
+                return Err(ModelError::Input(format!(
+                    "row {row} appends {n} tokens but the batch has {t} per row"
+                )));
+            }
+            if len + n > max_pos {
+                return Err(ModelError::Input(format!(
+                    "row {row}: position {} exceeds max_position_embeddings {max_pos}",
+                    len + n
+                )));
+            }
+        }
+        let max_len = cache.lens().iter().copied().max().unwrap_or(0);
+        cache.ensure_capacity(max_len + t);
+        let lens_b1 = Tensor::from_slice(cache.lens())
+            .to_device(self.device)
+            .unsqueeze(1);
+        let new_b1 = Tensor::from_slice(new_b)
+            .to_device(self.device)
+            .unsqueeze(1);
+        // Cache slots the tokens are written to; padding may run past the position
+        // table, so RoPE sees positions clamped to it (padding only).
+        let pos_bt = &lens_b1 + Tensor::arange(t, (Kind::Int64, self.device)).unsqueeze(0);
+        let rope_pos_bt = pos_bt.clamp_max(max_pos - 1);
+        // latent_token_shift: after this step a row keeps the `taps` inputs ending at its
+        // last real token, i.e. from index `new` of `[last_h (taps) ; h (t)]` on (a row
+        // appending nothing keeps what it had). Tap `k` of a token exists only at positions
+        // `>= k` (not before a sequence start: a fresh or reset row); the same for every
+        // layer.
+        let taps = self.cfg.shift_taps() as i64;
+        let shift = (taps > 0).then(|| {
+            let keep_bk = &new_b1 + Tensor::arange(taps, (Kind::Int64, self.device));
+            let keep_bkd = keep_bk
+                .unsqueeze(-1)
+                .expand([b, taps, self.cfg.hidden_size], false);
+            let valid_k_bt1: Vec<Tensor> = (1..=taps)
+                .map(|k| pos_bt.ge(k).unsqueeze(-1).to_kind(self.embed_vd.kind()))
+                .collect();
+            (keep_bkd, valid_k_bt1)
+        });
+        let s = max_len + t;
+        let keys = match self.decode_core {
+            // Decode steps through the chosen core see slots 0..=pos, as the mask does.
+            Some(core) if t == 1 => CachedKeys::Core {
+                core,
+                lens_b: (pos_bt.select(1, 0) + 1).clamp_max(s),
+            },
+            _ => {
+                let key_s = Tensor::arange(s, (Kind::Int64, self.device)).view([1, 1, s]);
+                let visible_bts = key_s.le_tensor(&pos_bt.unsqueeze(-1));
+                CachedKeys::Matmul {
+                    bias_bts: Tensor::zeros([b, t, s], (self.embed_vd.kind(), self.device))
+                        .masked_fill(&visible_bts.logical_not(), f64::NEG_INFINITY),
+                }
+            }
+        };
+        Ok(BlockCtx {
+            pos_bt: rope_pos_bt,
+            rope: &self.rope,
+            cross: CrossLayerState::new(),
+            train: false,
+            attend: Attend::Cached {
+                cache,
+                slot_bt: pos_bt,
+                s,
+                shift,
+                keys,
+            },
         })
     }
 

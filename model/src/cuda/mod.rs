@@ -14,7 +14,6 @@
 //!   accumulation, no atomics), with ATen references.
 //! - [`check`]: every kernel against its reference on fresh random inputs, outputs poisoned
 //!   with NaN first, within bf16 / fp32 tolerance.
-//! - [`mod@bench`]: what `corvid bench gpu` measures on a CUDA device.
 //!
 //! Kernels run on the null stream of the device's primary context: the stream and context
 //! libtorch uses when nothing set another (tch never does), so they are ordered with ATen work
@@ -26,7 +25,6 @@
 //! `nvidia/cu13/lib`, which is found from libtorch's own location when it is not on the
 //! library path (see [`runtime`]).
 
-pub mod bench;
 pub mod check;
 mod mla_decode;
 mod moe_dispatch;

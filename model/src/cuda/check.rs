@@ -13,9 +13,9 @@ use tch::{nn, Device, Kind, Tensor};
 use super::mla_decode::{MlaDecode, MlaKernel};
 use super::moe_dispatch::DispatchPlan;
 use super::CudaError;
-use crate::model::attention::DecodeCore;
-use crate::model::experts::{Experts, Movement};
-use crate::model::{ModelConfig, MoePolicy};
+use crate::attention::DecodeCore;
+use crate::experts::{Experts, Movement};
+use crate::{ModelConfig, MoePolicy};
 
 /// Relative tolerance of an fp32 kernel.
 pub const TOL_F32: f64 = 1e-4;
@@ -351,7 +351,7 @@ fn check_model_decode(kind: Kind, dev: Device) -> CheckResult {
             MoePolicy::new_in_kind(&vs, &cfg, kind).map_err(|e| CudaError::Input(e.to_string()))?;
         let prompt = Tensor::randint(cfg.vocab_size, [3, 40], (Kind::Int64, dev));
         let mut cache = model.new_cache(3, 64);
-        let model_err = |e: crate::model::ModelError| CudaError::Input(e.to_string());
+        let model_err = |e: crate::ModelError| CudaError::Input(e.to_string());
         let _ = model
             .forward_cached(&mut cache, &prompt)
             .map_err(model_err)?;

@@ -12,16 +12,9 @@
 //! training asks for it. Keys are normalised and the softmax runs in fp32, as in torchtitan's
 //! `kimi_k3/attn_res.py`. The mix is per token, so it works unchanged on decode steps.
 
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
-/// The working precision of the depth mix: fp32, or f64 in an f64 model.
-fn work_kind(kind: Kind) -> Kind {
-    if kind == Kind::Double {
-        Kind::Double
-    } else {
-        Kind::Float
-    }
-}
+use super::precision::work_kind;
 
 /// Attention outputs `[B, T, d]` of the layers run so far, in order, and their normalised
 /// keys (computed once, when a later layer first needs them, not once per later layer).

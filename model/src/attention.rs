@@ -12,12 +12,13 @@
 //!   attention, so attention runs in latent space against the cache and the cache is never
 //!   decompressed per head (DeepSeek-V3 `attn_impl="absorb"`).
 
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
 use super::config::{AttnGate, ModelConfig};
 use super::cuda::{CudaError, MlaDecode, MlaKernel};
 use super::layers::{Linear, RmsNorm};
 use super::mla_cpu;
+use super::precision::work_kind;
 use super::rope::Rope;
 
 /// A layer's latent for some tokens: what the cache stores.
@@ -351,12 +352,9 @@ impl Mla {
         let scores_bths = scores_bsq.transpose(1, 2).view([b, t, h, s]) * self.softmax_scale(rope)
             + bias_bts.view([b, t, 1, s]);
         // Softmax in fp32 (f64 stays f64 for the gradient check).
-        let soft_kind = if x_btd.kind() == Kind::Double {
-            Kind::Double
-        } else {
-            Kind::Float
-        };
-        let attn_bths = scores_bths.softmax(-1, soft_kind).to_kind(x_btd.kind());
+        let attn_bths = scores_bths
+            .softmax(-1, work_kind(x_btd.kind()))
+            .to_kind(x_btd.kind());
         let o_lat = attn_bths
             .reshape([b, t * h, s])
             .bmm(c_kv_bsc)

@@ -1,5 +1,5 @@
 //! Absorbed MLA decode attention: the attention core of
-//! [`Mla::forward_absorbed`](crate::model::attention::Mla::forward_absorbed) for one query
+//! [`Mla::forward_absorbed`](crate::attention::Mla::forward_absorbed) for one query
 //! token per row, over the latent cache, as a custom kernel (`mla_decode.cu`).
 //!
 //! Shape legend: `b` rows, `h` heads, `s` cache slots, `c` latent rank, `r` RoPE width.
@@ -208,11 +208,7 @@ impl MlaDecode<'_> {
         let bias_b1s = Tensor::zeros([d.b, 1, d.s], (kind, d.device))
             .masked_fill(&hidden_b1s, f64::NEG_INFINITY);
         let scores_bhs = scores_bsh.transpose(1, 2) * self.scale + bias_b1s;
-        let soft_kind = if kind == Kind::Double {
-            Kind::Double
-        } else {
-            Kind::Float
-        };
+        let soft_kind = crate::precision::work_kind(kind);
         let attn_bhs = scores_bhs.softmax(-1, soft_kind).to_kind(kind);
         let out_bhc = attn_bhs.f_bmm(&c_kv)?;
         let empty_b11 = lens_b1.le(0).unsqueeze(2);

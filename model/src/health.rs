@@ -8,11 +8,11 @@
 //! - `router_entropy = mean_t −Σ_e p_te ln p_te`, with sigmoid scores normalised per token;
 //! - `dead_experts = #{e : c_e = 0}` in this batch.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use tch::{Kind, Tensor};
 
-/// Health of one MoE layer for one batch.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+/// Health of one MoE layer for one batch. The metrics line records it as it is.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct MoeHealth {
     /// Layer index.
     pub layer: i64,

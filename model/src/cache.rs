@@ -112,9 +112,50 @@ impl KvCache {
         let _ = self.k_pe[slot].scatter_(1, &idx_r, k_pe_btr);
     }
 
+    /// Layer slot `slot`'s latents at positions `0..s`: `(c_kv [B, s, c], k_pe [B, s, r])`,
+    /// views of the cache.
+    pub(crate) fn read(&self, slot: usize, s: i64) -> (Tensor, Tensor) {
+        (
+            self.c_kv[slot].narrow(1, 0, s),
+            self.k_pe[slot].narrow(1, 0, s),
+        )
+    }
+
+    /// `latent_token_shift`: returns layer slot `slot`'s kept inputs followed by the new ones,
+    /// `[last_h (taps) ; h (t)]` as `[B, taps + t, d]`, and keeps the `taps` of them that
+    /// `keep_bkd` (a gather index along time, `[B, taps, d]`) picks for the next append.
+    pub(crate) fn push_inputs(&mut self, slot: usize, h_btd: &Tensor, keep_bkd: &Tensor) -> Tensor {
+        let hist = Tensor::cat(&[&self.last_h[slot], h_btd], 1);
+        self.last_h[slot] = hist.gather(1, keep_bkd, false);
+        hist
+    }
+
     /// Advances sequence `b` by `new_b[b]` tokens (after all layers have written).
     pub(crate) fn advance_rows(&mut self, new_b: &[i64]) {
         self.lens.iter_mut().zip(new_b).for_each(|(l, n)| *l += n);
+    }
+
+    /// Fills every slot with standard-normal latents and sets row `b`'s length to `lens[b]`:
+    /// a cache shaped as a long prefill leaves it, without running one (benchmarks of decode
+    /// steps at long contexts, whose cost does not depend on the values).
+    pub fn fill_random(&mut self, lens: &[i64]) -> Result<(), ModelError> {
+        if lens.len() != self.lens.len() || lens.iter().any(|&l| l < 0 || l > self.capacity) {
+            return Err(ModelError::Input(format!(
+                "fill_random: {} row lengths for {} rows of capacity {}: {lens:?}",
+                lens.len(),
+                self.lens.len(),
+                self.capacity
+            )));
+        }
+        tch::no_grad(|| -> Result<(), ModelError> {
+            for t in self.c_kv.iter_mut().chain(self.k_pe.iter_mut()) {
+                let noise = t.f_randn_like()?;
+                t.f_copy_(&noise)?;
+            }
+            Ok(())
+        })?;
+        self.lens.copy_from_slice(lens);
+        Ok(())
     }
 
     /// Empties sequence `row` (its slots are reused by whatever is appended next).

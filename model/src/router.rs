@@ -9,9 +9,10 @@
 //! DeepSeek-V3. Selection takes the top-(k+1) so quantile balancing can read each token's
 //! cutoff, between the k-th and (k+1)-th biased scores.
 
-use tch::{nn, Kind, Tensor};
+use tch::{nn, Tensor};
 
 use super::config::{ModelConfig, ScoreFunc};
+use super::precision::work_kind;
 
 /// One routing decision for a batch of tokens.
 #[derive(Debug)]
@@ -40,15 +41,6 @@ pub struct Router {
     noise_std: f64,
     norm_topk: bool,
     scaling: f64,
-}
-
-/// The working precision of the router: fp32, or f64 when the model is f64.
-pub(crate) fn router_kind(kind: Kind) -> Kind {
-    if kind == Kind::Double {
-        Kind::Double
-    } else {
-        Kind::Float
-    }
 }
 
 impl Router {
@@ -95,7 +87,7 @@ impl Router {
 
     /// Routes `x [T, d]`. Noise (if configured) perturbs selection in training only.
     pub fn forward(&self, x_td: &Tensor, train: bool) -> Routing {
-        let work = router_kind(x_td.kind());
+        let work = work_kind(x_td.kind());
         let logits_te = x_td
             .to_kind(work)
             .matmul(&self.weight_ed.to_kind(work).tr());

@@ -1,0 +1,101 @@
+//! corvid-model: the MoE policy network on tch. Latent attention (MLA) with gating and
+//! cross-layer sharing, balanced sparse experts, cached decoding, the CPU and CUDA decode
+//! kernels, and the safetensors checkpoint format. It knows no tasks, stores, tokenizers or
+//! networks: the actor and the learner both build it from a [`ModelConfig`].
+//!
+//! # Brief overview
+//!
+//! - [`ModelConfig`] (serde/TOML; presets `tiny`, `small`, `k3-shape`, `gpu-1b`) fixes every shape and
+//!   option; [`ModelConfig::validate`] names the bad field and value, and refuses a model past
+//!   libtorch's sizes (parameters counted with checked arithmetic, [`accounting`]).
+//!   [`ModelConfig::check_fits`] ([`fits`]), which [`MoePolicy::new`] runs before it allocates
+//!   anything, refuses one whose weights exceed the memory of its device.
+//! - [`MoePolicy`] is the decoder-only transformer. [`MoePolicy::forward`] runs a packed batch
+//!   `[B, T]` and returns logits `[B, T, V]`, the balance loss, per-layer [`MoeHealth`] and the
+//!   [`BalanceStats`] that [`MoePolicy::update_balance`] consumes after each optimizer step.
+//!   [`MoePolicy::token_logprobs`] gives per-token log-probs of target tokens (for RL).
+//! - [`KvCache`] holds only the latent and the RoPE key per token;
+//!   [`MoePolicy::forward_cached`] appends tokens to every sequence of a batch (prefill, a new
+//!   turn, or one decode step) using the absorbed attention; [`MoePolicy::forward_ragged`] lets
+//!   each row append its own number of tokens (the actor's batched prefill and decode).
+//!   Sampling is the caller's: the actor draws with its own nucleus sampler.
+//! - `latent_token_shift` (off in the presets, on in the demo) feeds each token's previous
+//!   layer input into its latent and RoPE key ("smeared keys"), which lets a single layer copy
+//!   by content; `latent_shift_taps` (1–4, the demo uses 2) reaches that many tokens back,
+//!   each tap through its own projection, so a key can also carry the marker before a value.
+//!   The cache then also keeps each row's last `taps` inputs per latent layer.
+//!   `query_token_shift` does the same for the query with the previous input ("smeared
+//!   queries"), so a first-layer query knows the two tokens it copies after and a doubled
+//!   letter no longer matches two keys.
+//! - [`checkpoint`] saves and loads a policy folder (safetensors plus `config.json`, every file
+//!   written whole and fsynced), and turns the weights into bytes and back for streaming to
+//!   actors.
+//! - [`precision`] casts the weights to bf16 for CUDA with the routers kept in fp32
+//!   ([`MoePolicy::new_in_kind`]); [`cuda`] holds the custom CUDA kernels (absorbed MLA
+//!   decode, MoE dispatch/combine) and their checks; [`mla_cpu`] the fused CPU decode core.
+//!   The benchmarks that time them live with the `corvid bench` commands that run them.
+//!
+//! Files, bottom-up: `config` (schema, validation) with `presets`, `accounting` (counts, the
+//! size rule) and `fits` (device memory) →
+//! `rope`, `layers` → `attention` (MLA + gate), `cross_layer` → `router`, `experts`,
+//! `balance`, `health` → `moe` → `cache` → `policy` (blocks and the decoder) →
+//! `checkpoint`. `docs/model.md` explains the shapes.
+//!
+//! ```
+//! use corvid_model::{ModelConfig, MoePolicy};
+//! use tch::{nn, Device, Kind, Tensor};
+//!
+//! tch::set_num_threads(1);
+//! let cfg = ModelConfig { num_hidden_layers: 2, ..ModelConfig::tiny() };
+//! let vs = nn::VarStore::new(Device::Cpu);
+//! let model = MoePolicy::new(&vs.root(), &cfg)?;
+//!
+//! // Training forward over a packed batch.
+//! let tokens = Tensor::randint(cfg.vocab_size, [2, 16], (Kind::Int64, Device::Cpu));
+//! let out = model.forward(&tokens, true)?;
+//! assert_eq!(out.logits_btv.size(), [2, 16, cfg.vocab_size]);
+//! assert_eq!(out.health.len(), 2);
+//!
+//! // Cached decoding: prefill, then one greedy step for both sequences.
+//! let mut cache = model.new_cache(2, 32);
+//! let logits = model.forward_cached(&mut cache, &tokens)?;
+//! let next = logits.select(1, 15).argmax(-1, false);
+//! let _ = model.forward_cached(&mut cache, &next.unsqueeze(1))?;
+//! assert_eq!(cache.lens(), &[17, 17]);
+//! # Ok::<(), corvid_model::ModelError>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod accounting;
+pub mod attention;
+pub mod balance;
+pub mod cache;
+pub mod checkpoint;
+pub mod config;
+pub mod cross_layer;
+pub mod cuda;
+mod error;
+pub mod experts;
+pub mod fits;
+pub mod health;
+pub mod layers;
+pub mod mla_cpu;
+pub mod moe;
+pub mod policy;
+pub mod precision;
+mod presets;
+pub mod rope;
+pub mod router;
+
+pub use accounting::ParamCounts;
+pub use attention::DecodeCore;
+pub use cache::KvCache;
+pub use checkpoint::{load_weights_from_bytes, weights_to_bytes};
+pub use config::{
+    AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, RopeScaling, ScoreFunc,
+};
+pub use error::ModelError;
+pub use fits::BuildBytes;
+pub use health::MoeHealth;
+pub use policy::{BalanceStats, ForwardOutput, MoePolicy};
+pub use precision::weight_kind_for;
