@@ -2,13 +2,13 @@
 //! turns become named errors, and oracle demonstrations run in the real sandbox have the
 //! documented layout with only the calls trained on.
 
-use corvid_learner::episode::{
+use corvid_episode::{
     oracle_steps, oracle_steps_with, CallParseError, EpisodeFormat, Mistakes, ToolPrompt,
 };
-use corvid_learner::tokenizer::Special;
 use corvid_proto::ToolStatus;
 use corvid_sandbox::Sandbox;
 use corvid_tasks::{builtin_families, TaskEnv, TaskFamily};
+use corvid_tokenizer::Special;
 
 fn env() -> TaskEnv {
     TaskEnv::new(
@@ -203,7 +203,7 @@ fn demonstrations_round_trip_through_chat_messages() {
 #[test]
 fn bad_transcripts_are_refused_with_the_message_index() {
     let f = EpisodeFormat::default();
-    let msg = |role: &str| corvid_learner::episode::ChatMessage {
+    let msg = |role: &str| corvid_episode::ChatMessage {
         role: role.into(),
         content: "x".into(),
         tool_calls: Vec::new(),

@@ -1,0 +1,315 @@
+//! Oracle demonstrations: a task's oracle plan run in the real sandbox and laid out in the
+//! episode format, so demonstrations for SFT carry exactly the tool output an actor would
+//! see, with [`Mistakes`] injected so that they also teach recovery.
+
+use std::collections::BTreeMap;
+
+use corvid_proto::{Step, ToolCall, ToolStatus};
+use corvid_tasks::{
+    score_turns, Episode, OracleStep, ScoredTurn, SplitMix64, TaskEnv, TaskInstance, TasksError,
+    Verdict,
+};
+use corvid_tokenizer::Special;
+
+use crate::format::EpisodeFormat;
+
+/// A demonstration: the oracle episode in the token format, and whether it passed.
+#[derive(Debug, Clone)]
+pub struct Demonstration {
+    /// One step per turn, generated tokens with log-prob 0 and policy version 0.
+    pub steps: Vec<Step>,
+    /// The checker's verdict on the final state.
+    pub verdict: Verdict,
+}
+
+impl Demonstration {
+    /// All token ids and the loss mask (true on the calls the policy must learn to write).
+    pub fn flatten(&self) -> (Vec<u32>, Vec<bool>) {
+        let ids = self.steps.iter().flat_map(|s| s.token_ids.iter().copied());
+        let mask = self.steps.iter().flat_map(|s| s.loss_mask.iter().copied());
+        (ids.collect(), mask.collect())
+    }
+
+    /// Total tokens.
+    pub fn len(&self) -> usize {
+        self.steps.iter().map(|s| s.token_ids.len()).sum()
+    }
+
+    /// Whether there are no tokens at all.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Mistakes injected into a demonstration so that it teaches recovery. Before each oracle
+/// call (the final `answer` included), with probability `rate`, the demonstration first makes
+/// a mistake and reads the real error it gets back:
+///
+/// - a **mistyped path**: the call with one character of its `path` argument changed, for
+///   `read_file` and `list_dir` only (they change nothing in the workspace), executed in the
+///   sandbox, so the policy reads the real `not_found` error;
+/// - a **broken call**: the call's JSON cut short and closed with `</tool_call>`, answered
+///   with the parse error an actor answers it with.
+///
+/// A mistake's tokens are context, not targets (loss mask 0): the policy learns to read an
+/// error and recover, not to make the mistake. Mistakes stop where they would push the
+/// episode past the task's `max_turns`, and a tool is mistyped only while its call limit
+/// leaves room for the oracle's own calls. A demonstration whose mistakes take it past the
+/// task's context budget (an actor's episode would end there) is the oracle's instead. With
+/// `rate = 0` the demonstration is the oracle's.
+///
+/// With `reread`, the recovery from a mistyped `read_file` path first reads again the file
+/// the path was copied from (the oracle's previous `read_file`, learnt), so the path is
+/// copied from the latest tool result, not from two turns back past the error message; where
+/// the turns or the call limit leave no room for it, or the path came from the prompt, the
+/// recovery is the plain retry.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Mistakes {
+    /// Chance of a mistake before each call, in `[0, 1)`.
+    pub rate: f64,
+    /// Seed of the choices (where, which kind, which character).
+    pub seed: u64,
+    /// Recover from a mistyped `read_file` by reading its source file again first.
+    pub reread: bool,
+}
+
+impl Mistakes {
+    /// No mistakes: the oracle's own episode.
+    pub const NONE: Mistakes = Mistakes {
+        rate: 0.0,
+        seed: 0,
+        reread: false,
+    };
+}
+
+/// Tools whose mistyped call is harmless to run: they only read.
+const MISTYPABLE_TOOLS: [&str; 2] = ["read_file", "list_dir"];
+
+/// Runs `task`'s oracle plan (its calls, then `answer`) in a fresh workspace of `env`'s
+/// sandbox and lays it out in `format`, with each turn's tool result and process reward.
+pub fn oracle_steps(
+    format: &EpisodeFormat,
+    env: &TaskEnv,
+    task: &TaskInstance,
+) -> Result<Demonstration, TasksError> {
+    oracle_steps_with(format, env, task, Mistakes::NONE)
+}
+
+/// [`oracle_steps`] with `mistakes` injected before the oracle's calls.
+pub fn oracle_steps_with(
+    format: &EpisodeFormat,
+    env: &TaskEnv,
+    task: &TaskInstance,
+    mistakes: Mistakes,
+) -> Result<Demonstration, TasksError> {
+    let mut ep = Episode::start(env, task)?;
+    let calls: Vec<OracleStep> = task
+        .oracle
+        .steps
+        .iter()
+        .cloned()
+        .chain(std::iter::once(task.oracle.answer_step()))
+        .collect();
+    let mut spare_turns = (task.max_turns as usize).saturating_sub(calls.len());
+    // Calls each tool may still take beyond the oracle's own, so that no mistyped call makes
+    // the task refuse a later oracle call.
+    let mut spare_calls: BTreeMap<&str, u32> = BTreeMap::new();
+    for spec in &task.tools {
+        if let Some(max) = spec.limits.max_calls {
+            let used = calls.iter().filter(|c| c.name == spec.name).count() as u32;
+            spare_calls.insert(&spec.name, max.saturating_sub(used));
+        }
+    }
+    let mut rng = SplitMix64::derive(mistakes.seed, &format!("mistakes/{}", task.id));
+    let mut steps = Vec::with_capacity(calls.len() + 1);
+    let mut context = format.prompt_ids(env, task);
+    // The oracle's latest `read_file`: where the next path was copied from.
+    let mut source: Option<&OracleStep> = None;
+    for call in &calls {
+        if spare_turns > 0 && mistakes.rate > 0.0 && rng.next_f64() < mistakes.rate {
+            let wrong =
+                mistyped(task, call, &mut rng).filter(|_| has_spare(&spare_calls, &call.name));
+            let mistake = match wrong {
+                Some(wrong) if rng.below(2) == 0 => {
+                    take_spare(&mut spare_calls, &call.name);
+                    Some(call_step(
+                        format,
+                        &mut ep,
+                        steps.len(),
+                        &mut context,
+                        &wrong,
+                        false,
+                    ))
+                }
+                _ => {
+                    let generated = broken(format, call, &mut rng);
+                    // A strict prefix of a JSON object never parses; were it to, no mistake.
+                    format.parse_call(&generated).err().map(|err| {
+                        let mut step = demo_step(steps.len(), &mut context, &generated, false);
+                        step.process_reward = invalid_call_reward(task) as f32;
+                        context = format.result_ids(true, &format.parse_error_text(&err));
+                        step
+                    })
+                }
+            };
+            if let Some(step) = mistake {
+                spare_turns -= 1;
+                let mistyped_read = step
+                    .tool_call
+                    .as_ref()
+                    .is_some_and(|c| c.name == "read_file");
+                steps.push(step);
+                if let Some(src) = source.filter(|_| {
+                    mistakes.reread
+                        && mistyped_read
+                        && spare_turns > 0
+                        && has_spare(&spare_calls, "read_file")
+                }) {
+                    take_spare(&mut spare_calls, "read_file");
+                    spare_turns -= 1;
+                    let step = call_step(format, &mut ep, steps.len(), &mut context, src, true);
+                    steps.push(step);
+                }
+            }
+        }
+        let step = call_step(format, &mut ep, steps.len(), &mut context, call, true);
+        let read_ok = step
+            .tool_result
+            .as_ref()
+            .is_some_and(|r| r.status.is_success());
+        if call.name == "read_file" && read_ok {
+            source = Some(call);
+        }
+        steps.push(step);
+    }
+    let verdict = ep.check();
+    let demo = Demonstration { steps, verdict };
+    let budget = task.context_budget as usize;
+    if mistakes.rate > 0.0 && budget > 0 && demo.len() > budget {
+        return oracle_steps_with(format, env, task, Mistakes::NONE);
+    }
+    Ok(demo)
+}
+
+/// Whether `tool` may take one more call than the oracle's own (`spare_calls` holds only
+/// the tools with a call limit).
+fn has_spare(spare_calls: &BTreeMap<&str, u32>, tool: &str) -> bool {
+    spare_calls.get(tool) != Some(&0)
+}
+
+/// Spends one of `tool`'s spare calls, if it has a limit.
+fn take_spare(spare_calls: &mut BTreeMap<&str, u32>, tool: &str) {
+    if let Some(n) = spare_calls.get_mut(tool) {
+        *n -= 1;
+    }
+}
+
+/// Demonstration turn `turn` that writes `call` and runs it in `ep`, learnt from iff
+/// `learn`; `context` becomes the next turn's (the call's result).
+fn call_step(
+    format: &EpisodeFormat,
+    ep: &mut Episode<'_>,
+    turn: usize,
+    context: &mut Vec<u32>,
+    call: &OracleStep,
+    learn: bool,
+) -> Step {
+    let generated = format.call_ids(&call.name, &call.arguments);
+    let out = ep.call(&call.tool_call());
+    let mut step = demo_step(turn, context, &generated, learn);
+    step.tool_call = Some(call.tool_call());
+    step.tool_result = Some(out.result);
+    step.process_reward = ep.last_process_reward() as f32;
+    *context = format.result_ids(true, &out.text);
+    step
+}
+
+/// Demonstration turn `turn`: `context` (taken) then `generated`, learnt from iff `learn`.
+pub(crate) fn demo_step(
+    turn: usize,
+    context: &mut Vec<u32>,
+    generated: &[u32],
+    learn: bool,
+) -> Step {
+    let n = context.len() + generated.len();
+    let mut loss_mask = vec![false; context.len()];
+    loss_mask.extend(std::iter::repeat_n(learn, generated.len()));
+    let mut token_ids = std::mem::take(context);
+    token_ids.extend_from_slice(generated);
+    Step {
+        turn: turn as u32,
+        loss_mask,
+        logprobs: vec![0.0; n],
+        policy_versions: vec![0; n],
+        token_ids,
+        tool_call: None,
+        tool_result: None,
+        process_reward: 0.0,
+        timings: Default::default(),
+    }
+}
+
+/// What `task`'s process rules give a turn that is not a well-formed call (no call ran): the
+/// process reward of a malformed turn, for actors and demonstrations alike.
+pub fn invalid_call_reward(task: &TaskInstance) -> f64 {
+    let none = ToolCall {
+        name: String::new(),
+        arguments_json: String::new(),
+    };
+    let turn = ScoredTurn {
+        call: &none,
+        status: ToolStatus::InvalidCall,
+    };
+    score_turns(&task.process_rules, &[turn])
+        .last()
+        .copied()
+        .unwrap_or(0.0)
+}
+
+/// `call` with one character of its `path` changed (a letter for a letter, anything else
+/// for a digit), or `None` if it is not a call to a [`MISTYPABLE_TOOLS`] tool with a path,
+/// or the changed path names one of the task's files (it would not fail).
+fn mistyped(task: &TaskInstance, call: &OracleStep, rng: &mut SplitMix64) -> Option<OracleStep> {
+    if !MISTYPABLE_TOOLS.contains(&call.name.as_str()) {
+        return None;
+    }
+    let path: Vec<char> = call.arguments.get("path")?.as_str()?.chars().collect();
+    if path.is_empty() {
+        return None;
+    }
+    let mut wrong = path.clone();
+    let at = rng.below(path.len() as u64) as usize;
+    wrong[at] = loop {
+        let c = if path[at].is_ascii_alphabetic() {
+            (b'a' + rng.below(26) as u8) as char
+        } else {
+            (b'0' + rng.below(10) as u8) as char
+        };
+        if c != path[at] {
+            break c;
+        }
+    };
+    let wrong: String = wrong.into_iter().collect();
+    if task.files.contains_key(&wrong) {
+        return None;
+    }
+    let mut arguments = call.arguments.clone();
+    arguments["path"] = serde_json::Value::String(wrong);
+    Some(OracleStep {
+        arguments,
+        ..call.clone()
+    })
+}
+
+/// `call`'s generated tokens cut somewhere inside its JSON body and closed with
+/// `</tool_call>`: a call that does not parse.
+fn broken(format: &EpisodeFormat, call: &OracleStep, rng: &mut SplitMix64) -> Vec<u32> {
+    let whole = format.call_ids(&call.name, &call.arguments);
+    // [<tool_call>, body..., </tool_call>]: keep the open tag and 1..len(body)-1 body tokens,
+    // so the body is a strict, non-empty prefix of a JSON object and never parses.
+    let body = whole.len() - 2;
+    let keep = 1 + rng.below(body.saturating_sub(1).max(1) as u64) as usize;
+    let mut ids = whole[..1 + keep].to_vec();
+    ids.push(Special::ToolCallClose.id());
+    ids
+}

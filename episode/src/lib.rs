@@ -1,0 +1,38 @@
+//! corvid-episode: how an episode becomes exact token ids. The actor generates with it, the
+//! trainers learn from it, and `corvid eval` / `corvid replay` read stored episodes back
+//! with it, so this is the one place the layout is written down.
+//!
+//! # Brief overview
+//!
+//! - [`EpisodeFormat`] ([`format`](mod@format)): the token layout of each turn (the prompt,
+//!   a tool result, a call), where generation stops, how a generated turn parses into a
+//!   [`ToolCall`](corvid_proto::ToolCall) ([`CallParseError`] when it does not), and every
+//!   special id a consumer needs: the pad id the packer fills with, the call marker the
+//!   evaluator counts, the tool-result span `replay` shows. Nobody else reads the
+//!   tokenizer's specials.
+//! - [`transcript`]: an episode read back as an OpenAI-style chat ([`ChatMessage`]) and a
+//!   chat laid out as an episode's exact tokens (`replay export --format chat`, SFT imports).
+//! - [`demonstration`]: a task's oracle plan run in the real sandbox and laid out in the
+//!   format ([`oracle_steps`]), with [`Mistakes`] injected to teach recovery; the process
+//!   reward of a malformed turn ([`invalid_call_reward`]).
+//!
+//! ```
+//! use corvid_episode::EpisodeFormat;
+//! let format = EpisodeFormat::default();
+//! let call = format.call_ids("read_file", &serde_json::json!({"path": "a.txt"}));
+//! let parsed = format.parse_call(&call).unwrap();
+//! assert_eq!(parsed.name, "read_file");
+//! assert_eq!(parsed.arguments_json, r#"{"path":"a.txt"}"#);
+//! assert!(format.closed_by_call(&call));
+//! ```
+#![deny(missing_docs)]
+
+pub mod demonstration;
+pub mod format;
+pub mod transcript;
+
+pub use demonstration::{
+    invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, Mistakes,
+};
+pub use format::{CallParseError, EpisodeFormat, ToolPrompt};
+pub use transcript::{ChatFunction, ChatMessage, ChatToolCall, TranscriptError};
