@@ -14,7 +14,7 @@ mod common;
 
 use common::arg;
 use corvid_learner::config::ModelSection;
-use corvid_learner::model::{AttnGate, MoePolicy};
+use corvid_model::{AttnGate, MoePolicy};
 use tch::nn::OptimizerConfig;
 use tch::{nn, Device, Kind, Tensor};
 

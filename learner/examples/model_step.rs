@@ -15,7 +15,7 @@ mod common;
 use std::time::Instant;
 
 use common::{arg, cpu_seconds};
-use corvid_learner::model::{ModelConfig, MoePolicy};
+use corvid_model::{ModelConfig, MoePolicy};
 use tch::{nn, Device, Kind, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

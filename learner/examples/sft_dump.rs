@@ -42,7 +42,11 @@ fn main() -> Result<(), Error> {
         heldout_per_level: 64,
         ..SftConfig::default()
     };
-    let mut data = SftData::new(&cfg, &Families::default())?;
+    let mut data = SftData::new(
+        &cfg,
+        &Families::default(),
+        corvid_episode::EpisodeFormat::default(),
+    )?;
     let mut out = std::io::BufWriter::new(std::fs::File::create(arg(3, "sft.jsonl"))?);
     for step in 0..steps {
         write_rows(&mut out, &data.step_rows(step)?)?;

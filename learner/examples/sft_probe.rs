@@ -17,12 +17,12 @@ use std::time::Instant;
 
 use common::arg;
 use corvid_learner::config::ModelSection;
-use corvid_learner::model::MoePolicy;
 use corvid_learner::sft_data::SftData;
-use corvid_learner::tokenizer::ByteTokenizer;
 use corvid_learner::train::pack::{PackedBatch, PackedRow};
 use corvid_learner::train::{SftConfig, SftLayout, SftTrainer};
+use corvid_model::MoePolicy;
 use corvid_tasks::Families;
+use corvid_tokenizer::ByteTokenizer;
 use tch::{nn, Device, Kind};
 
 /// What an assistant target token is.
@@ -137,7 +137,11 @@ fn main() -> Result<(), Error> {
     cfg.optim.lr = lr;
     cfg.optim.warmup_steps = 50;
     cfg.optim.total_steps = steps;
-    let mut data = SftData::new(&cfg, &Families::default())?;
+    let mut data = SftData::new(
+        &cfg,
+        &Families::default(),
+        corvid_episode::EpisodeFormat::default(),
+    )?;
     let heldout = data.heldout_rows()?;
     let first = &heldout[0];
     let tok = ByteTokenizer::new();

@@ -19,7 +19,7 @@
 //!
 //! | file | content |
 //! |---|---|
-//! | `model.safetensors`, `config.json` | the policy ([`crate::model::checkpoint`] format) |
+//! | `model.safetensors`, `config.json` | the policy ([`corvid_model::checkpoint`] format) |
 //! | `optimizer.safetensors` | the active optimizer's moments, the fp32 master weights of its bf16 parameters, and step (`AdamW::state_tensors`) |
 //! | `curriculum.json` | [`Curriculum::save`] |
 //! | `state.json` | [`RunState`]: counters, cursor, RNG, dispenser, spike detector, reference path |
@@ -42,12 +42,10 @@ use serde::{Deserialize, Serialize};
 use tch::{nn, Tensor};
 
 use crate::collect::TakenGroup;
+use crate::dispenser::DispenserState;
 use crate::metrics::SpikeDetector;
-use crate::model::checkpoint::{
-    load_weights_from_bytes, weights_to_bytes, CONFIG_FILE, WEIGHTS_FILE,
-};
-use crate::model::{ModelConfig, ModelError};
-use crate::server::DispenserState;
+use corvid_model::checkpoint::{load_weights_from_bytes, save, CONFIG_FILE, WEIGHTS_FILE};
+use corvid_model::{ModelConfig, ModelError};
 
 /// Optimizer state file inside a checkpoint.
 pub const OPTIMIZER_FILE: &str = "optimizer.safetensors";
@@ -217,7 +215,8 @@ impl Restored {
     }
 }
 
-/// Writes `bytes` to `path` and fsyncs it.
+/// Writes `bytes` to the new file `path` and fsyncs it (the folder is fsynced once all its
+/// files are written).
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
     let mut f = File::create(path).map_err(io(path))?;
     f.write_all(bytes).map_err(io(path))?;
@@ -226,23 +225,17 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
 
 /// Fsyncs a folder, so the names in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
-    File::open(dir).and_then(|f| f.sync_all()).map_err(io(dir))
+    corvid_durable::sync_dir(dir).map_err(io(dir))
 }
 
-/// Writes a policy folder (`model.safetensors`, `config.json`), every file fsynced.
+/// Writes a policy folder (`model.safetensors`, `config.json`), every file fsynced
+/// ([`corvid_model::checkpoint::save`]).
 pub fn write_policy(
     dir: &Path,
     vs: &nn::VarStore,
     cfg: &ModelConfig,
 ) -> Result<(), CheckpointError> {
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    write_synced(&dir.join(WEIGHTS_FILE), &weights_to_bytes(vs)?)?;
-    let text = serde_json::to_string_pretty(cfg).map_err(|e| CheckpointError::Corrupt {
-        path: dir.join(CONFIG_FILE),
-        reason: e.to_string(),
-    })?;
-    write_synced(&dir.join(CONFIG_FILE), text.as_bytes())?;
-    sync_dir(dir)
+    Ok(save(vs, cfg, dir)?)
 }
 
 /// The learner's state of the checkpoint in `dir` (`state.json`), or `None` for a folder
@@ -483,7 +476,7 @@ mod tests {
             ..ModelConfig::tiny()
         };
         let vs = nn::VarStore::new(tch::Device::Cpu);
-        let _m = crate::model::MoePolicy::new(&vs.root(), &cfg).unwrap();
+        let _m = corvid_model::MoePolicy::new(&vs.root(), &cfg).unwrap();
         let cur = Curriculum::new(CurriculumConfig::default(), &[("hops", 3)], 2).unwrap();
         // A leftover of a crash mid-save is removed on open.
         std::fs::create_dir_all(dir.path().join(".tmp-00000009-1")).unwrap();
@@ -508,7 +501,7 @@ mod tests {
         assert_eq!(r.state.rl_step, 2);
         assert_eq!(r.model_config, cfg);
         assert_eq!(r.curriculum, cur);
-        assert_eq!(r.weights, weights_to_bytes(&vs).unwrap());
+        assert_eq!(r.weights, corvid_model::weights_to_bytes(&vs).unwrap());
         assert_eq!(r.optimizer[0].1.int64_value(&[0]), 2);
         let mut expect = state();
         expect.seq = 3;

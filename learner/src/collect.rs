@@ -21,15 +21,17 @@
 //!    stays in the store, is neither trained on nor passed to the caller's `on_new` (the
 //!    curriculum counts each episode once), and is counted ([`Collector::take_copies`]).
 //!    Seed 0 is an episode whose sender did not seed it, never a copy. The remembered
-//!    groups go into every checkpoint with the pending ids.
+//!    groups go into every checkpoint with the pending ids. [`copy_of`] is the rule for one
+//!    trajectory; [`group_members`] applies it to a group read whole from the store
+//!    (`corvid replay show` finds the trainer's group with it).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use corvid_proto::{Step, TrajectoryFooter, TrajectoryHeader};
+use corvid_proto::{Trajectory, TrajectoryHeader};
 use serde::{Deserialize, Serialize};
 
-use crate::store::{StoreError, TrajectoryStore};
+use corvid_store::{StoreError, TrajectoryStore};
 
 /// Most trajectories read from the store in one poll (bounds one poll's memory).
 pub const MAX_READ_PER_POLL: usize = 4096;
@@ -48,43 +50,55 @@ pub struct TakenGroup {
     pub seeds: Vec<u64>,
 }
 
-/// One finished trajectory, loaded whole for training.
+/// One finished trajectory, loaded whole for training, with its place in the finish order.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoadedTrajectory {
     /// Position in the store's finish order.
     pub finish_seq: u64,
-    /// The header.
-    pub header: TrajectoryHeader,
-    /// The footer.
-    pub footer: TrajectoryFooter,
-    /// Every step, in order.
-    pub steps: Vec<Step>,
+    /// The trajectory.
+    pub trajectory: Trajectory,
 }
 
 impl LoadedTrajectory {
-    /// Loads `id` from `store`; `None` if it is not a finished trajectory.
+    /// Loads `id` from `store` (`finish_seq` where its record has no place in the finish
+    /// order); `None` if it is not a finished trajectory.
     pub fn load(
         store: &TrajectoryStore,
         id: &str,
         finish_seq: u64,
     ) -> Result<Option<Self>, StoreError> {
-        let Some(rec) = store.get(id)? else {
-            return Ok(None);
-        };
-        let Some(footer) = rec.footer else {
-            return Ok(None);
-        };
-        let steps = match store.steps(id)? {
-            Some(it) => it.collect::<Result<Vec<_>, _>>()?,
-            None => return Ok(None),
-        };
-        Ok(Some(Self {
-            finish_seq: rec.finish_seq.unwrap_or(finish_seq),
-            header: rec.header,
-            footer,
-            steps,
+        Ok(store.load(id)?.map(|(seq, trajectory)| Self {
+            finish_seq: seq.unwrap_or(finish_seq),
+            trajectory,
         }))
     }
+}
+
+/// Rule 4 for one trajectory: the index in `earlier` (the sampler seeds its group already
+/// holds) of the episode a trajectory seeded `seed` is a second copy of. Seed 0 is never a
+/// copy.
+pub fn copy_of(seed: u64, earlier: impl IntoIterator<Item = u64>) -> Option<usize> {
+    if seed == 0 {
+        return None;
+    }
+    earlier.into_iter().position(|s| s == seed)
+}
+
+/// Rule 4 over one group's trajectories in finish order, each seeded `seed(t)`: the
+/// members the collector gathers (in that order), and each second copy with the index in
+/// the members of the episode it repeats.
+pub fn group_members<T>(
+    in_finish_order: impl IntoIterator<Item = T>,
+    seed: impl Fn(&T) -> u64,
+) -> (Vec<T>, Vec<(T, usize)>) {
+    let (mut members, mut copies) = (Vec::new(), Vec::new());
+    for t in in_finish_order {
+        match copy_of(seed(&t), members.iter().map(&seed)) {
+            Some(first) => copies.push((t, first)),
+            None => members.push(t),
+        }
+    }
+    (members, copies)
 }
 
 #[derive(Debug)]
@@ -141,18 +155,17 @@ impl Collector {
     /// Rule 4: whether `h` is a second copy of an episode pending or recently taken.
     fn is_second_copy(&self, h: &TrajectoryHeader) -> bool {
         let seed = h.sampling.seed;
-        if seed == 0 {
-            return false;
-        }
-        let pending = self
-            .groups
-            .get(&h.group_id)
-            .is_some_and(|g| g.members.iter().any(|t| t.header.sampling.seed == seed));
+        let pending = self.groups.get(&h.group_id).is_some_and(|g| {
+            copy_of(
+                seed,
+                g.members.iter().map(|t| t.trajectory.header.sampling.seed),
+            )
+            .is_some()
+        });
         pending
-            || self
-                .taken
-                .iter()
-                .any(|g| g.group_id == h.group_id && g.seeds.contains(&seed))
+            || self.taken.iter().any(|g| {
+                g.group_id == h.group_id && copy_of(seed, g.seeds.iter().copied()).is_some()
+            })
     }
 
     /// Rule 1 on resume: reloads the `pending` trajectories of a checkpoint. Ids no longer
@@ -176,7 +189,7 @@ impl Collector {
     fn add(&mut self, t: LoadedTrajectory) {
         let g = self
             .groups
-            .entry(t.header.group_id.clone())
+            .entry(t.trajectory.header.group_id.clone())
             .or_insert_with(|| PendingGroup {
                 members: Vec::new(),
                 first_seq: t.finish_seq,
@@ -203,12 +216,12 @@ impl Collector {
         for (seq, id) in ids {
             if let Some(t) = LoadedTrajectory::load(store, &id, seq)? {
                 n += 1;
-                if self.is_second_copy(&t.header) {
+                if self.is_second_copy(&t.trajectory.header) {
                     tracing::warn!(
                         trajectory = %id,
-                        group = %t.header.group_id,
-                        actor = %t.header.actor_id,
-                        sampler_seed = t.header.sampling.seed,
+                        group = %t.trajectory.header.group_id,
+                        actor = %t.trajectory.header.actor_id,
+                        sampler_seed = t.trajectory.header.sampling.seed,
                         "second copy of an episode (it was handed out again: its first actor was taken for gone and was not, or the learner was killed after handing it out and resumed from an older checkpoint); stored, not trained on"
                     );
                     self.copies += 1;
@@ -255,7 +268,11 @@ impl Collector {
             .filter_map(|(_, id)| self.groups.remove(&id).map(|g| (id, g)))
             .map(|(group_id, mut g)| {
                 g.members.sort_by_key(|t| t.finish_seq);
-                let seeds = g.members.iter().map(|t| t.header.sampling.seed).collect();
+                let seeds = g
+                    .members
+                    .iter()
+                    .map(|t| t.trajectory.header.sampling.seed)
+                    .collect();
                 if self.taken.len() == REMEMBERED_GROUPS {
                     self.taken.pop_front();
                 }
@@ -276,7 +293,7 @@ impl Collector {
             .groups
             .values()
             .flat_map(|g| g.members.iter())
-            .map(|t| (t.finish_seq, t.header.trajectory_id.clone()))
+            .map(|t| (t.finish_seq, t.trajectory.header.trajectory_id.clone()))
             .collect();
         all.sort();
         all.into_iter().map(|(_, id)| id).collect()
@@ -312,7 +329,7 @@ mod tests {
         let mut h = synthetic::header(id, "hops", 1, 1);
         h.group_id = group.into();
         h.sampling.seed = seed;
-        let crate::store::Begin::New(mut w) = store.begin(h).unwrap() else {
+        let corvid_store::Begin::New(mut w) = store.begin(h).unwrap() else {
             panic!("duplicate {id}")
         };
         for (seq, s) in synthetic::steps(id, SHAPE).enumerate() {
@@ -332,7 +349,8 @@ mod tests {
         put(&store, "a2", "A");
         let mut seen = Vec::new();
         assert_eq!(
-            c.poll(&store, |t| seen.push(t.header.trajectory_id.clone()))
+            c.poll(&store, |t| seen
+                .push(t.trajectory.header.trajectory_id.clone()))
                 .unwrap(),
             3
         );
@@ -341,7 +359,7 @@ mod tests {
         let got = c.take_ready(5, &open);
         assert_eq!(got.len(), 1);
         assert_eq!(got[0].len(), 2);
-        assert_eq!(got[0][0].steps.len(), 2);
+        assert_eq!(got[0][0].trajectory.steps.len(), 2);
         assert_eq!(c.pending_ids(), ["b1"]);
 
         // "Checkpoint" here, then restart: the pending one is reloaded and the cursor holds.
@@ -353,7 +371,7 @@ mod tests {
         let got = c2.take_ready(5, &open);
         let ids: Vec<_> = got[0]
             .iter()
-            .map(|t| t.header.trajectory_id.as_str())
+            .map(|t| t.trajectory.header.trajectory_id.as_str())
             .collect();
         assert_eq!(ids, ["b1", "b2"]);
         assert_eq!(c2.pending_len(), 0);
@@ -379,7 +397,7 @@ mod tests {
     fn ids(group: &[LoadedTrajectory]) -> Vec<&str> {
         group
             .iter()
-            .map(|t| t.header.trajectory_id.as_str())
+            .map(|t| t.trajectory.header.trajectory_id.as_str())
             .collect()
     }
 
@@ -395,7 +413,9 @@ mod tests {
         put_seeded(&store, "a12-slow", "A", 12);
         let mut new = Vec::new();
         let read = c
-            .poll(&store, |t| new.push(t.header.trajectory_id.clone()))
+            .poll(&store, |t| {
+                new.push(t.trajectory.header.trajectory_id.clone())
+            })
             .unwrap();
         assert_eq!(read, 3, "a copy is still read");
         assert_eq!(new, ["a11", "a12-reissued"], "a copy is not passed on");
@@ -442,13 +462,31 @@ mod tests {
         let mut c2 = Collector::new(2, Duration::from_millis(1), c.read_cursor());
         c2.restore_taken(taken);
         let mut new = Vec::new();
-        c2.poll(&store, |t| new.push(t.header.trajectory_id.clone()))
-            .unwrap();
+        c2.poll(&store, |t| {
+            new.push(t.trajectory.header.trajectory_id.clone())
+        })
+        .unwrap();
         assert_eq!(new, ["b3"], "an episode the group never had is new");
         assert_eq!(c2.take_copies(), 1);
         std::thread::sleep(Duration::from_millis(5));
         let got = c2.take_ready(5, &|_| false);
         assert_eq!(ids(&got[0]), ["b3"]);
+    }
+
+    #[test]
+    fn group_members_keeps_the_first_of_each_seed_in_finish_order() {
+        let seeds = [11u64, 12, 12, 0, 0, 11, 13];
+        let (members, copies) = group_members(seeds, |s| *s);
+        assert_eq!(
+            members,
+            [11, 12, 0, 0, 13],
+            "unseeded episodes are all members"
+        );
+        assert_eq!(
+            copies,
+            [(12, 1), (11, 0)],
+            "each copy names the member it repeats"
+        );
     }
 
     #[test]

@@ -24,8 +24,9 @@ use std::path::{Path, PathBuf};
 use corvid_tasks::CurriculumConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::model::ModelConfig;
 use crate::train::config::{RlConfig, SftConfig};
+use corvid_episode::EpisodeFormat;
+use corvid_model::ModelConfig;
 
 /// A configuration that does not parse or breaks a rule.
 #[derive(Debug, thiserror::Error)]
@@ -520,18 +521,24 @@ impl LearnerConfig {
         Ok(out)
     }
 
+    /// The episode format of the run: how its episodes become token ids, for the
+    /// demonstrations, the trainers' packing and what actors generate.
+    pub fn episode_format(&self) -> EpisodeFormat {
+        EpisodeFormat::default()
+    }
+
     /// Checks every field, naming the offending one.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_run_name(&self.run_name)?;
         self.listen_addr()?;
         self.torch_device()?;
         let model = self.model.resolve()?;
-        let vocab = i64::from(crate::tokenizer::ByteTokenizer::VOCAB_SIZE);
+        let vocab = i64::from(self.episode_format().vocab_size());
         if model.vocab_size < vocab {
             return Err(invalid(
                 "model vocab_size",
                 model.vocab_size,
-                &format!("at least {vocab}, the byte tokenizer's vocabulary"),
+                &format!("at least {vocab}, the episode format's vocabulary"),
             ));
         }
         if self.schedule.sft && model.max_position_embeddings < self.sft.seq_len as i64 {
@@ -733,7 +740,7 @@ mod tests {
                 num_hidden_layers: 2,
                 kv_lora_rank: 128,
                 qk_rope_head_dim: 32,
-                attn_gate: crate::model::AttnGate::None,
+                attn_gate: corvid_model::AttnGate::None,
                 cross_layer_residual: false,
                 latent_token_shift: true,
                 latent_shift_taps: 2,

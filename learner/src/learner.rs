@@ -43,18 +43,15 @@ use corvid_tasks::{Curriculum, TasksError};
 
 use crate::checkpoint::{CheckpointDir, CheckpointError, Restored};
 use crate::config::{ConfigError, LearnerConfig};
+use crate::dispenser::group_ids::{resume_past, GroupIds};
+use crate::dispenser::{DispenseError, DispenserConfig, DispenserState, TaskDispenser};
 use crate::metrics::{serve_prometheus, LiveGauges};
-use crate::model::{ModelConfig, ModelError};
 use crate::policy_store::{PolicyStore, PublishError};
-use crate::server::group_ids::{resume_past, GroupIds};
-use crate::server::tasks::DispenseError;
-use crate::server::{
-    serve, ActorRegistry, Control, DispenserConfig, DispenserState, LearnerService, RunSettings,
-    TaskDispenser,
-};
-use crate::store::{StoreError, TrajectoryStore};
+use crate::server::{serve, ActorRegistry, Control, LearnerService, RunSettings};
 use crate::train::TrainError;
 pub use crate::trainer::Trainer;
+use corvid_model::{ModelConfig, ModelError};
+use corvid_store::{StoreError, TrajectoryStore};
 
 /// Everything that can stop a learner.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +73,9 @@ pub enum LearnerError {
     /// The trajectory store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The run's store folder was refused.
+    #[error(transparent)]
+    StoreOpen(#[from] corvid_store::OpenError),
     /// A checkpoint could not be written or read.
     #[error(transparent)]
     Checkpoint(#[from] CheckpointError),
@@ -279,7 +279,12 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
     };
     std::fs::write(&paths.config, cfg.to_toml()).map_err(io_err("writing", &paths.config))?;
     let token = load_or_create_token(&paths.token.0, paths.token.1)?;
-    let store = Arc::new(TrajectoryStore::open(&paths.store)?);
+    // A resumed run reads the store its checkpoint counts; a missing one is refused, not
+    // made anew.
+    let store = Arc::new(match restored {
+        Some(_) => corvid_store::open_existing(&paths.store)?,
+        None => corvid_store::open_or_create(&paths.store)?,
+    });
     if restored.is_none() && store.finished_since(0).next().is_some() {
         // Trajectories without a checkpoint: a fresh policy would train on another
         // policy's episodes as if they were its own.
@@ -292,7 +297,8 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
     let (curriculum, dispenser_state) = match &restored {
         Some(r) => {
             // Progress resumes as saved; the thresholds, shares and windows are the config
-            // file's, as every other setting is (they used to stay the checkpoint's, silently).
+            // file's, as every other setting is, so an edited config is never silently
+            // ignored on resume (the log line below says when they differ).
             let mut c = r.curriculum.clone();
             if c.reconfigure(cfg.curriculum.clone())? {
                 tracing::info!(

@@ -10,7 +10,7 @@
 //! a publish can still fetch the version it was told about.
 //!
 //! The bytes hold each weight in the learner's dtype (bf16 with fp32 routers on CUDA);
-//! [`crate::model::checkpoint::load_weights_from_bytes`] casts them to the actor's, so an
+//! [`corvid_model::checkpoint::load_weights_from_bytes`] casts them to the actor's, so an
 //! fp32 CPU actor takes a CUDA learner's weights as they are.
 
 use std::collections::BTreeMap;

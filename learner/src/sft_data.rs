@@ -1,5 +1,5 @@
 //! SFT data: oracle demonstrations of the configured families and levels, executed in the
-//! real sandbox and laid out in the episode token format ([`crate::episode`]), packed into
+//! real sandbox and laid out in the episode token format ([`corvid_episode`]), packed into
 //! rows for [`SftTrainer`](crate::train::sft::SftTrainer).
 //!
 //! # Rules
@@ -32,12 +32,11 @@
 use corvid_sandbox::Sandbox;
 use corvid_tasks::{Families, SplitMix64, TaskEnv, TaskFamily, TasksError};
 
-use crate::episode::{oracle_steps_with, EpisodeFormat, Mistakes};
-use crate::tokenizer::Special;
 use crate::train::config::{SftConfig, SftLayout};
 use crate::train::pack::PackedRow;
 use crate::train::sft::{concat, pack, Example};
 use crate::train::TrainError;
+use corvid_episode::{oracle_steps_with, EpisodeFormat, Mistakes};
 
 /// Most demonstrations drawn for one step, as a multiple of the rows it needs: a guard
 /// against a configuration where nothing fits `seq_len`.
@@ -109,7 +108,11 @@ impl std::fmt::Debug for SftData {
 impl SftData {
     /// The stream for `cfg` (families from `cfg.levels`, looked up in `families`), with its
     /// own sandbox.
-    pub fn new(cfg: &SftConfig, families: &Families) -> Result<Self, SftDataError> {
+    pub fn new(
+        cfg: &SftConfig,
+        families: &Families,
+        format: EpisodeFormat,
+    ) -> Result<Self, SftDataError> {
         let mut pairs = Vec::new();
         let early = cfg.levels.iter().map(|l| ("levels", l, 0));
         let late = (cfg.late_levels.iter()).map(|l| ("late_levels", l, cfg.late_levels_from_step));
@@ -125,7 +128,6 @@ impl SftData {
                 pairs.push((family, level, from));
             }
         }
-        let format = EpisodeFormat::default();
         let mut imported = Vec::new();
         for path in &cfg.import {
             let file = import_transcripts(&format, path)?;
@@ -228,9 +230,9 @@ impl SftData {
             )));
         }
         let mut binned = match layout {
-            SftLayout::Pack => pack(&examples, seq_len, Special::Pad.id())?.rows,
-            SftLayout::Concat => concat(&examples, seq_len)?.rows,
-            SftLayout::Bucket => return Ok(bucket(&examples)),
+            SftLayout::Pack => pack(&examples, seq_len, self.format.pad_id())?.rows,
+            SftLayout::Concat => concat(&examples, seq_len, self.format.pad_id())?.rows,
+            SftLayout::Bucket => return Ok(bucket(&examples, self.format.pad_id())),
         };
         binned.truncate(rows);
         Ok(binned)
@@ -251,17 +253,17 @@ impl SftData {
         // Concat trains later demonstrations at later positions; its held-out loss is measured
         // the way the policy meets an episode, each from position 0.
         Ok(match self.cfg.layout {
-            SftLayout::Pack => pack(&examples, self.cfg.seq_len, Special::Pad.id())?.rows,
-            SftLayout::Bucket | SftLayout::Concat => bucket(&examples),
+            SftLayout::Pack => pack(&examples, self.cfg.seq_len, self.format.pad_id())?.rows,
+            SftLayout::Bucket | SftLayout::Concat => bucket(&examples, self.format.pad_id()),
         })
     }
 }
 
 /// One row per example, longest first, so that a micro-batch holds rows of similar length.
-fn bucket(examples: &[Example]) -> Vec<PackedRow> {
+fn bucket(examples: &[Example], pad_id: u32) -> Vec<PackedRow> {
     let mut rows: Vec<PackedRow> = examples
         .iter()
-        .map(|e| PackedRow::single(&e.ids, &e.mask))
+        .map(|e| PackedRow::single(&e.ids, &e.mask, pad_id))
         .collect();
     rows.sort_by_key(|r| std::cmp::Reverse(r.len()));
     rows
@@ -274,7 +276,7 @@ fn import_transcripts(
 ) -> Result<Vec<Example>, SftDataError> {
     #[derive(serde::Deserialize)]
     struct Line {
-        messages: Vec<crate::episode::ChatMessage>,
+        messages: Vec<corvid_episode::ChatMessage>,
     }
     let err = |line: usize, message: String| SftDataError::Import {
         path: path.display().to_string(),
@@ -316,8 +318,8 @@ mod tests {
 
     #[test]
     fn a_step_is_a_pure_function_of_the_seed_and_the_step() {
-        let mut a = SftData::new(&cfg(), &Families::default()).unwrap();
-        let mut b = SftData::new(&cfg(), &Families::default()).unwrap();
+        let mut a = SftData::new(&cfg(), &Families::default(), EpisodeFormat::default()).unwrap();
+        let mut b = SftData::new(&cfg(), &Families::default(), EpisodeFormat::default()).unwrap();
         let r7 = a.step_rows(7).unwrap();
         assert!(!r7.is_empty() && r7.len() <= 4);
         assert!(r7.iter().all(|r| r.len() == 512 && r.trained_tokens() > 0));
@@ -336,7 +338,12 @@ mod tests {
             import: vec![good.clone()],
             ..cfg()
         };
-        let mut d = SftData::new(&only_imports, &Families::default()).unwrap();
+        let mut d = SftData::new(
+            &only_imports,
+            &Families::default(),
+            EpisodeFormat::default(),
+        )
+        .unwrap();
         assert_eq!(d.imported.len(), 2);
         let rows = d.step_rows(0).unwrap();
         assert!(rows.iter().all(|r| r.trained_tokens() > 0));
@@ -353,6 +360,7 @@ mod tests {
                 ..cfg()
             },
             &Families::default(),
+            EpisodeFormat::default(),
         )
         .unwrap_err()
         .to_string();
@@ -368,7 +376,7 @@ mod tests {
         };
         // `<tool_call>` targets of a step's rows: (trained, not trained).
         let calls = |rows: &[PackedRow]| {
-            let open = i64::from(Special::ToolCallOpen.id());
+            let open = i64::from(EpisodeFormat::default().call_open_id());
             let mut n = (0, 0);
             for r in rows {
                 for (t, m) in r.targets.iter().zip(&r.loss_mask) {
@@ -383,8 +391,14 @@ mod tests {
             }
             n
         };
-        let mut a = SftData::new(&mistaken, &Families::default()).unwrap();
-        let mut plain = SftData::new(&cfg_bucket(), &Families::default()).unwrap();
+        let mut a =
+            SftData::new(&mistaken, &Families::default(), EpisodeFormat::default()).unwrap();
+        let mut plain = SftData::new(
+            &cfg_bucket(),
+            &Families::default(),
+            EpisodeFormat::default(),
+        )
+        .unwrap();
         for step in 0..2 {
             assert_eq!(a.step_rows(step).unwrap(), plain.step_rows(step).unwrap());
         }
@@ -407,7 +421,7 @@ mod tests {
     #[test]
     fn a_bucketed_step_holds_one_demonstration_per_row_longest_first() {
         let bucket = cfg_bucket();
-        let mut a = SftData::new(&bucket, &Families::default()).unwrap();
+        let mut a = SftData::new(&bucket, &Families::default(), EpisodeFormat::default()).unwrap();
         let rows = a.step_rows(3).unwrap();
         let tokens: usize = rows.iter().map(PackedRow::len).sum();
         assert!(tokens >= bucket.batch_tokens, "{tokens} tokens");
@@ -423,7 +437,7 @@ mod tests {
             );
             assert!(r.len() <= bucket.seq_len && r.trained_tokens() > 0);
         }
-        let mut b = SftData::new(&bucket, &Families::default()).unwrap();
+        let mut b = SftData::new(&bucket, &Families::default(), EpisodeFormat::default()).unwrap();
         assert_eq!(b.step_rows(3).unwrap(), rows);
         // Held out: one row per demonstration that fits (hops 2 may run past 512 tokens).
         let held = a.heldout_rows().unwrap();
@@ -437,10 +451,10 @@ mod tests {
             layout: SftLayout::Concat,
             ..cfg()
         };
-        let mut a = SftData::new(&concat, &Families::default()).unwrap();
+        let mut a = SftData::new(&concat, &Families::default(), EpisodeFormat::default()).unwrap();
         let rows = a.step_rows(3).unwrap();
         assert!(!rows.is_empty() && rows.len() <= concat.rows_per_step());
-        let system = i64::from(Special::System.id());
+        let system = i64::from(corvid_tokenizer::Special::System.id());
         let mut joined = 0;
         for r in &rows {
             assert!(r.len() <= concat.seq_len && r.trained_tokens() > 0);
@@ -469,7 +483,7 @@ mod tests {
         );
         // A pure function of the seed and the step, like every layout; held out: one
         // demonstration per row, from position 0.
-        let mut b = SftData::new(&concat, &Families::default()).unwrap();
+        let mut b = SftData::new(&concat, &Families::default(), EpisodeFormat::default()).unwrap();
         assert_eq!(b.step_rows(3).unwrap(), rows);
         let held = a.heldout_rows().unwrap();
         assert!(held
@@ -492,9 +506,9 @@ mod tests {
             layout: SftLayout::Concat,
             ..cfg()
         };
-        let mut s = SftData::new(&switch, &Families::default()).unwrap();
-        let mut b = SftData::new(&bucket, &Families::default()).unwrap();
-        let mut c = SftData::new(&concat, &Families::default()).unwrap();
+        let mut s = SftData::new(&switch, &Families::default(), EpisodeFormat::default()).unwrap();
+        let mut b = SftData::new(&bucket, &Families::default(), EpisodeFormat::default()).unwrap();
+        let mut c = SftData::new(&concat, &Families::default(), EpisodeFormat::default()).unwrap();
         assert_eq!(s.step_rows(4).unwrap(), b.step_rows(4).unwrap());
         assert_eq!(s.step_rows(5).unwrap(), c.step_rows(5).unwrap());
         assert_eq!(s.step_rows(9).unwrap(), c.step_rows(9).unwrap());
@@ -517,13 +531,13 @@ mod tests {
         };
         // Calls per demonstration (`<tool_call>` targets in a row: one demonstration each).
         let calls = |rows: &[PackedRow]| -> Vec<usize> {
-            let open = i64::from(Special::ToolCallOpen.id());
+            let open = i64::from(EpisodeFormat::default().call_open_id());
             (rows.iter())
                 .map(|r| r.targets.iter().filter(|t| **t == open).count())
                 .collect()
         };
-        let mut a = SftData::new(&late, &Families::default()).unwrap();
-        let mut b = SftData::new(&plain, &Families::default()).unwrap();
+        let mut a = SftData::new(&late, &Families::default(), EpisodeFormat::default()).unwrap();
+        let mut b = SftData::new(&plain, &Families::default(), EpisodeFormat::default()).unwrap();
         for step in 0..5 {
             let rows = a.step_rows(step).unwrap();
             assert_eq!(rows, b.step_rows(step).unwrap(), "step {step}");
@@ -546,13 +560,14 @@ mod tests {
             levels: BTreeMap::new(),
             ..late
         };
-        let err = SftData::new(&only_late, &Families::default()).unwrap_err();
+        let err =
+            SftData::new(&only_late, &Families::default(), EpisodeFormat::default()).unwrap_err();
         assert!(err.to_string().contains("sft.levels names no"), "{err}");
     }
 
     #[test]
     fn heldout_rows_come_from_their_own_seeds() {
-        let mut d = SftData::new(&cfg(), &Families::default()).unwrap();
+        let mut d = SftData::new(&cfg(), &Families::default(), EpisodeFormat::default()).unwrap();
         let held = d.heldout_rows().unwrap();
         assert!(!held.is_empty());
         assert_eq!(d.dropped().failed_oracle, 0);

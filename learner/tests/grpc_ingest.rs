@@ -5,12 +5,12 @@
 use std::sync::Arc;
 
 use corvid_learner::server::{serve, LearnerService};
-use corvid_learner::store::TrajectoryStore;
 use corvid_proto::client::{connect, trajectory_parts, AuthedClient};
 use corvid_proto::limits::MAX_STEP_CHUNK_BYTES;
 use corvid_proto::pb::{self, trajectory_part::Part};
 use corvid_proto::synthetic::{self, Shape};
 use corvid_proto::Step;
+use corvid_store::TrajectoryStore;
 use prost::Message;
 use tonic::Code;
 

@@ -12,12 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corvid_learner::config::LearnerConfig;
+use corvid_learner::dispenser::Assignment;
 use corvid_learner::learner::{self, prepare, LearnerOptions, Shared, StopReason, Trainer};
 use corvid_learner::metrics::UpdateRecord;
-use corvid_learner::server::Assignment;
-use corvid_learner::store::{Begin, TrajectoryStore};
 use corvid_proto::client::{connect, trajectory_parts};
 use corvid_proto::{pb, Step, Termination, TrajectoryFooter, TrajectoryHeader};
+use corvid_store::{Begin, TrajectoryStore};
 
 /// A learner small enough to update in well under a second on one core.
 fn config(dir: &Path) -> LearnerConfig {

@@ -9,17 +9,15 @@ use std::sync::{Arc, Mutex};
 
 use corvid_learner::collect::Collector;
 use corvid_learner::config::{LearnerConfig, SamplingSection};
-use corvid_learner::model::checkpoint::weights_to_bytes;
-use corvid_learner::model::{ModelConfig, MoePolicy};
+use corvid_learner::dispenser::{DispenserConfig, DispenserState, TaskDispenser};
 use corvid_learner::policy_store::PolicyStore;
-use corvid_learner::server::{
-    serve, ActorRegistry, Control, DispenserConfig, DispenserState, LearnerService, RunSettings,
-    TaskDispenser,
-};
-use corvid_learner::store::TrajectoryStore;
+use corvid_learner::server::{serve, ActorRegistry, Control, LearnerService, RunSettings};
+use corvid_model::checkpoint::weights_to_bytes;
+use corvid_model::{ModelConfig, MoePolicy};
 use corvid_proto::client::{connect, trajectory_parts, AuthedClient};
 use corvid_proto::pb;
 use corvid_proto::synthetic::{self, Shape};
+use corvid_store::TrajectoryStore;
 use corvid_tasks::{Curriculum, CurriculumConfig};
 use futures::StreamExt;
 use sha2::{Digest, Sha256};
@@ -445,9 +443,12 @@ async fn a_silent_actors_episodes_go_to_the_next_actor_and_a_polling_one_keeps_i
     let groups = collector.take_ready(MAX_OPEN + 1, &|_| false);
     assert_eq!(groups.len(), MAX_OPEN);
     for g in &groups {
-        let seeds: BTreeSet<u64> = g.iter().map(|t| t.header.sampling.seed).collect();
+        let seeds: BTreeSet<u64> = g
+            .iter()
+            .map(|t| t.trajectory.header.sampling.seed)
+            .collect();
         assert_eq!(seeds.len(), G as usize, "G distinct episodes");
-        assert!(g.iter().all(|t| t.header.actor_id == id_b));
+        assert!(g.iter().all(|t| t.trajectory.header.actor_id == id_b));
     }
 }
 

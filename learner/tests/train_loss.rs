@@ -1,16 +1,15 @@
 //! The RL loss terms on hand-computed examples, and masking through the whole trainer.
 
-use corvid_learner::model::{ModelConfig, MoePolicy};
-use corvid_learner::tokenizer::{ByteTokenizer, Special};
-use corvid_learner::train::batch::TrainingTrajectory;
 use corvid_learner::train::loss::{
     clip_masks, clipped_surrogate, entropy, importance_ratio, k3_kl, token_sum_over,
     truncated_importance_weight,
 };
 use corvid_learner::train::{RlConfig, RlTrainer};
+use corvid_model::{ModelConfig, MoePolicy};
 use corvid_proto::{
-    SamplingParams, Step, TaskRef, Termination, TrajectoryFooter, TrajectoryHeader,
+    SamplingParams, Step, TaskRef, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader,
 };
+use corvid_tokenizer::{ByteTokenizer, Special};
 use tch::{nn, Device, Kind, Tensor};
 
 fn t(x: &[f64]) -> Tensor {
@@ -144,7 +143,7 @@ fn footer(reward: f32) -> TrajectoryFooter {
 }
 
 /// Two-turn episode: prompt, generated, tool output, generated.
-fn episode(id: &str, reward: f32, gen: [&str; 2], tool: &str, noise: f32) -> TrainingTrajectory {
+fn episode(id: &str, reward: f32, gen: [&str; 2], tool: &str, noise: f32) -> Trajectory {
     let tok = ByteTokenizer::new();
     let mut prompt = vec![Special::User.id()];
     prompt.extend(tok.encode_plain("find it"));
@@ -175,7 +174,7 @@ fn episode(id: &str, reward: f32, gen: [&str; 2], tool: &str, noise: f32) -> Tra
             }
         }
     }
-    TrainingTrajectory {
+    Trajectory {
         header: header(id),
         footer: footer(reward),
         steps: vec![s0, s1],
@@ -207,7 +206,7 @@ fn masked_tokens_contribute_nothing_to_loss_or_gradient() {
         entropy_coef: 0.01,
         ..RlConfig::default()
     };
-    let mut trainer = RlTrainer::new(vs, model, None, rl).unwrap();
+    let mut trainer = RlTrainer::new(vs, model, None, rl, Special::Pad.id()).unwrap();
     let group = |noise: f32| {
         vec![
             episode("a", 1.0, ["read(x)", "answer 7"], "x: 7", noise),

@@ -3,16 +3,16 @@
 //! not without its master weights), and a fresh fp32 CPU policy loads the checkpoint.
 
 use corvid_learner::checkpoint::{CheckpointDir, RunState, Snapshot, Stage, Totals, STATE_FORMAT};
+use corvid_learner::dispenser::DispenserState;
 use corvid_learner::metrics::SpikeDetector;
-use corvid_learner::model::precision::is_router_param;
-use corvid_learner::model::{checkpoint, ModelConfig};
-use corvid_learner::server::DispenserState;
-use corvid_learner::tokenizer::{ByteTokenizer, Special};
 use corvid_learner::train::pack::PackedRow;
 use corvid_learner::train::sft::{pack, Example};
 use corvid_learner::train::{OptimConfig, SftConfig, SftTrainer};
 use corvid_learner::trainer::build_model;
+use corvid_model::precision::is_router_param;
+use corvid_model::{checkpoint, ModelConfig};
 use corvid_tasks::{Curriculum, CurriculumConfig, SplitMix64};
+use corvid_tokenizer::{ByteTokenizer, Special};
 use tch::{nn, Device, Kind, Tensor};
 
 fn model_cfg() -> ModelConfig {

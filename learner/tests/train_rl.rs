@@ -1,15 +1,13 @@
 //! RL updates: a contrived one-step task, the staleness bound, unscored terminations, and
 //! the advantage broadcast by hand.
 
-use corvid_learner::model::{checkpoint, ModelConfig, MoePolicy};
-use corvid_learner::tokenizer::{ByteTokenizer, Special};
-use corvid_learner::train::batch::{
-    select, tokens_from_turns, turn_advantages, TrainingTrajectory,
-};
+use corvid_learner::train::batch::{select, tokens_from_turns, turn_advantages};
 use corvid_learner::train::{AdvantageMode, OptimConfig, RlConfig, RlTrainer};
+use corvid_model::{checkpoint, ModelConfig, MoePolicy};
 use corvid_proto::{
-    SamplingParams, Step, TaskRef, Termination, TrajectoryFooter, TrajectoryHeader,
+    SamplingParams, Step, TaskRef, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader,
 };
+use corvid_tokenizer::{ByteTokenizer, Special};
 use tch::{nn, Device, Kind, Tensor};
 
 fn small_model(seed: i64) -> (nn::VarStore, MoePolicy) {
@@ -90,13 +88,13 @@ fn one_step(
     reward: f32,
     version: u64,
     termination: Termination,
-) -> TrainingTrajectory {
+) -> Trajectory {
     let mut s = Step::context(0, prompt());
     s.token_ids.push(action);
     s.loss_mask.push(true);
     s.logprobs.push(logp as f32);
     s.policy_versions.push(version);
-    TrainingTrajectory {
+    Trajectory {
         header: header(id, group, version),
         footer: footer(reward, termination),
         steps: vec![s],
@@ -139,7 +137,8 @@ fn contrived_update_moves_the_right_way(advantage: AdvantageMode) {
         one_step("a2", "g", a, before[0], 1.0, 0, Termination::Answered),
         one_step("b2", "g", b, before[1], 0.0, 0, Termination::Answered),
     ];
-    let mut trainer = RlTrainer::new(vs, model, None, rl_config(advantage)).unwrap();
+    let mut trainer =
+        RlTrainer::new(vs, model, None, rl_config(advantage), Special::Pad.id()).unwrap();
     let st = trainer.update(&[group], 0).unwrap();
     let after = action_logprobs(trainer.model(), &[a, b]);
     assert_eq!(st.optimizer_steps, 1);
@@ -183,7 +182,14 @@ fn rl_scores_without_router_noise() {
     let model = MoePolicy::new(&vs.root(), &cfg).unwrap();
     let tok = ByteTokenizer::new();
     let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
-    let mut trainer = RlTrainer::new(vs, model, None, rl_config(AdvantageMode::Grpo)).unwrap();
+    let mut trainer = RlTrainer::new(
+        vs,
+        model,
+        None,
+        rl_config(AdvantageMode::Grpo),
+        Special::Pad.id(),
+    )
+    .unwrap();
     let before = action_logprobs(trainer.model(), &[a, b]);
     let group = vec![
         one_step("a1", "g", a, before[0], 1.0, 0, Termination::Answered),
@@ -223,7 +229,7 @@ fn rl_updates_the_router_bias_only_when_asked() {
             update_balance_bias: update_bias,
             ..rl_config(AdvantageMode::Grpo)
         };
-        let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+        let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
         let st = trainer.update(&[group], 0).unwrap();
         assert_eq!(st.optimizer_steps, 1);
         let after = router_biases(trainer.var_store());
@@ -255,7 +261,7 @@ fn trajectories_older_than_the_bound_are_not_trained_on_and_are_counted() {
         staleness_bound: 2,
         ..rl_config(AdvantageMode::Step)
     };
-    let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+    let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
     let before = params(trainer.var_store());
     // Current version 10, bound 2: version 7 (lag 3) is stale, 8 (lag 2) is not.
     let stale_only = vec![
@@ -303,7 +309,7 @@ fn two_turn(
     outcome: f32,
     sizes: [(usize, usize); 2],
     termination: Termination,
-) -> TrainingTrajectory {
+) -> Trajectory {
     let steps = (0..2)
         .map(|t| {
             let (c, g) = sizes[t];
@@ -316,7 +322,7 @@ fn two_turn(
             s
         })
         .collect();
-    TrainingTrajectory {
+    Trajectory {
         header: header(id, "g", 0),
         footer: footer(outcome, termination),
         steps,
@@ -476,7 +482,7 @@ fn the_kl_term_needs_a_reference_and_is_zero_against_itself() {
         kl_coef: 0.1,
         ..rl_config(AdvantageMode::Step)
     };
-    assert!(RlTrainer::new(vs, model, None, cfg.clone()).is_err());
+    assert!(RlTrainer::new(vs, model, None, cfg.clone(), Special::Pad.id()).is_err());
     // Reference = an exact copy (through the checkpoint bytes; the global seed is shared
     // with tests running in parallel): KL is 0 before the step.
     let (vs, model) = small_model(3);
@@ -486,7 +492,8 @@ fn the_kl_term_needs_a_reference_and_is_zero_against_itself() {
     let tok = ByteTokenizer::new();
     let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
     let lp = action_logprobs(&model, &[a, b]);
-    let mut trainer = RlTrainer::new(vs, model, Some((rvs, rmodel)), cfg).unwrap();
+    let mut trainer =
+        RlTrainer::new(vs, model, Some((rvs, rmodel)), cfg, Special::Pad.id()).unwrap();
     let group = vec![
         one_step("a", "g", a, lp[0], 1.0, 0, Termination::Answered),
         one_step("b", "g", b, lp[1], 0.0, 0, Termination::Answered),
@@ -514,7 +521,7 @@ fn two_minibatches_take_two_steps_and_clip_against_the_policy_before_the_update(
         minibatches: 2,
         ..rl_config(AdvantageMode::Step)
     };
-    let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+    let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
     let st = trainer.update(&[group], 0).unwrap();
     assert_eq!(st.optimizer_steps, 2);
     // π_prox is the policy before the update, equal to the behaviour policy here: w = 1.
@@ -576,7 +583,7 @@ fn micro_batching_trajectories_of_unequal_length_does_not_change_the_gradient() 
             micro_batch_tokens,
             ..rl_config(AdvantageMode::Step)
         };
-        let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+        let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
         let st = trainer
             .backward_only(std::slice::from_ref(&group), 0, &[])
             .unwrap();
@@ -623,7 +630,7 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
         let context = ids.len();
         ids.extend(tok.encode_plain(answer));
         let mask: Vec<bool> = (0..ids.len()).map(|i| i >= context).collect();
-        PackedRow::single(&ids, &mask)
+        PackedRow::single(&ids, &mask, Special::Pad.id())
     };
     let demos = vec![demo(" one", "value 41"), demo(" two two", "next c8/bb2")];
     let weights = checkpoint::weights_to_bytes(&small_model(21).0).unwrap();
@@ -638,7 +645,7 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
             ptx_coef,
             ..rl_config(AdvantageMode::Grpo)
         };
-        let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+        let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
         tch::manual_seed(5);
         let st = trainer
             .backward_only(std::slice::from_ref(&group), 0, demos)
@@ -701,7 +708,7 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
         ptx_coef: 1.0,
         ..rl_config(AdvantageMode::Grpo)
     };
-    let mut trainer = RlTrainer::new(vs, model, None, cfg).unwrap();
+    let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
     let sft_loss = |t: &RlTrainer| {
         let (mut vs, model) = loaded();
         vs.copy(t.var_store()).unwrap();

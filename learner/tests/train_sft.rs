@@ -1,11 +1,11 @@
 //! SFT: packed documents see only themselves, the loss falls on a small fixed set, and a
 //! resumed optimizer continues bit for bit.
 
-use corvid_learner::model::{checkpoint, ModelConfig, MoePolicy};
-use corvid_learner::tokenizer::{ByteTokenizer, Special};
 use corvid_learner::train::pack::{PackedBatch, PackedRow};
 use corvid_learner::train::sft::{pack, Example};
 use corvid_learner::train::{OptimConfig, SftConfig, SftTrainer};
+use corvid_model::{checkpoint, ModelConfig, MoePolicy};
+use corvid_tokenizer::{ByteTokenizer, Special};
 use tch::{nn, Device, Tensor};
 
 fn model_cfg() -> ModelConfig {
@@ -251,7 +251,7 @@ fn bucketed_rows_give_the_packed_loss_and_gradients() {
     let packed = pack(&docs, 128, Special::Pad.id()).unwrap().rows;
     let mut bucketed: Vec<PackedRow> = docs
         .iter()
-        .map(|e| PackedRow::single(&e.ids, &e.mask))
+        .map(|e| PackedRow::single(&e.ids, &e.mask, Special::Pad.id()))
         .collect();
     bucketed.sort_by_key(|r| std::cmp::Reverse(r.len()));
     assert!(bucketed.first().unwrap().len() > bucketed.last().unwrap().len());

@@ -8,17 +8,15 @@
 //!   [`MAX_MESSAGE_BYTES`].
 //!
 //! - `Register` ([`register`]) hands out actor ids and the run's [`RunSettings`];
-//!   `NextTasks` ([`tasks`]) hands out groups of assignments from the
-//!   [`TaskDispenser`]; `PolicyInfo` and `FetchPolicy` ([`policy`]) serve the
+//!   `NextTasks` hands out groups of assignments from the [`TaskDispenser`]
+//!   ([`crate::dispenser`]); `PolicyInfo` and `FetchPolicy` ([`policy`]) serve the
 //!   versioned weights of the [`PolicyStore`]. These four need the learner's
 //!   control plane ([`Control`], attached with [`LearnerService::with_control`]);
 //!   a service built for ingest alone answers them FAILED_PRECONDITION.
 
-pub mod group_ids;
 pub mod policy;
 pub mod register;
 mod submit;
-pub mod tasks;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -31,11 +29,11 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::dispenser::TaskDispenser;
 use crate::policy_store::PolicyStore;
-use crate::store::TrajectoryStore;
+use corvid_store::TrajectoryStore;
 
 pub use register::{ActorRegistry, RunSettings};
-pub use tasks::{Assignment, DispenserConfig, DispenserState, TaskDispenser};
 
 /// Checks the shared token on every request.
 #[derive(Clone)]
@@ -93,7 +91,7 @@ impl Control {
     }
 
     /// Actors heard from within `[rollout] actor_timeout_s`: those whose episodes the
-    /// dispenser still counts as theirs (tasks, rule 6).
+    /// dispenser still counts as theirs (its rule 6).
     pub fn actors_active(&self) -> usize {
         self.actors.active(self.dispenser.config().actor_timeout)
     }
@@ -201,7 +199,7 @@ impl pb::learner_server::Learner for LearnerService {
         req: Request<pb::PolicyInfoRequest>,
     ) -> Result<Response<pb::PolicyInfoResponse>, Status> {
         let c = self.control("PolicyInfo")?;
-        // An actor's poll is its sign of life (tasks, rule 6).
+        // An actor's poll is its sign of life (dispenser, rule 6).
         c.heard_from(&req.into_inner().actor_id, 0);
         policy::info(&c.policies).map(Response::new)
     }
@@ -222,7 +220,7 @@ impl pb::learner_server::Learner for LearnerService {
     ) -> Result<Response<pb::SubmitAck>, Status> {
         let ack = submit::ingest(&self.store, req.into_inner()).await?;
         if let (Some(c), false) = (&self.control, ack.duplicate) {
-            // A new trajectory counts towards its group's completion (tasks, rule 4).
+            // A new trajectory counts towards its group's completion (dispenser, rule 4).
             match self.store.get(&ack.trajectory_id) {
                 Ok(Some(rec)) => {
                     let h = &rec.header;

@@ -15,7 +15,7 @@ use corvid_proto::{pb, SamplingParams};
 use tonic::Status;
 
 use crate::config::LearnerConfig;
-use crate::model::ModelConfig;
+use corvid_model::ModelConfig;
 
 /// Longest actor name or hostname kept, bytes.
 const MAX_NAME_BYTES: usize = 256;

@@ -14,7 +14,7 @@ use corvid_proto::{Step, TrajectoryFooter, TrajectoryHeader};
 use prost::Message;
 use tonic::{Status, Streaming};
 
-use crate::store::{Begin, StoreError, TrajectoryStore, TrajectoryWriter};
+use corvid_store::{Begin, StoreError, TrajectoryStore, TrajectoryWriter};
 
 fn describe(part: &Option<Part>) -> String {
     match part {

@@ -15,7 +15,7 @@
 
 use std::collections::BTreeMap;
 
-use corvid_proto::{Step, TrajectoryFooter, TrajectoryHeader};
+use corvid_proto::{Trajectory, TurnTotals};
 use corvid_rewards::{
     broadcast_to_tokens, episode_reward, step_advantages, trajectory_advantages,
     ProcessRewardAggregation, StepBaseline, StepEpisode, TrajectoryEstimator,
@@ -24,93 +24,36 @@ use corvid_rewards::{
 use super::config::{AdvantageMode, RlConfig};
 use super::TrainError;
 
-/// One finished trajectory, whole.
-#[derive(Debug, Clone, PartialEq)]
-pub struct TrainingTrajectory {
-    /// The header (group, policy version, task, sampling).
-    pub header: TrajectoryHeader,
-    /// The footer (outcome reward, success, termination).
-    pub footer: TrajectoryFooter,
-    /// Every step, in order.
-    pub steps: Vec<Step>,
-}
-
 /// The episodes of one task instance (one `group_id`).
-pub type Group = Vec<TrainingTrajectory>;
+pub type Group = Vec<Trajectory>;
 
-impl TrainingTrajectory {
-    /// All token ids in order.
-    pub fn token_ids(&self) -> Vec<u32> {
-        self.steps
-            .iter()
-            .flat_map(|s| s.token_ids.iter().copied())
-            .collect()
-    }
-
-    /// Total tokens.
-    pub fn len(&self) -> usize {
-        self.steps.iter().map(|s| s.token_ids.len()).sum()
-    }
-
-    /// Whether the trajectory has no token.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Generated (trainable) tokens.
-    pub fn generated_tokens(&self) -> usize {
-        self.steps.iter().map(Step::generated_count).sum()
-    }
-
-    /// Policy versions behind `current` (0 if it is not behind).
-    pub fn lag(&self, current_version: u64) -> u64 {
-        current_version.saturating_sub(self.header.policy_version)
-    }
-
-    /// Turns in order of first appearance, as `(process reward p_t, generated tokens n_t)`;
-    /// a turn spread over several steps sums them.
-    pub fn turns(&self) -> Vec<(f64, usize)> {
-        let mut order: Vec<u32> = Vec::new();
-        let mut by_turn: BTreeMap<u32, (f64, usize)> = BTreeMap::new();
-        for s in &self.steps {
-            let e = by_turn.entry(s.turn).or_insert_with(|| {
-                order.push(s.turn);
-                (0.0, 0)
-            });
-            e.0 += s.process_reward as f64;
-            e.1 += s.generated_count();
+/// Checks what training relies on: every step's arrays are aligned and every generated
+/// token's behaviour log-prob is finite. Values on context tokens are never read (the
+/// store's stricter `Step::validate` also wants them 0; training does not care).
+pub fn check_trainable(t: &Trajectory) -> Result<(), TrainError> {
+    for (i, s) in t.steps.iter().enumerate() {
+        let n = s.token_ids.len();
+        if s.loss_mask.len() != n || s.logprobs.len() != n {
+            return Err(TrainError::Data(format!(
+                "trajectory {} step {i}: {n} tokens, {} mask entries, {} log-probs",
+                t.header.trajectory_id,
+                s.loss_mask.len(),
+                s.logprobs.len()
+            )));
         }
-        order.iter().map(|t| by_turn[t]).collect()
-    }
-
-    /// Checks what training relies on: every step's arrays are aligned and every generated
-    /// token's behaviour log-prob is finite. Values on context tokens are never read (the
-    /// store's stricter `Step::validate` also wants them 0; training does not care).
-    pub fn check_trainable(&self) -> Result<(), TrainError> {
-        for (i, s) in self.steps.iter().enumerate() {
-            let n = s.token_ids.len();
-            if s.loss_mask.len() != n || s.logprobs.len() != n {
-                return Err(TrainError::Data(format!(
-                    "trajectory {} step {i}: {n} tokens, {} mask entries, {} log-probs",
-                    self.header.trajectory_id,
-                    s.loss_mask.len(),
-                    s.logprobs.len()
-                )));
-            }
-            if let Some(j) = (0..n).find(|&j| s.loss_mask[j] && !s.logprobs[j].is_finite()) {
-                return Err(TrainError::Data(format!(
-                    "trajectory {} step {i}: log-prob of generated token {j} is {}",
-                    self.header.trajectory_id, s.logprobs[j]
-                )));
-            }
+        if let Some(j) = (0..n).find(|&j| s.loss_mask[j] && !s.logprobs[j].is_finite()) {
+            return Err(TrainError::Data(format!(
+                "trajectory {} step {i}: log-prob of generated token {j} is {}",
+                t.header.trajectory_id, s.logprobs[j]
+            )));
         }
-        Ok(())
     }
+    Ok(())
 }
 
 /// Groups trajectories by `header.group_id`, groups in order of first appearance and
 /// members in input order.
-pub fn group_by_id(trajectories: Vec<TrainingTrajectory>) -> Vec<Group> {
+pub fn group_by_id(trajectories: Vec<Trajectory>) -> Vec<Group> {
     let mut index: BTreeMap<String, usize> = BTreeMap::new();
     let mut groups: Vec<Group> = Vec::new();
     for t in trajectories {
@@ -129,8 +72,8 @@ pub fn group_by_id(trajectories: Vec<TrainingTrajectory>) -> Vec<Group> {
 #[derive(Debug, Clone)]
 pub struct Scored<'a> {
     /// The trajectory.
-    pub trajectory: &'a TrainingTrajectory,
-    /// Advantage per token, aligned with [`TrainingTrajectory::token_ids`]; `0` on tokens
+    pub trajectory: &'a Trajectory,
+    /// Advantage per token, aligned with [`Trajectory::token_ids`]; `0` on tokens
     /// that were not generated.
     pub token_advantages: Vec<f64>,
     /// Which group of the input it came from.
@@ -168,10 +111,10 @@ pub struct Selection<'a> {
 /// Per-turn advantages of each member of a group (`None` for unscored members), by the
 /// configured estimator.
 pub fn turn_advantages(
-    group: &[&TrainingTrajectory],
+    group: &[&Trajectory],
     cfg: &RlConfig,
 ) -> Result<Vec<Option<Vec<f64>>>, TrainError> {
-    let turns: Vec<Vec<(f64, usize)>> = group.iter().map(|t| t.turns()).collect();
+    let turns: Vec<Vec<TurnTotals>> = group.iter().map(|t| t.turns()).collect();
     let terminations: Vec<_> = group.iter().map(|t| t.footer.termination).collect();
     // p_t = clamp(process_weight · (the turn's summed rule components), ±process_clip).
     let aggregation = ProcessRewardAggregation {
@@ -180,7 +123,10 @@ pub fn turn_advantages(
     };
     let rewards: Vec<Vec<f64>> = turns
         .iter()
-        .map(|ts| aggregation.aggregate(&ts.iter().map(|(p, _)| vec![*p]).collect::<Vec<_>>()))
+        .map(|ts| {
+            let components: Vec<Vec<f64>> = ts.iter().map(|t| vec![t.process_reward]).collect();
+            aggregation.aggregate(&components)
+        })
         .collect::<Result<_, _>>()?;
     let estimator = match cfg.advantage {
         AdvantageMode::Step => None,
@@ -227,10 +173,12 @@ pub fn turn_advantages(
 /// Spreads per-turn advantages over a trajectory's tokens: every generated token of turn
 /// `t` carries `A_t` (`corvid_rewards::broadcast_to_tokens`), other tokens carry 0.
 pub fn tokens_from_turns(
-    trajectory: &TrainingTrajectory,
+    trajectory: &Trajectory,
     turn_adv: &[f64],
 ) -> Result<Vec<f64>, TrainError> {
-    let per_turn: Vec<usize> = trajectory.turns().iter().map(|(_, n)| *n).collect();
+    let per_turn: Vec<usize> = (trajectory.turns().iter())
+        .map(|t| t.generated_tokens)
+        .collect();
     let generated = broadcast_to_tokens(turn_adv, &per_turn)?;
     // Generated tokens in sequence order belong to turns in order of first appearance only
     // when each turn's steps are contiguous; map through the step turns to be exact.
@@ -270,12 +218,12 @@ pub fn select<'a>(
     let mut sel = Selection::default();
     let mut lag_sum = 0u64;
     for (gi, group) in groups.iter().enumerate() {
-        let mut fresh: Vec<&TrainingTrajectory> = Vec::with_capacity(group.len());
+        let mut fresh: Vec<&Trajectory> = Vec::with_capacity(group.len());
         for t in group {
             if t.lag(current_version) > cfg.staleness_bound {
                 sel.stale_skipped += 1;
             } else {
-                t.check_trainable()?;
+                check_trainable(t)?;
                 fresh.push(t);
             }
         }

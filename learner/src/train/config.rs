@@ -125,8 +125,9 @@ pub enum SftLayout {
     /// Several demonstrations per row of at most `seq_len`, one after another in a single
     /// causal context (no document mask, positions running on), as GPT pretraining joins
     /// documents. A policy trained on single short demonstrations breaks down past their
-    /// length (the hops-3 answer turn starts at positions 338-350, past level 2's; session 14
-    /// in BENCHMARKS.md); here later demonstrations are trained at positions up to `seq_len`.
+    /// length (the hops-3 answer turn starts at positions 338-350, past level 2's;
+    /// docs/bench/log.md, 2026-12-02 "hops 3 fails past a position"); here later
+    /// demonstrations are trained at positions up to `seq_len`.
     Concat,
 }
 
@@ -163,9 +164,10 @@ pub struct SftConfig {
     /// Levels per family that join `levels` from step `late_levels_from_step` on, e.g.
     /// `{ hops = [3] }`. A from-scratch policy learns to copy later when long demonstrations
     /// with filler are in the mix from step 0 (held-out loss 0.28 at step 900 with hops 3 and
-    /// ~80 bytes of filler per file from the start, 0.10 with hops 1-2 alone on the same
-    /// machine; BENCHMARKS.md, "Session 17"), so a run can add them once it copies. Their
-    /// held-out examples are in the held-out loss from step 0. Default empty.
+    /// ~80 bytes of filler per file from the start, 0.10 with hops 1-2 alone, on one 2-core
+    /// AVX2-only 2.45 GHz EPYC; docs/bench/log.md, 2026-12-02 "on a slower machine the
+    /// shipped demo takes 31.8 minutes and does not learn"), so a run can add them once it
+    /// copies. Their held-out examples are in the held-out loss from step 0. Default empty.
     pub late_levels: BTreeMap<String, Vec<u32>>,
     /// First step that also draws from `late_levels`. Default `0`.
     pub late_levels_from_step: u64,
@@ -182,9 +184,9 @@ pub struct SftConfig {
     /// `steps` (or `token_budget`) as the cap. The step at which a from-scratch policy
     /// learns to copy differs between machines for the same example stream (their float
     /// results differ: held-out loss 0.005 at step 1,000 on one 2-core machine, 0.093 on
-    /// another; BENCHMARKS.md, "Session 18"), so a target, not a step count, makes RL start
-    /// from the same kind of policy everywhere. Needs `eval_every > 0`.
-    /// Default none (run to `steps`).
+    /// another; docs/bench/log.md, 2026-12-02 "SFT stops on a held-out loss target"), so a
+    /// target, not a step count, makes RL start from the same kind of policy everywhere.
+    /// Needs `eval_every > 0`. Default none (run to `steps`).
     pub heldout_loss_target: Option<f64>,
     /// JSONL files of chat transcripts with tool calls to train on as well, one
     /// `{"messages": [...]}` object per line in the OpenAI format (what `corvid replay export
@@ -194,7 +196,7 @@ pub struct SftConfig {
     /// Chance, before each call of a demonstration (the final `answer` included), of a
     /// mistake first — a mistyped path or a broken call — and the real error it gets back,
     /// with the mistake's tokens left out of the loss, so demonstrations teach recovery
-    /// without teaching the mistake ([`crate::episode::Mistakes`]). In `[0, 1)`. Default `0`.
+    /// without teaching the mistake ([`corvid_episode::Mistakes`]). In `[0, 1)`. Default `0`.
     pub mistake_rate: f64,
     /// First SFT step whose demonstrations make mistakes (`mistake_rate`); earlier steps
     /// are the plain oracle's. Demonstrations with mistakes are longer for the same calls
@@ -202,7 +204,7 @@ pub struct SftConfig {
     /// demo starts them once it copies. The held-out set always has them. Default `0`.
     pub mistakes_from_step: u64,
     /// Recover from a mistyped `read_file` path by first reading again the file the path was
-    /// copied from, instead of retrying at once ([`crate::episode::Mistakes::reread`]).
+    /// copied from, instead of retrying at once ([`corvid_episode::Mistakes::reread`]).
     /// Default `false`.
     pub mistake_reread: bool,
     /// Optimizer settings.

@@ -15,14 +15,14 @@
 //!   [`sft::pack`]`(examples, seq_len, pad_id) -> Packing { rows, too_long }`,
 //!   [`sft::SftTrainer`]`::{new(vs, model, cfg), step(&rows) -> SftStepStats,
 //!   eval_loss(&rows) -> f64, done(), tokens_seen(), into_parts()}`.
-//! - [`batch`]: [`batch::TrainingTrajectory`] `{ header, footer, steps }`,
-//!   [`batch::Group`] (= `Vec<TrainingTrajectory>`), [`batch::group_by_id`],
+//! - [`batch`]: [`Trajectory`](corvid_proto::Trajectory) `{ header, steps, footer }`,
+//!   [`batch::Group`] (= `Vec<Trajectory>`), [`batch::group_by_id`],
 //!   [`batch::select`] (staleness, unscored terminations, uninformative groups; advantages),
 //!   [`batch::turn_advantages`], [`batch::tokens_from_turns`].
 //! - [`loss`]: each RL loss term as its own function, formulas in the module doc.
 //! - [`rl`]: [`rl::RlTrainer`]`::{new(vs, model, reference, cfg), update(&groups,
 //!   current_version) -> UpdateStats, update_mixed(.., &demos) (PPO-ptx), backward_only(..)}`.
-//! - The model side: [`MoePolicy::forward_packed`](crate::model::MoePolicy::forward_packed)
+//! - The model side: [`MoePolicy::forward_packed`](corvid_model::MoePolicy::forward_packed)
 //!   `(tokens, positions, doc_ids, train)` runs packed rows with a block-diagonal causal mask.
 //!
 //! Trainers own their `VarStore`, policy and optimizer; `var_store()`, `model()`,
@@ -37,13 +37,13 @@ pub mod pack;
 pub mod rl;
 pub mod sft;
 
-pub use batch::{Group, TrainingTrajectory};
+pub use batch::Group;
 pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig, SftLayout};
 pub use optim::{lr_at, AdamW, OptimStepStats};
 pub use rl::{RlTrainer, UpdateStats};
 pub use sft::{Example, SftStepStats, SftTrainer};
 
-use crate::model::ModelError;
+use corvid_model::ModelError;
 
 /// Everything that can go wrong configuring or running a trainer.
 #[derive(Debug, thiserror::Error)]

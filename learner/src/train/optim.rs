@@ -18,7 +18,7 @@
 //!
 //! # Master weights
 //!
-//! A parameter stored in bf16 or f16 (the weights on CUDA, [`crate::model::precision`]) gets
+//! A parameter stored in bf16 or f16 (the weights on CUDA, [`corvid_model::precision`]) gets
 //! an fp32 master copy `θ₃₂`: the gradient is upcast to fp32 (and clipped there), `m`, `v`
 //! and the update above are computed in fp32 on `θ₃₂`, and the parameter is then set to
 //! `θ₃₂` rounded to its dtype. Without it an update smaller than half a bf16 step of the

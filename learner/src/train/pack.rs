@@ -1,5 +1,5 @@
 //! Sequence packing: several documents per row, each with its own positions (restarting at 0)
-//! and document id, so that [`MoePolicy::forward_packed`](crate::model::MoePolicy::forward_packed)
+//! and document id, so that [`MoePolicy::forward_packed`](corvid_model::MoePolicy::forward_packed)
 //! keeps attention inside each document.
 //!
 //! Layout of a row of length `T` holding documents `d_0, d_1, …` then padding:
@@ -22,8 +22,7 @@
 use tch::{Device, Kind, Tensor};
 
 use super::TrainError;
-use crate::model::{ForwardOutput, ModelError, MoePolicy};
-use crate::tokenizer::Special;
+use corvid_model::{ForwardOutput, ModelError, MoePolicy};
 
 /// One packed row; all vectors have the row length.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +37,8 @@ pub struct PackedRow {
     pub targets: Vec<i64>,
     /// Whether `targets[i]` is trained on.
     pub loss_mask: Vec<bool>,
+    /// The episode format's pad id, which [`PackedBatch::new`] fills shorter rows with.
+    pub pad_id: u32,
 }
 
 impl PackedRow {
@@ -49,6 +50,7 @@ impl PackedRow {
             doc_ids: vec![-1; len],
             targets: vec![pad_id as i64; len],
             loss_mask: vec![false; len],
+            pad_id,
         }
     }
 
@@ -67,9 +69,9 @@ impl PackedRow {
         self.loss_mask.iter().filter(|m| **m).count()
     }
 
-    /// A row holding exactly one document (no padding).
-    pub fn single(ids: &[u32], mask: &[bool]) -> Self {
-        let mut row = Self::empty(ids.len(), Special::Pad.id());
+    /// A row holding exactly one document (no padding; `pad_id` is its last target).
+    pub fn single(ids: &[u32], mask: &[bool], pad_id: u32) -> Self {
+        let mut row = Self::empty(ids.len(), pad_id);
         row.put(0, 0, ids, mask);
         row
     }
@@ -174,6 +176,13 @@ impl PackedBatch {
             return Err(TrainError::Data("empty micro-batch or row".into()));
         }
         let b = rows.len();
+        let pad_id = rows[0].pad_id;
+        if let Some(r) = rows.iter().find(|r| r.pad_id != pad_id) {
+            return Err(TrainError::Data(format!(
+                "rows of one micro-batch pad with {pad_id} and {}",
+                r.pad_id
+            )));
+        }
         // Padding: the pad token at position 0 of no document, never a target.
         let flat = |f: fn(&PackedRow) -> &Vec<i64>, pad: i64| -> Tensor {
             let mut v = Vec::with_capacity(b * t);
@@ -196,7 +205,7 @@ impl PackedBatch {
             }
         }
         Ok(Self {
-            tokens_bt: flat(|r| &r.tokens, i64::from(Special::Pad.id())),
+            tokens_bt: flat(|r| &r.tokens, i64::from(pad_id)),
             positions_bt: flat(|r| &r.positions, 0),
             doc_ids_bt: flat(|r| &r.doc_ids, -1),
             n_trained: idx.len(),

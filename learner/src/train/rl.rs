@@ -34,7 +34,7 @@ use super::loss::{
 use super::optim::AdamW;
 use super::pack::{gather_trained, micro_batches, PackedBatch, PackedRow};
 use super::TrainError;
-use crate::model::{BalanceStats, MoeHealth, MoePolicy};
+use corvid_model::{BalanceStats, MoeHealth, MoePolicy};
 
 /// What one update did; every field is a mean over the generated tokens trained on unless
 /// said otherwise.
@@ -124,14 +124,17 @@ struct RlRow {
 /// Lays out trajectories (their tokens, generated mask, behaviour log-probs and token
 /// advantages) one per row, longest first, so that a micro-batch holds rows of similar
 /// length and runs the causal forward without a document mask.
-fn pack_trajectories(items: &[&Scored<'_>]) -> Vec<RlRow> {
+fn pack_trajectories(items: &[&Scored<'_>], pad_id: u32) -> Vec<RlRow> {
     let mut order: Vec<&Scored<'_>> = items.to_vec();
     order.sort_by_key(|s| std::cmp::Reverse(s.trajectory.len()));
-    order.into_iter().map(trajectory_row).collect()
+    order
+        .into_iter()
+        .map(|s| trajectory_row(s, pad_id))
+        .collect()
 }
 
 /// One trajectory as a row of its own length.
-fn trajectory_row(s: &Scored<'_>) -> RlRow {
+fn trajectory_row(s: &Scored<'_>, pad_id: u32) -> RlRow {
     let t = s.trajectory;
     let ids = t.token_ids();
     let len = ids.len();
@@ -140,7 +143,7 @@ fn trajectory_row(s: &Scored<'_>) -> RlRow {
     let temp = t.header.sampling.temperature;
     let inv = if temp > 0.0 { 1.0 / temp } else { 1.0 };
     let mut r = RlRow {
-        row: PackedRow::single(&ids, &mask),
+        row: PackedRow::single(&ids, &mask, pad_id),
         behaviour: vec![0.0; len],
         adv: vec![0.0; len],
         inv_temp: vec![1.0; len],
@@ -162,6 +165,8 @@ pub struct RlTrainer {
     reference: Option<(nn::VarStore, MoePolicy)>,
     opt: AdamW,
     cfg: RlConfig,
+    /// The episode format's pad id (the last target of every row).
+    pad_id: u32,
 }
 
 /// `log softmax(logits · 1/T)` at the selected positions, `[N, V]` (float32).
@@ -184,6 +189,7 @@ impl RlTrainer {
         mut model: MoePolicy,
         reference: Option<(nn::VarStore, MoePolicy)>,
         cfg: RlConfig,
+        pad_id: u32,
     ) -> Result<Self, TrainError> {
         cfg.validate()?;
         if model.disable_router_noise() {
@@ -209,6 +215,7 @@ impl RlTrainer {
             reference,
             opt,
             cfg,
+            pad_id,
         })
     }
 
@@ -218,7 +225,7 @@ impl RlTrainer {
 
     /// Builds the micro-batches of one minibatch.
     fn micro_batches(&self, items: &[&Scored<'_>]) -> Result<Vec<MicroBatch>, TrainError> {
-        let rows = pack_trajectories(items);
+        let rows = pack_trajectories(items, self.pad_id);
         let device = self.device();
         let mut out = Vec::new();
         for chunk in micro_batches(&rows, |r| r.row.len(), self.cfg.micro_batch_tokens) {

@@ -11,7 +11,7 @@ use super::loss::summed_nll;
 use super::optim::AdamW;
 use super::pack::{first_fit_decreasing, micro_batches, PackedBatch, PackedRow};
 use super::TrainError;
-use crate::model::{BalanceStats, MoeHealth, MoePolicy};
+use corvid_model::{BalanceStats, MoeHealth, MoePolicy};
 
 /// One training document: token ids and which of them are trained on.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +96,7 @@ pub fn pack(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<Packing
 /// between them, no padding. A later example is trained at the positions the ones before it
 /// leave, so the policy meets its own format far past the length of any one demonstration.
 /// Same errors and `too_long` as [`pack`].
-pub fn concat(examples: &[Example], seq_len: usize) -> Result<Packing, TrainError> {
+pub fn concat(examples: &[Example], seq_len: usize, pad_id: u32) -> Result<Packing, TrainError> {
     let (bins, too_long) = bin_examples(examples, seq_len)?;
     let rows = bins
         .into_iter()
@@ -110,7 +110,7 @@ pub fn concat(examples: &[Example], seq_len: usize) -> Result<Packing, TrainErro
                 .iter()
                 .flat_map(|&i| examples[i].mask.iter().copied())
                 .collect();
-            PackedRow::single(&ids, &mask)
+            PackedRow::single(&ids, &mask, pad_id)
         })
         .collect();
     Ok(Packing { rows, too_long })

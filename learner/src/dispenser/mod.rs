@@ -1,4 +1,5 @@
-//! `NextTasks`: the task dispenser that turns the curriculum into groups of assignments.
+//! The task dispenser: turns the curriculum into the groups of assignments that `NextTasks`
+//! ([`crate::server`]) hands out to actors.
 //!
 //! # Rules
 //!
@@ -41,54 +42,29 @@
 //! 7. **Ids once.** A group id is never handed out twice, also when the learner is killed
 //!    between two checkpoints and resumed: ids are reserved on disk ahead of use, and a
 //!    resumed dispenser starts past the reservation with fresh draws
-//!    ([`super::group_ids`]).
+//!    ([`group_ids`]).
 //!
 //! The whole state — RNG, group counter, open groups, budget, counters — is serialisable
-//! ([`DispenserState`]) and goes into every run checkpoint.
+//! ([`DispenserState`], in `state.rs`) and goes into every run checkpoint.
+
+pub mod group_ids;
+mod state;
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use corvid_proto::{SamplingParams, TaskRef};
+pub use corvid_proto::Assignment;
+use corvid_proto::SamplingParams;
 use corvid_tasks::{Curriculum, SplitMix64, TaskFamily, TaskInstance, TasksError};
-use serde::{Deserialize, Serialize};
 
-use super::group_ids::{GroupIds, GroupIdsError};
 use crate::config::{LearnerConfig, SamplingSection};
+use group_ids::{GroupIds, GroupIdsError};
+
+pub use state::{DispenserCounters, DispenserState, EpisodeSlot, SavedGroup};
 
 /// Most assignments one `NextTasks` call returns.
 pub const MAX_TASKS_PER_CALL: u32 = 256;
-
-/// One episode to run.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Assignment {
-    /// The task instance.
-    pub task: TaskRef,
-    /// The group it belongs to.
-    pub group_id: String,
-    /// G.
-    pub group_size: u32,
-    /// Most turns.
-    pub max_turns: u32,
-    /// Context budget, tokens.
-    pub context_budget: u32,
-    /// Sampling, with this episode's own seed.
-    pub sampling: SamplingParams,
-}
-
-impl From<Assignment> for corvid_proto::pb::TaskAssignment {
-    fn from(a: Assignment) -> Self {
-        Self {
-            task: Some(a.task.into()),
-            group_id: a.group_id,
-            group_size: a.group_size,
-            max_turns: a.max_turns,
-            context_budget: a.context_budget,
-            sampling: Some(a.sampling.into()),
-        }
-    }
-}
 
 /// The dispenser's settings, taken from the learner config.
 #[derive(Debug, Clone)]
@@ -120,132 +96,6 @@ impl DispenserConfig {
             actor_timeout: Duration::from_secs(cfg.rollout.actor_timeout_s),
             sampling: cfg.rollout.sampling,
             max_context,
-        }
-    }
-}
-
-/// Where one episode of an open group stands.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EpisodeSlot {
-    /// Not handed out yet, or taken back from an actor that went silent (rule 6).
-    Free,
-    /// Handed to the actor with this id; its trajectory is not stored yet. An empty id: the
-    /// holder is not known (a group restored from a checkpoint written before slots were
-    /// saved); rule 6 takes it back once the timeout has passed since the restore, as from
-    /// an actor that never called again.
-    Held(String),
-    /// Its trajectory is stored.
-    Stored,
-}
-
-/// One open group, as saved in a checkpoint.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SavedGroup {
-    /// Group id.
-    pub group_id: String,
-    /// Its task instance.
-    pub task: TaskRef,
-    /// Most turns of the instance.
-    pub max_turns: u32,
-    /// Context budget handed out.
-    pub context_budget: u32,
-    /// Base of the episodes' sampler seeds.
-    pub seed: u64,
-    /// Episode `i`'s state, G of them (see [`EpisodeSlot`]).
-    #[serde(default)]
-    pub slots: Vec<EpisodeSlot>,
-    /// Checkpoints written before `slots` counted instead: episodes handed out and
-    /// trajectories stored. Read once to rebuild `slots`, never written.
-    #[serde(default, skip_serializing, rename = "issued")]
-    legacy_issued: u32,
-    /// See `legacy_issued`.
-    #[serde(default, skip_serializing, rename = "completed")]
-    legacy_completed: u32,
-}
-
-impl SavedGroup {
-    /// `slots` for G episodes; a group from an older checkpoint gets them from its counts,
-    /// the first `completed` taken as stored and the rest handed out as holders unknown
-    /// ([`TaskDispenser::complete`] corrects the guess by seed).
-    fn with_slots(mut self, g: u32) -> Self {
-        if !self.slots.is_empty() {
-            // A run resumed with another `rl.group_size`: the group keeps the episodes
-            // below the new G and hands out any new ones.
-            self.slots.resize(g as usize, EpisodeSlot::Free);
-        } else {
-            let (issued, done) = (self.legacy_issued.min(g), self.legacy_completed.min(g));
-            self.slots = (0..g)
-                .map(|i| match i {
-                    i if i < done => EpisodeSlot::Stored,
-                    i if i < issued => EpisodeSlot::Held(String::new()),
-                    _ => EpisodeSlot::Free,
-                })
-                .collect();
-        }
-        self
-    }
-
-    /// The first episode to hand out (rule 2), if any.
-    fn free_slot(&self) -> Option<usize> {
-        self.slots.iter().position(|s| *s == EpisodeSlot::Free)
-    }
-
-    /// Episodes whose trajectories are stored.
-    pub fn stored(&self) -> usize {
-        self.slots
-            .iter()
-            .filter(|s| **s == EpisodeSlot::Stored)
-            .count()
-    }
-}
-
-/// Running totals.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct DispenserCounters {
-    /// Groups opened.
-    pub groups_opened: u64,
-    /// Groups that received all G trajectories.
-    pub groups_completed: u64,
-    /// Groups given up after the timeout (rule 4).
-    pub groups_expired: u64,
-    /// Episodes handed out, again-handed-out ones included.
-    pub episodes_issued: u64,
-    /// Episodes taken back from actors that went silent (rule 6).
-    #[serde(default)]
-    pub episodes_reclaimed: u64,
-    /// Calls answered with nothing because of back-pressure.
-    pub empty_answers: u64,
-    /// Instances a task pack refused for the values one seed drew (two paths rendered to
-    /// one, past what validation tries); another seed was drawn instead.
-    #[serde(default)]
-    pub instances_refused: u64,
-}
-
-/// The serialisable state of the dispenser.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct DispenserState {
-    /// RNG of family choice, instance seeds and sampler seeds.
-    pub rng: SplitMix64,
-    /// Number of the next group.
-    pub next_group: u64,
-    /// Open groups, oldest first.
-    pub open: Vec<SavedGroup>,
-    /// New groups still allowed (synchronous mode); `None` = unbounded.
-    pub budget: Option<u64>,
-    /// Totals.
-    pub counters: DispenserCounters,
-}
-
-impl DispenserState {
-    /// A fresh state seeded with `seed`.
-    pub fn new(seed: u64) -> Self {
-        Self {
-            rng: SplitMix64::derive(seed, "dispenser"),
-            next_group: 0,
-            open: Vec::new(),
-            budget: None,
-            counters: DispenserCounters::default(),
         }
     }
 }
@@ -338,13 +188,11 @@ impl TaskDispenser {
             .open
             .into_iter()
             .map(|saved| OpenGroup {
-                saved: saved.with_slots(cfg.group_size),
+                saved: saved.with_group_size(cfg.group_size),
                 last_issued: now,
             })
             .collect();
-        // The holders of restored episodes get the full timeout to call again. Unknown
-        // holders (the empty id, which no call carries) never call, so theirs are taken
-        // back once that timeout has passed.
+        // The holders of restored episodes get the full timeout to call again.
         let heard = open
             .iter()
             .flat_map(|o| &o.saved.slots)
@@ -371,7 +219,7 @@ impl TaskDispenser {
     }
 
     /// Keeps the group-id reservation (rule 7) in `ids` (the run folder's) instead of in
-    /// memory. The restored state must already be past it ([`super::group_ids::resume_past`]).
+    /// memory. The restored state must already be past it ([`group_ids::resume_past`]).
     pub fn with_group_ids(self, ids: GroupIds) -> Self {
         self.lock().ids = ids;
         self
@@ -483,8 +331,6 @@ impl TaskDispenser {
                 context_budget: instance.context_budget.min(self.cfg.max_context),
                 seed: inner.rng.next_u64(),
                 slots: vec![EpisodeSlot::Free; self.cfg.group_size as usize],
-                legacy_issued: 0,
-                legacy_completed: 0,
             },
             last_issued: Instant::now(),
         })
@@ -543,13 +389,8 @@ impl TaskDispenser {
             }
             if taken > 0 {
                 inner.counters.episodes_reclaimed += taken;
-                let actor = if actor.is_empty() {
-                    "(unknown: restored from an older checkpoint)"
-                } else {
-                    &actor
-                };
                 tracing::warn!(
-                    actor,
+                    actor = actor.as_str(),
                     episodes = taken,
                     silent_s = silent.as_secs(),
                     "actor went silent; its episodes are handed out again"
@@ -596,11 +437,8 @@ impl TaskDispenser {
                 .position(|x| matches!(x, EpisodeSlot::Held(a) if a == who))
         };
         let slot = match by_seed {
-            Some(i) if s.slots[i] != EpisodeSlot::Stored => Some(i),
-            // A restored older checkpoint guessed which episodes were stored; a stored seed
-            // while a holder is unknown corrects the guess.
-            Some(_) => held_by(""),
-            None => held_by(actor).or_else(|| held_by("")),
+            Some(i) => (s.slots[i] != EpisodeSlot::Stored).then_some(i),
+            None => held_by(actor),
         };
         let Some(i) = slot else {
             tracing::debug!(
@@ -969,57 +807,6 @@ mod tests {
         );
         std::thread::sleep(SILENCE + Duration::from_millis(100));
         assert_eq!(b.next("other", 2).unwrap(), held);
-    }
-
-    /// `state` as a checkpoint wrote it before slots: its first open group with counts of
-    /// episodes handed out and stored instead.
-    fn before_slots(state: DispenserState, issued: u32, completed: u32) -> DispenserState {
-        let mut json = serde_json::to_value(state).unwrap();
-        let g = json["open"][0].as_object_mut().unwrap();
-        g.remove("slots");
-        g.insert("issued".into(), issued.into());
-        g.insert("completed".into(), completed.into());
-        serde_json::from_value(json).unwrap()
-    }
-
-    #[test]
-    fn a_checkpoint_from_before_slots_restores_its_counts() {
-        let a = dispenser(3, 1, Duration::from_secs(60));
-        let got = a.next("a", 2).unwrap();
-        // What a checkpoint said before slots: two of three handed out, one stored.
-        let state = before_slots(a.state(), 2, 1);
-        let b = dispenser_with(config(3, 1, Duration::from_secs(60)), state);
-        let third = b.next("a", 5).unwrap();
-        assert_eq!(third.len(), 1, "one episode was never handed out");
-        assert_ne!(third[0].sampling.seed, got[0].sampling.seed);
-        assert_ne!(third[0].sampling.seed, got[1].sampling.seed);
-        // It is saved with slots from now on.
-        let saved = serde_json::to_value(&b.state().open[0]).unwrap();
-        assert!(saved.get("issued").is_none() && saved.get("completed").is_none());
-        assert_eq!(saved["slots"].as_array().map(Vec::len), Some(3));
-        // The stored one was episode 1, not the guessed 0: episode 0's trajectory still counts.
-        b.complete(&got[0].group_id, "a", got[0].sampling.seed);
-        assert!(b.is_open(&got[0].group_id));
-        b.complete(&third[0].group_id, "a", third[0].sampling.seed);
-        assert!(!b.is_open(&got[0].group_id), "three stored: closed");
-    }
-
-    #[test]
-    fn a_checkpoint_from_before_slots_loses_its_unknown_holders_after_the_timeout() {
-        let a = quick_to_reclaim(2, 1);
-        let got = a.next("a", 2).unwrap();
-        let b = dispenser_with(quick_config(2, 1), before_slots(a.state(), 2, 0));
-        assert!(
-            b.next("other", 2).unwrap().is_empty(),
-            "held, not yet silent"
-        );
-        std::thread::sleep(SILENCE + Duration::from_millis(100));
-        assert_eq!(
-            b.next("other", 2).unwrap(),
-            got,
-            "the same episodes, seeds included"
-        );
-        assert_eq!(b.counters().episodes_reclaimed, 2);
     }
 
     #[test]

@@ -12,14 +12,15 @@
 //! built on a reservation past its restored counter ([`resume_past`]) opens its next group
 //! past every id that may have been handed out, and draws from a fresh RNG, so no draw
 //! repeats one made before the crash. Each checkpoint trims the reservation to the counter
-//! ([`GroupIds::trim`]), so a run stopped cleanly resumes exactly where it stopped.
+//! ([`super::TaskDispenser::trim_group_ids`]), so a run stopped cleanly resumes exactly
+//! where it stopped.
 
 use std::path::{Path, PathBuf};
 
 use corvid_tasks::SplitMix64;
 use serde::{Deserialize, Serialize};
 
-use super::tasks::DispenserState;
+use super::state::DispenserState;
 
 /// Group ids reserved per write.
 pub const BLOCK: u64 = 64;
@@ -135,7 +136,7 @@ impl GroupIds {
                 reserved_below,
             })
             .expect("two integers serialise");
-            crate::durable::replace_file(path, &text).map_err(|source| GroupIdsError::Io {
+            corvid_durable::replace_file(path, &text).map_err(|source| GroupIdsError::Io {
                 path: path.clone(),
                 source,
             })?;

@@ -1,0 +1,429 @@
+//! The trainer thread's side of the learner: the policy in its current stage (SFT, then
+//! RL), the store reader, the metrics file and the run checkpoints.
+//!
+//! - This file: [`Trainer`], built fresh or from a checkpoint, its run loop, checkpoints
+//!   and the publishing of weights.
+//! - `sft_stage.rs`: the SFT stage ([`SftRun`], [`Trainer::sft_step`],
+//!   [`Trainer::finish_sft`]) and the handover of its weights to RL.
+//! - `rl_stage.rs`: the RL stage, one update at a time ([`Trainer::try_update`]), with the
+//!   PPO-ptx demonstrations and the batches that make no update.
+//! - `record.rs`: the metrics record of an update and the curriculum and service figures
+//!   in it.
+//!
+//! Exact resume: everything the next update reads — weights, optimizer moments and step,
+//! the pending trajectories and the cursor, the curriculum and the dispenser (and their
+//! RNGs), the learner's RNG, the spike window — is in the checkpoint; the SFT example stream
+//! is a pure function of the step ([`crate::sft_data`]).
+
+mod record;
+mod rl_stage;
+mod sft_stage;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use corvid_tasks::SplitMix64;
+use tch::nn;
+
+use crate::checkpoint::{
+    write_policy, CheckpointDir, Restored, RunState, Snapshot, Stage, Totals, STATE_FORMAT,
+};
+use crate::collect::Collector;
+use crate::config::LearnerConfig;
+use crate::dispenser::DispenserState;
+use crate::learner::{io_err, LearnerError, RunPaths, Shared, StopReason, Summary};
+use crate::metrics::{MetricsSink, SpikeDetector, UpdateRecord};
+use crate::sft_data::SftData;
+use crate::train::sft::SftTrainer;
+use crate::train::RlTrainer;
+use corvid_model::checkpoint::{weights_to_bytes, WEIGHTS_FILE};
+use corvid_model::precision::weight_kind_for;
+use corvid_model::{ModelConfig, MoePolicy};
+use corvid_store::now_unix_ms;
+
+pub use rl_stage::MAX_UNSCORED_BATCHES_IN_A_ROW;
+pub use sft_stage::{SftRecord, SftRun, SFT_METRICS_FILE};
+
+/// The optimizer's state tensors, as a checkpoint saves them.
+type OptimizerState = Vec<(String, tch::Tensor)>;
+
+/// The trainer of the current stage. It owns the `VarStore`, the model and the optimizer;
+/// the SFT trainer hands them to the RL one.
+enum ActiveTrainer {
+    /// Supervised fine-tuning.
+    Sft(Box<SftTrainer>),
+    /// Policy optimisation.
+    Rl(Box<RlTrainer>),
+}
+
+impl ActiveTrainer {
+    /// The trainer of `state.stage` over `(vs, model)`, its optimizer restored from
+    /// `optimizer` when the run resumes.
+    fn for_stage(
+        cfg: &LearnerConfig,
+        model_cfg: &ModelConfig,
+        (vs, model): (nn::VarStore, MoePolicy),
+        state: &RunState,
+        optimizer: Option<OptimizerState>,
+    ) -> Result<Self, LearnerError> {
+        let mut active = match state.stage {
+            Stage::Sft => Self::Sft(Box::new(Trainer::sft_trainer(cfg, vs, model, state)?)),
+            Stage::Rl => Self::Rl(Box::new(Trainer::rl_trainer(
+                cfg, model_cfg, vs, model, state,
+            )?)),
+        };
+        if let Some(opt) = &optimizer {
+            match &mut active {
+                Self::Sft(t) => t.optimizer_mut().load_state(opt)?,
+                Self::Rl(t) => t.optimizer_mut().load_state(opt)?,
+            }
+        }
+        Ok(active)
+    }
+
+    fn vs(&self) -> &nn::VarStore {
+        match self {
+            Self::Sft(t) => t.var_store(),
+            Self::Rl(t) => t.var_store(),
+        }
+    }
+
+    fn optimizer_state(&self) -> OptimizerState {
+        match self {
+            Self::Sft(t) => t.optimizer().state_tensors(),
+            Self::Rl(t) => t.optimizer().state_tensors(),
+        }
+    }
+}
+
+/// The trainer: owns the policy and everything that changes with an update.
+pub struct Trainer {
+    cfg: LearnerConfig,
+    paths: RunPaths,
+    shared: Shared,
+    ckpt: CheckpointDir,
+    model_cfg: ModelConfig,
+    /// `None` only transiently, while SFT hands the policy to RL.
+    active: Option<ActiveTrainer>,
+    state: RunState,
+    collector: Collector,
+    metrics: MetricsSink,
+    published: bool,
+    /// Start time and episode count of the last few RL updates, for a windowed episodes/s
+    /// (updates trained back to back from a backlog would otherwise read as bursts).
+    recent_updates: std::collections::VecDeque<(Instant, usize)>,
+    /// Batches skipped since the last update (none of their episodes scored).
+    skipped_in_a_row: u32,
+    /// The demonstration stream of the PPO-ptx term, made at its first use.
+    ptx_data: Option<SftData>,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("state", &self.state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a model on `device` with initial weights fixed by `seed`, stored in `kind` with
+/// the routers in fp32 ([`MoePolicy::new_in_kind`]). The trainer passes
+/// [`weight_kind_for`]`(device)`: bf16 on CUDA (the optimizer then keeps fp32 master
+/// weights, [`crate::train::optim`]), fp32 elsewhere.
+pub fn build_model(
+    cfg: &ModelConfig,
+    device: tch::Device,
+    kind: tch::Kind,
+    seed: u64,
+) -> Result<(nn::VarStore, MoePolicy), LearnerError> {
+    tch::manual_seed(seed as i64);
+    let vs = nn::VarStore::new(device);
+    let model = MoePolicy::new_in_kind(&vs, cfg, kind)?;
+    Ok((vs, model))
+}
+
+/// Replaces the random initialisation in `vs` with the weights of the policy folder `dir`
+/// (`[model] init`), whose `config.json` must equal `model_cfg`.
+fn load_init(dir: &Path, model_cfg: &ModelConfig, vs: &nn::VarStore) -> Result<(), LearnerError> {
+    let init_cfg = corvid_model::checkpoint::load_config(dir).map_err(|e| {
+        LearnerError::RunDir(format!(
+            "[model] init = {:?} is not a policy folder (config.json and {WEIGHTS_FILE}, e.g. runs/demo/ref): {e}",
+            dir.display().to_string()
+        ))
+    })?;
+    if &init_cfg != model_cfg {
+        return Err(LearnerError::RunDir(format!(
+            "model.init {} holds a different model config than [model] in the config file ({})",
+            dir.display(),
+            crate::learner::model_differences(&init_cfg, model_cfg)
+        )));
+    }
+    corvid_model::checkpoint::load_weights(vs, dir)?;
+    Ok(())
+}
+
+/// The state of a fresh run: step 0 of the schedule's first stage, the learner's RNG from
+/// `cfg.seed`, the dispenser as it was built.
+fn fresh_state(cfg: &LearnerConfig, dispenser: DispenserState) -> RunState {
+    let m = &cfg.metrics;
+    RunState {
+        format: STATE_FORMAT,
+        seq: 0,
+        stage: if cfg.schedule.sft {
+            Stage::Sft
+        } else {
+            Stage::Rl
+        },
+        sft_step: 0,
+        sft_tokens: 0,
+        sft_heldout_loss: None,
+        rl_step: 0,
+        policy_version: 0,
+        read_cursor: 0,
+        pending: Vec::new(),
+        taken_groups: Vec::new(),
+        rng: SplitMix64::derive(cfg.seed, "learner"),
+        dispenser,
+        spikes: SpikeDetector::new(m.spike_k, m.spike_window, m.spike_min_samples),
+        totals: Totals::default(),
+        reference_policy: None,
+        saved_unix_ms: 0,
+    }
+}
+
+/// Takes the weights of checkpoint `r` into `vs` and cuts the metrics file back to its
+/// step; its state and optimizer state to continue from.
+fn resumed_state(
+    r: Restored,
+    vs: &nn::VarStore,
+    metrics: &Path,
+) -> Result<(RunState, OptimizerState), LearnerError> {
+    r.load_weights(vs)?;
+    let dropped = MetricsSink::truncate_after(metrics, r.state.rl_step)
+        .map_err(io_err("cutting back", metrics))?;
+    tracing::info!(
+        checkpoint = %r.dir.display(),
+        stage = ?r.state.stage,
+        sft_step = r.state.sft_step,
+        rl_step = r.state.rl_step,
+        policy_version = r.state.policy_version,
+        cursor = r.state.read_cursor,
+        pending = r.state.pending.len(),
+        metrics_lines_dropped = dropped,
+        "resuming"
+    );
+    Ok((r.state, r.optimizer))
+}
+
+/// The collector at `state`'s cursor, holding again the trajectories read but not yet
+/// trained on and the groups already taken. Every pending trajectory must be in the store.
+fn restored_collector(
+    cfg: &LearnerConfig,
+    shared: &Shared,
+    state: &RunState,
+) -> Result<Collector, LearnerError> {
+    let mut collector = Collector::new(
+        cfg.rl.group_size,
+        Duration::from_secs(cfg.rollout.group_timeout_s),
+        state.read_cursor,
+    );
+    let missing = collector.restore_pending(&shared.store, &state.pending)?;
+    collector.restore_taken(state.taken_groups.clone());
+    if !missing.is_empty() {
+        return Err(LearnerError::RunDir(format!(
+            "the checkpoint lists {} pending trajectories the store does not hold (first: {}); is this the run's own store?",
+            missing.len(),
+            missing[0]
+        )));
+    }
+    Ok(collector)
+}
+
+impl Trainer {
+    /// Builds the policy (on the calling thread, which must be the one that trains) and the
+    /// trainer's state, fresh or from `restored`.
+    pub fn new(
+        cfg: LearnerConfig,
+        paths: RunPaths,
+        model_cfg: ModelConfig,
+        shared: Shared,
+        restored: Option<Restored>,
+    ) -> Result<Self, LearnerError> {
+        if cfg.threads > 0 {
+            tch::set_num_threads(cfg.threads as i32);
+        }
+        let device = cfg.torch_device()?;
+        let ckpt = CheckpointDir::open(&paths.ckpt, cfg.schedule.keep_checkpoints)?;
+        let kind = weight_kind_for(device);
+        let (vs, model) = build_model(&model_cfg, device, kind, cfg.seed)?;
+        tracing::info!(?device, weights = ?kind, routers = "Float", "policy built");
+        let (mut state, optimizer) = match restored {
+            Some(r) => {
+                let (state, optimizer) = resumed_state(r, &vs, &paths.metrics)?;
+                (state, Some(optimizer))
+            }
+            None => {
+                if let Some(dir) = &cfg.model.init {
+                    load_init(dir, &model_cfg, &vs)?;
+                    tracing::info!(init = %dir.display(), "initial weights loaded");
+                }
+                (fresh_state(&cfg, shared.control.dispenser.state()), None)
+            }
+        };
+        // RL without SFT before it: the starting weights are the KL reference.
+        if state.stage == Stage::Rl && state.reference_policy.is_none() {
+            write_policy(&paths.reference, &vs, &model_cfg)?;
+            state.reference_policy = Some(paths.reference.clone());
+        }
+        let active = ActiveTrainer::for_stage(&cfg, &model_cfg, (vs, model), &state, optimizer)?;
+        let collector = restored_collector(&cfg, &shared, &state)?;
+        let metrics =
+            MetricsSink::open(&paths.metrics).map_err(io_err("opening", &paths.metrics))?;
+        Ok(Self {
+            cfg,
+            paths,
+            shared,
+            ckpt,
+            model_cfg,
+            active: Some(active),
+            state,
+            collector,
+            metrics,
+            published: false,
+            recent_updates: std::collections::VecDeque::from([(Instant::now(), 0)]),
+            skipped_in_a_row: 0,
+            ptx_data: None,
+        })
+    }
+
+    fn active(&self) -> &ActiveTrainer {
+        // Only `sft_to_rl` takes the trainer out, and it always puts one back.
+        self.active
+            .as_ref()
+            .expect("the trainer always holds a stage's trainer")
+    }
+
+    /// The learner's state as it would be checkpointed now.
+    pub fn state(&self) -> RunState {
+        let mut s = self.state.clone();
+        s.read_cursor = self.collector.read_cursor();
+        s.pending = self.collector.pending_ids();
+        s.taken_groups = self.collector.taken_groups();
+        s.dispenser = self.shared.control.dispenser.state();
+        if let Some(ActiveTrainer::Sft(t)) = &self.active {
+            s.sft_tokens = t.tokens_seen();
+            s.sft_heldout_loss = t.heldout_loss();
+        }
+        s
+    }
+
+    /// The current weights as safetensors bytes.
+    pub fn weights(&self) -> Result<Vec<u8>, LearnerError> {
+        Ok(weights_to_bytes(self.active().vs())?)
+    }
+
+    /// The curriculum as JSON.
+    pub fn curriculum_json(&self) -> String {
+        self.shared
+            .curriculum()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .save()
+    }
+
+    /// The latest record shared with the Prometheus endpoint.
+    pub fn latest_record(&self) -> Arc<std::sync::RwLock<Option<UpdateRecord>>> {
+        self.metrics.latest()
+    }
+
+    /// Writes a run checkpoint now.
+    pub fn checkpoint(&mut self) -> Result<PathBuf, LearnerError> {
+        let mut state = self.state();
+        state.saved_unix_ms = now_unix_ms();
+        let curriculum = self
+            .shared
+            .curriculum()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let active = self.active();
+        let saved = self.ckpt.save(Snapshot {
+            vs: active.vs(),
+            model_config: &self.model_cfg,
+            optimizer: active.optimizer_state(),
+            curriculum: &curriculum,
+            state,
+        })?;
+        // The checkpoint holds the group counter now: the id reservation can shrink to it.
+        self.shared.control.dispenser.trim_group_ids();
+        Ok(saved)
+    }
+
+    /// Publishes the current weights as the current policy version.
+    fn publish(&mut self) -> Result<(), LearnerError> {
+        let bytes = self.weights()?;
+        let blob = self
+            .shared
+            .control
+            .policies
+            .publish(self.state.policy_version, bytes)?;
+        self.published = true;
+        tracing::info!(version = blob.version, bytes = blob.bytes.len(), sha256 = %blob.sha256, "policy published");
+        Ok(())
+    }
+
+    /// Runs SFT (if due) and RL until `stop` is set or the update budget is spent, then
+    /// writes a checkpoint.
+    pub fn run(mut self, stop: &AtomicBool) -> Result<Summary, LearnerError> {
+        let done = |t: &mut Self, why: StopReason| -> Result<Summary, LearnerError> {
+            let ck = t.checkpoint()?;
+            Ok(Summary {
+                stopped_by: why,
+                rl_step: t.state.rl_step,
+                policy_version: t.state.policy_version,
+                checkpoint: Some(ck),
+            })
+        };
+        if matches!(self.active, Some(ActiveTrainer::Sft(_))) {
+            if !self.sft(stop)? {
+                return done(&mut self, StopReason::Signal);
+            }
+            self.checkpoint()?;
+        }
+        self.enter_rl()?;
+        if self.ckpt.latest()?.is_none() {
+            // Once actors can roll out, a run can always be resumed: without this a run
+            // without SFT that dies before its first periodic checkpoint could not be.
+            self.checkpoint()?;
+        }
+        let poll = Duration::from_millis(self.cfg.schedule.poll_ms.max(1));
+        loop {
+            if stop.load(Ordering::Relaxed) {
+                return done(&mut self, StopReason::Signal);
+            }
+            let max = self.cfg.schedule.max_updates;
+            if max > 0 && self.state.rl_step >= max {
+                return done(&mut self, StopReason::MaxUpdates);
+            }
+            self.poll()?;
+            if stop.load(Ordering::Relaxed) {
+                // Reading the store can take a while under load: no update starts after a stop.
+                return done(&mut self, StopReason::Signal);
+            }
+            match self.try_update()? {
+                Some(_)
+                    if self
+                        .state
+                        .rl_step
+                        .is_multiple_of(self.cfg.schedule.checkpoint_every) =>
+                {
+                    self.checkpoint()?;
+                }
+                Some(_) => {}
+                None => std::thread::sleep(poll),
+            }
+        }
+    }
+}
