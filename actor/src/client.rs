@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use corvid_learner::model::ModelConfig;
+use corvid_model::ModelConfig;
 use corvid_proto::client::{connect, AuthedClient, ConnectError};
-use corvid_proto::{pb, SamplingParams, TaskRef};
+use corvid_proto::{pb, Assignment, SamplingParams};
 use futures::StreamExt;
 use tonic::Code;
 
@@ -102,21 +102,6 @@ pub struct Registration {
     pub model_config: ModelConfig,
     /// Latest policy version at registration (0: none yet).
     pub policy_version: u64,
-}
-
-/// One task assignment.
-#[derive(Debug, Clone)]
-pub struct Assignment {
-    /// The task instance.
-    pub task: TaskRef,
-    /// Its group.
-    pub group_id: String,
-    /// Most turns.
-    pub max_turns: u32,
-    /// Context budget, tokens.
-    pub context_budget: u32,
-    /// Sampling with this episode's seed.
-    pub sampling: SamplingParams,
 }
 
 /// `PolicyInfo`'s answer.
@@ -455,28 +440,9 @@ impl LearnerLink {
                 .into_inner();
             let mut out = Vec::with_capacity(resp.assignments.len());
             for a in resp.assignments {
-                let bad = |e: corvid_proto::ProtoError| {
+                out.push(Assignment::try_from(a).map_err(|e| {
                     LinkError::Protocol(ActorError::Learner(format!("assignment: {e}")))
-                };
-                let task = TaskRef::try_from(
-                    a.task
-                        .ok_or(corvid_proto::ProtoError::Missing("assignment.task"))
-                        .map_err(bad)?,
-                )
-                .map_err(bad)?;
-                let sampling = SamplingParams::try_from(
-                    a.sampling
-                        .ok_or(corvid_proto::ProtoError::Missing("assignment.sampling"))
-                        .map_err(bad)?,
-                )
-                .map_err(bad)?;
-                out.push(Assignment {
-                    task,
-                    group_id: a.group_id,
-                    max_turns: a.max_turns,
-                    context_budget: a.context_budget,
-                    sampling,
-                });
+                })?);
             }
             Ok(out)
         }

@@ -1,7 +1,7 @@
 //! One episode's state machine: turns, tool results, the context guard, the turn limit,
 //! process rewards, the checker, and the proto steps and footer it produces.
 //!
-//! The layout is `corvid_learner::episode::EpisodeFormat`'s, exactly: step `t` is the
+//! The layout is `corvid_episode::EpisodeFormat`'s, exactly: step `t` is the
 //! turn's context (the prompt for turn 0, the previous call's result after that; loss mask
 //! 0) followed by the tokens the policy generated (mask 1, each with its behaviour log-prob
 //! and policy version). This module knows nothing about the model: the engine
@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corvid_learner::episode::{invalid_call_reward, CallParseError, EpisodeFormat};
+use corvid_episode::{invalid_call_reward, CallParseError, EpisodeFormat};
 use corvid_proto::{
     SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult, ToolStatus,
     TrajectoryFooter, TrajectoryHeader,

@@ -3,7 +3,7 @@
 use std::io::ErrorKind;
 use std::path::Path;
 
-use corvid_learner::model::ModelError;
+use corvid_model::ModelError;
 
 /// Everything that can stop the rollout engine or the actor.
 ///

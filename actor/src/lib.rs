@@ -11,7 +11,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //! use corvid_actor::{run_episodes, EngineConfig, EpisodeSpec, LoadedPolicy};
-//! use corvid_learner::model::ModelConfig;
+//! use corvid_model::ModelConfig;
 //! use corvid_proto::SamplingParams;
 //! use corvid_tasks::TaskEnv;
 //!
@@ -74,7 +74,7 @@ pub use error::ActorError;
 pub use policy::{LoadedPolicy, PolicyUpdate};
 pub use rollout::{
     run_episodes, run_episodes_into, CollectSink, EngineConfig, EngineHandle, RolloutEngine,
-    RolloutStats, Trajectory, TrajectorySink,
+    RolloutStats, TrajectorySink,
 };
 pub use runner::{read_token_file, run_actor, ActorConfig, ActorReport};
 pub use sampler::{Choice, ChoiceContext, NucleusSampler, ScriptedTokens, TokenChooser};

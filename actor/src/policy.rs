@@ -1,8 +1,8 @@
 //! The policy weights the engine decodes with: a model, its variables and their version.
 
-use corvid_learner::model::checkpoint::{load_weights_from_bytes, weights_to_bytes};
-use corvid_learner::model::precision::weight_kind_for;
-use corvid_learner::model::{ModelConfig, MoePolicy};
+use corvid_model::checkpoint::{load_weights_from_bytes, weights_to_bytes};
+use corvid_model::precision::weight_kind_for;
+use corvid_model::{ModelConfig, MoePolicy};
 use sha2::{Digest, Sha256};
 use tch::{nn, Device};
 

@@ -1,4 +1,6 @@
 //! The batched generation engine: many episodes decode together on one latent cache.
+//! It is one file past ~800 lines because it is one mechanism: admission, ragged prefill,
+//! decode steps and weight swaps all act on the same cache rows.
 //!
 //! # How a turn flows
 //!
@@ -40,9 +42,9 @@ use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::time::{Duration, Instant};
 
-use corvid_learner::episode::EpisodeFormat;
-use corvid_learner::model::{KvCache, MoePolicy};
-use corvid_proto::{Step, Termination, TrajectoryFooter, TrajectoryHeader};
+use corvid_episode::EpisodeFormat;
+use corvid_model::{KvCache, MoePolicy};
+use corvid_proto::{Step, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader};
 use corvid_tasks::{TaskEnv, Verdict};
 use serde::Serialize;
 use tch::{Kind, Tensor};
@@ -64,6 +66,8 @@ pub struct EngineConfig {
     pub tool_timeout: Duration,
     /// How long the idle engine waits for news before re-checking deadlines. Default 20 ms.
     pub idle_wait: Duration,
+    /// How episodes become token ids: the run's format, which the learner trains in.
+    pub format: EpisodeFormat,
 }
 
 impl Default for EngineConfig {
@@ -72,6 +76,7 @@ impl Default for EngineConfig {
             max_concurrency: 8,
             tool_timeout: Duration::from_secs(120),
             idle_wait: Duration::from_millis(20),
+            format: EpisodeFormat::default(),
         }
     }
 }
@@ -97,27 +102,6 @@ pub trait TrajectorySink {
     fn step(&mut self, trajectory_id: &str, step: Step);
     /// The episode ended.
     fn footer(&mut self, trajectory_id: &str, footer: TrajectoryFooter);
-}
-
-/// A finished trajectory, whole.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Trajectory {
-    /// Header.
-    pub header: TrajectoryHeader,
-    /// Steps in order.
-    pub steps: Vec<Step>,
-    /// Footer.
-    pub footer: TrajectoryFooter,
-}
-
-impl Trajectory {
-    /// All token ids, in order.
-    pub fn token_ids(&self) -> Vec<u32> {
-        self.steps
-            .iter()
-            .flat_map(|s| s.token_ids.iter().copied())
-            .collect()
-    }
 }
 
 /// A sink that keeps whole trajectories in memory (evaluation, tests, benchmarks).
@@ -282,7 +266,7 @@ impl<'p> RolloutEngine<'p> {
         Self {
             policy,
             env,
-            format: EpisodeFormat::default(),
+            format: cfg.format.clone(),
             cfg,
             chooser: Box::new(NucleusSampler),
             tx,

@@ -35,7 +35,7 @@ use corvid_tasks::TaskEnv;
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 
-use crate::client::{Assignment, Backoff, LearnerLink, LinkError, Registration};
+use crate::client::{Backoff, LearnerLink, LinkError, Registration};
 use crate::episode::{unix_ms, EpisodeSpec};
 use crate::error::ActorError;
 use crate::policy::{LoadedPolicy, PolicyUpdate};
@@ -47,6 +47,7 @@ use crate::submit::{
     drain_once, drain_spool, stream_trajectory, PartEvent, SubmitConfig, Submitted, Uplink,
 };
 use crate::tasks::TaskResolver;
+use corvid_proto::Assignment;
 
 /// Everything `corvid actor` is configured with.
 #[derive(Debug, Clone)]

@@ -11,8 +11,7 @@
 //! The recorded log-prob is that of the distribution actually sampled from:
 //! `log softmax(logits / T)` restricted to the nucleus and renormalised. With `top_p = 1` it
 //! is exactly what `MoePolicy::token_logprobs` recomputes at temperature `T`. Greedy
-//! (`T = 0`) records `log softmax(logits)` of the argmax, as `corvid_learner::model::sample`
-//! does.
+//! (`T = 0`) records `log softmax(logits)` of the argmax.
 
 use std::collections::HashMap;
 

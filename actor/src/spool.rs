@@ -108,7 +108,7 @@ impl Spool {
         // The rename is done either way; a folder whose sync fails may lose it in a power
         // cut, which the operator should hear about (the journal itself is synced).
         let dir = to.parent().unwrap_or(Path::new("."));
-        if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        if let Err(e) = corvid_durable::sync_dir(dir) {
             tracing::warn!(folder = %dir.display(), error = %e, "could not sync the spool folder after a rename");
         }
         Ok(to)

@@ -13,7 +13,7 @@ use corvid_actor::{
     run_episodes, ChoiceContext, CollectSink, EngineConfig, EngineHandle, EpisodeSpec,
     NucleusSampler, PolicyUpdate, RolloutEngine, ScriptedTokens, TokenChooser,
 };
-use corvid_learner::episode::EpisodeFormat;
+use corvid_episode::EpisodeFormat;
 use corvid_proto::Termination;
 
 fn cfg(concurrency: usize) -> EngineConfig {

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use common::*;
 use corvid_actor::{run_episodes, EngineConfig, EpisodeSpec, ScriptedTokens};
-use corvid_learner::episode::EpisodeFormat;
-use corvid_learner::tokenizer::Special;
+use corvid_episode::EpisodeFormat;
 use corvid_proto::{Termination, ToolStatus};
 use corvid_tasks::ToolLimits;
+use corvid_tokenizer::Special;
 use serde_json::json;
 
 const MAX_NEW: u32 = 160;

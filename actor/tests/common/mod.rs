@@ -1,13 +1,11 @@
 //! Shared helpers for the actor's integration tests.
 #![allow(dead_code)]
 
-pub mod learner;
-
 use std::sync::Arc;
 
-use corvid_actor::{LoadedPolicy, Trajectory};
-use corvid_learner::model::{ModelConfig, MoePolicy};
-use corvid_proto::{SamplingParams, Termination};
+use corvid_actor::LoadedPolicy;
+use corvid_model::{ModelConfig, MoePolicy};
+use corvid_proto::{SamplingParams, Termination, Trajectory};
 use corvid_sandbox::Sandbox;
 use corvid_tasks::{TaskEnv, TaskInstance};
 use tch::{Device, Kind, Tensor};

@@ -7,18 +7,17 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use corvid_learner::config::{LearnerConfig, SamplingSection};
-use corvid_learner::model::MoePolicy;
+use corvid_learner::dispenser::{DispenserConfig, DispenserState, TaskDispenser};
 use corvid_learner::policy_store::PolicyStore;
-use corvid_learner::server::{
-    serve, ActorRegistry, Control, DispenserConfig, DispenserState, LearnerService, RunSettings,
-    TaskDispenser,
-};
-use corvid_learner::store::{Filter, TrajectoryStore};
+use corvid_learner::server::{serve, ActorRegistry, Control, LearnerService, RunSettings};
+use corvid_model::MoePolicy;
 use corvid_proto::Step;
+use corvid_store::{Filter, TrajectoryStore};
 use corvid_tasks::{Curriculum, CurriculumConfig};
 
-use super::{random_policy, test_model_config};
-use corvid_actor::{LoadedPolicy, Trajectory};
+use crate::actor_common::{max_logprob_error, random_policy, test_model_config};
+use corvid_actor::LoadedPolicy;
+use corvid_proto::Trajectory;
 
 /// The shared token of test learners.
 pub const TOKEN: &str = "actor-test-token";
@@ -201,7 +200,7 @@ impl Drop for TestLearner {
 
 /// Asserts a model scores a trajectory's generated tokens as recorded.
 pub fn assert_exact_logprobs(model: &MoePolicy, t: &Trajectory, temperature: f64) {
-    let err = super::max_logprob_error(model, t, temperature);
+    let err = max_logprob_error(model, t, temperature);
     assert!(
         err < 1e-4,
         "{}: log-prob error {err}",

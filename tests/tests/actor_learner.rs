@@ -6,17 +6,22 @@
 //! learner URL or token is unusable stops at once with an error that says so; a call to a
 //! learner that went away says which URL it tried and why it failed.
 
-mod common;
+// The actor's own test helpers (random policies, tasks, trajectory checks), shared as a file
+// so that the actor crate needs no learner to test itself.
+#[path = "../../actor/tests/common/mod.rs"]
+mod actor_common;
+#[path = "common/learner.rs"]
+mod learner;
 
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use common::learner::{assert_exact_logprobs, LearnerOpts, TestLearner, TOKEN};
-use common::{assert_valid, max_logprob_error_by_version, random_policy};
+use actor_common::{assert_valid, max_logprob_error_by_version, random_policy};
 use corvid_actor::journal::JournalWriter;
 use corvid_actor::{run_actor, ActorConfig, ActorReport, LearnerLink, SubmitConfig};
 use corvid_proto::{Step, Termination};
+use learner::{assert_exact_logprobs, LearnerOpts, TestLearner, TOKEN};
 
 fn actor_cfg(l: &TestLearner, spool: &Path, concurrency: usize, max: Option<u64>) -> ActorConfig {
     let mut c = ActorConfig::new(l.url(), TOKEN);
@@ -269,8 +274,8 @@ fn a_learner_that_is_down_gets_the_spooled_trajectories_when_it_is_back() {
 }
 
 fn random_trajectory_header(actor: &str) -> corvid_proto::TrajectoryHeader {
-    let task = common::task("hops", 1, 1);
-    let mut h = corvid_actor::EpisodeSpec::new("x", task, common::sampling(8, 1)).header(1);
+    let task = actor_common::task("hops", 1, 1);
+    let mut h = corvid_actor::EpisodeSpec::new("x", task, actor_common::sampling(8, 1)).header(1);
     h.actor_id = actor.to_string();
     h
 }
