@@ -7,7 +7,7 @@
 //! grown tail is shrunk again (another `mprotect`, plus an `madvise`) when the
 //! slot is reset for the next call. Declaring 2 MiB of initial memory lets
 //! ordinary commands run without growing at all, so a reused slot needs no
-//! page-table changes (measured: see BENCHMARKS.md, "Sandbox").
+//! page-table changes (measured: docs/bench/log.md, 2026-11-30 "Sandbox").
 fn main() {
     println!(
         "cargo:rustc-link-arg-bin=toolbox=--initial-memory={}",

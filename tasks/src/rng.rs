@@ -93,17 +93,19 @@ impl SplitMix64 {
 mod tests {
     use super::*;
 
-    /// `range` as it was before the full-range fix (wrapping, as release builds computed
-    /// it); valid for every range of fewer than 2^64 values.
-    fn range_before_fix(g: &mut SplitMix64, lo: i64, hi: i64) -> i64 {
+    /// `lo + below(hi - lo + 1)` in wrapping arithmetic, as plain `i64`/`u64` arithmetic
+    /// computes it in a release build. For the full `i64` range the span wraps to 0 and this
+    /// gives `lo` on every draw (the bug `range`'s `i128` span avoids); for every range of
+    /// fewer than 2^64 values it is the draw that stored seeds regenerate instances with.
+    fn wrapping_span_range(g: &mut SplitMix64, lo: i64, hi: i64) -> i64 {
         let span = (hi.wrapping_sub(lo) as u64).wrapping_add(1);
         lo.wrapping_add(g.below(span) as i64)
     }
 
     #[test]
-    fn ordinary_ranges_draw_exactly_what_they_drew_before() {
-        // Recorded with the code before the fix: instances regenerated from stored seeds
-        // must not change.
+    fn ordinary_ranges_draw_what_the_wrapping_span_formula_draws() {
+        // Draws recorded from the wrapping span formula: instances regenerated from stored
+        // seeds must not change.
         let mut g = SplitMix64::derive(42, "pack/config-lookup/1");
         let got: Vec<i64> = (0..6).map(|_| g.range(1024, 65000)).collect();
         assert_eq!(got, [47732, 59301, 60955, 31579, 27480, 54612]);
@@ -121,7 +123,7 @@ mod tests {
                 -3846789072704039707
             ]
         );
-        // And the old formula, draw for draw, over many ranges and seeds.
+        // And the wrapping span formula itself, draw for draw, over many ranges and seeds.
         let ranges = [
             (0, 0),
             (1, 9),
@@ -139,7 +141,7 @@ mod tests {
             for seed in 0..200 {
                 let (mut a, mut b) = (SplitMix64::new(seed), SplitMix64::new(seed));
                 for _ in 0..8 {
-                    let want = range_before_fix(&mut b, lo, hi);
+                    let want = wrapping_span_range(&mut b, lo, hi);
                     let got = a.range(lo, hi);
                     assert_eq!(got, want, "range({lo}, {hi}), seed {seed}");
                     assert!((lo..=hi).contains(&got), "range({lo}, {hi}) gave {got}");

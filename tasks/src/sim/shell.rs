@@ -16,6 +16,7 @@
 use std::collections::BTreeMap;
 
 use corvid_proto::ToolStatus;
+use corvid_shell_syntax::{bre_to_ere, grep_prefix, leading_number};
 
 /// Result of one simulated command: stdout, stderr, exit status.
 struct Run {
@@ -78,30 +79,6 @@ fn lex(line: &str) -> Result<Vec<Vec<String>>, String> {
     }
     stages.push(stage);
     Ok(stages)
-}
-
-/// Translates a POSIX basic regular expression to the extended syntax (as the toolbox).
-fn bre_to_ere(p: &str) -> String {
-    let mut out = String::new();
-    let mut it = p.chars();
-    while let Some(c) = it.next() {
-        match c {
-            '\\' => match it.next() {
-                Some(n @ ('(' | ')' | '|' | '{' | '}' | '+' | '?')) => out.push(n),
-                Some(n) => {
-                    out.push('\\');
-                    out.push(n);
-                }
-                None => out.push_str("\\\\"),
-            },
-            '(' | ')' | '|' | '{' | '}' | '+' | '?' => {
-                out.push('\\');
-                out.push(c);
-            }
-            _ => out.push(c),
-        }
-    }
-    out
 }
 
 /// Splits `-abc` flag clusters; flags in `with_value` take the next word as value.
@@ -314,18 +291,7 @@ impl Toolbox<'_> {
             "sort" => {
                 let (fl, _) = flags(args, "");
                 let mut ls: Vec<&str> = lines(input);
-                let num = |s: &str| -> f64 {
-                    let t = s.trim_start();
-                    let end = t
-                        .char_indices()
-                        .take_while(|(i, c)| {
-                            c.is_ascii_digit() || *c == '.' || (*i == 0 && (*c == '-' || *c == '+'))
-                        })
-                        .map(|(i, c)| i + c.len_utf8())
-                        .last()
-                        .unwrap_or(0);
-                    t[..end].parse().unwrap_or(0.0)
-                };
+                let num = leading_number;
                 let numeric = has(&fl, 'n');
                 let reverse = has(&fl, 'r');
                 ls.sort_by(|a, b| {
@@ -472,12 +438,7 @@ impl Toolbox<'_> {
                 if count {
                     continue;
                 }
-                let prefix = match (multi, number) {
-                    (true, true) => format!("{name}:{}:", i + 1),
-                    (true, false) => format!("{name}:"),
-                    (false, true) => format!("{}:", i + 1),
-                    (false, false) => String::new(),
-                };
+                let prefix = grep_prefix(name, i + 1, multi, number);
                 out.push_str(&format!("{prefix}{l}\n"));
             }
             if list && n > 0 {

@@ -10,6 +10,12 @@
 //! `2>` `2>>` `2>&1`, single and double quotes, backslash escapes, `$?`, `$NAME`, `${NAME}`
 //! and `#` comments. Refused with a reason: background jobs `&`, subshells and command
 //! substitution (`(`, `)`, `` ` ``), unterminated quotes and misplaced operators.
+//!
+//! [`text`](bre_to_ere) holds the commands' pure text rules the host simulator shares.
+
+mod text;
+
+pub use text::{bre_to_ere, grep_prefix, leading_number};
 
 /// A piece of a [`Word`].
 #[derive(Debug, Clone, PartialEq, Eq)]
