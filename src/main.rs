@@ -152,7 +152,7 @@ mod tests {
         let os = || std::io::Error::from(std::io::ErrorKind::NotFound);
         // The model error names its OS error and also chains it as its source.
         let dir = std::path::Path::new("/nonexistent/ckpt");
-        let err = corvid_learner::model::checkpoint::load_config(dir)
+        let err = corvid_model::checkpoint::load_config(dir)
             .context("reading checkpoint /nonexistent/ckpt")
             .expect_err("no such checkpoint");
         let text = error_text(&err);

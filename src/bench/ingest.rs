@@ -17,10 +17,10 @@ use std::time::Instant;
 use anyhow::{Context, Result};
 use clap::Args;
 use corvid_learner::server::{serve, LearnerService};
-use corvid_learner::store::TrajectoryStore;
 use corvid_proto::client::{connect, trajectory_parts};
 use corvid_proto::pb;
 use corvid_proto::synthetic::{self, Shape};
+use corvid_store::TrajectoryStore;
 use prost::Message;
 
 /// Stream a synthetic trajectory over loopback gRPC into a fresh store, against raw sled.
@@ -128,7 +128,7 @@ async fn grpc_path(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)>
 fn raw_sled(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)> {
     let db = sled::Config::new()
         .path(&path)
-        .cache_capacity(corvid_learner::store::DEFAULT_CACHE_BYTES)
+        .cache_capacity(corvid_store::DEFAULT_CACHE_BYTES)
         .open()?;
     let steps = db.open_tree("steps")?;
     let mut bytes = 0u64;

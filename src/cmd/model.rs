@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use corvid_learner::model::ModelConfig;
+use corvid_model::ModelConfig;
 
 /// inspect model presets: parameters, FLOPs and cache size per token.
 #[derive(Args, Debug)]

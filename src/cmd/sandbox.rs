@@ -132,7 +132,7 @@ fn write_toolbox(out: &std::path::Path) -> anyhow::Result<ExitCode> {
     if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
-    corvid_learner::durable::replace_file(out, bytes)
+    corvid_durable::replace_file(out, bytes)
         .with_context(|| format!("writing {}", out.display()))?;
     println!(
         "wrote the toolbox module ({} bytes) to {}",

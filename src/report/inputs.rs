@@ -1,23 +1,34 @@
-//! What a run folder holds for the report, read leniently.
+//! What a run folder holds for the report.
 //!
 //! | file | written by | one record is |
 //! |---|---|---|
 //! | `run.json` | `corvid run` | the run: name, config, times, frontier, oracle tokens per level, ablation |
-//! | `metrics/metrics.jsonl` | the learner | one RL update |
+//! | `metrics/metrics.jsonl` | the learner | one RL update: [`UpdateRecord`], as the learner writes it |
 //! | `metrics/sft.jsonl` | the learner | one SFT step (some lines carry a held-out `eval_loss`) |
 //! | `eval/<stage>.json` | `corvid eval` | held-out success per family and level for one checkpoint |
 //!
-//! Every file and every key is optional: an interrupted run has a partial picture and the report
-//! says what is missing instead of failing. A value of the wrong type reads as absent (with
-//! [`lenient`]), and a malformed JSONL line (the torn last line of a killed writer) is skipped and
-//! counted, so one bad figure never hides the others.
+//! Every file is optional: an interrupted run has a partial picture and the report says what
+//! is missing instead of failing. A malformed JSONL line (the torn last line of a killed
+//! writer, or a metrics line that is not an [`UpdateRecord`]) is skipped and counted. In the
+//! files other than the metrics every key is optional and a value of the wrong type reads as
+//! absent (with [`lenient`]), so one bad figure never hides the others.
+//!
+//! A metrics line is read into the learner's own [`UpdateRecord`], with two figures the
+//! record does not carry made explicit: a figure the learner wrote as `null` (a non-finite
+//! value) reads as NaN and counts as absent ([`super::null_floats`]), and a `family/level`
+//! with no episode in the batch has no success rate rather than a rate of 0
+//! ([`Update::success_at`]).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use corvid_learner::metrics::UpdateRecord;
+use corvid_model::MoeHealth;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
+
+use super::null_floats::NullAsNan;
 
 /// Reads a value, or the type's default when the JSON value has another shape.
 fn lenient<'de, D, T>(d: D) -> Result<T, D::Error>
@@ -29,246 +40,53 @@ where
     Ok(T::deserialize(v).unwrap_or_default())
 }
 
-/// One MoE layer's routing health in one update (`learner::model::health::MoeHealth`).
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-#[serde(default)]
-pub struct MoeLayer {
-    /// Layer index.
-    #[serde(deserialize_with = "lenient")]
-    pub layer: Option<u32>,
-    /// Share of routed tokens per expert, summing to one `[E]`.
-    #[serde(deserialize_with = "lenient")]
-    pub load: Vec<f64>,
-    /// `(max_e c_e − c̄) / c̄`.
-    #[serde(deserialize_with = "lenient")]
-    pub max_vio: Option<f64>,
-    /// Mean per-token router entropy (nats).
-    #[serde(deserialize_with = "lenient")]
-    pub router_entropy: Option<f64>,
-    /// Experts that received no token.
-    #[serde(deserialize_with = "lenient")]
-    pub dead_experts: Option<f64>,
-}
-
-/// One line of `metrics/metrics.jsonl`: one RL update, normalised.
-///
-/// Two layouts are read. The learner's `corvid_learner::metrics::UpdateRecord` nests its
-/// figures: `step`, `policy_version`, `unix_ms`, `rollout.{reward_mean, success_rate,
-/// success_by_task{"family/level": {episodes, successes, rate}}, tokens_per_s, episodes_per_s,
-/// staleness_mean}`, `loss.{policy, kl, entropy, clip_frac_low, clip_frac_high, iw_mean, iw_max,
-/// grad_norm}`, `moe[]`, `spikes.count`, `curriculum.frontier`. A flat layout with the names
-/// of the fields below (`update`, `wall_s`, `kl`, `frontier`, …) is read too; where both are
-/// present the flat key wins.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(from = "RawUpdate")]
-pub struct UpdateMetrics {
-    /// Update number (`step`).
-    pub update: Option<u64>,
-    /// Policy version after the update.
-    pub policy_version: Option<u64>,
-    /// Seconds since the run started (flat `wall_s`, else `unix_ms` against `run.json`'s start).
+/// One line of `metrics/metrics.jsonl` and the time it was written relative to the run.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Update {
+    /// The line as the learner wrote it; a figure written as `null` (non-finite) is NaN.
+    pub record: UpdateRecord,
+    /// Seconds since the run started: `unix_ms` against `run.json`'s `started_unix_ms`;
+    /// absent without that start time.
     pub wall_s: Option<f64>,
-    /// Wall clock of the update, ms since the Unix epoch.
-    pub unix_ms: Option<u64>,
-    /// Mean episode reward of the update's batch.
-    pub reward_mean: Option<f64>,
-    /// Share of the batch's episodes that succeeded.
-    pub success_rate: Option<f64>,
-    /// family → level → success rate of the batch (absent where it had no episode).
-    pub success_by_family_level: BTreeMap<String, BTreeMap<String, Option<f64>>>,
-    /// family → frontier level.
-    pub frontier: BTreeMap<String, u32>,
-    /// Policy-gradient loss.
-    pub policy_loss: Option<f64>,
-    /// KL to the reference policy.
-    pub kl: Option<f64>,
-    /// Mean token entropy of the policy.
-    pub entropy: Option<f64>,
-    /// Share of tokens clipped below.
-    pub clip_frac_low: Option<f64>,
-    /// Share of tokens clipped above.
-    pub clip_frac_high: Option<f64>,
-    /// Mean importance weight (learner policy / behaviour policy).
-    pub is_weight_mean: Option<f64>,
-    /// Largest importance weight.
-    pub is_weight_max: Option<f64>,
-    /// Mean policy-version lag of the batch's episodes.
-    pub staleness_mean: Option<f64>,
-    /// Gradient norm before clipping.
-    pub grad_norm: Option<f64>,
-    /// Trained tokens per second.
-    pub tokens_per_s: Option<f64>,
-    /// Ingested episodes per second.
-    pub episodes_per_s: Option<f64>,
-    /// Per-layer MoE health.
-    pub moe: Vec<MoeLayer>,
-    /// Loss spikes counted so far.
-    pub loss_spikes: Option<u64>,
 }
 
-/// `rollout.success_by_task` values.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct RawRate {
-    #[serde(deserialize_with = "lenient")]
-    episodes: Option<u64>,
-    #[serde(deserialize_with = "lenient")]
-    rate: Option<f64>,
-}
+impl Update {
+    /// Training success of the batch at `family` level `level`; absent where the batch had no
+    /// scored episode there (the record's rate is then 0 by convention).
+    pub fn success_at(&self, family: &str, level: u32) -> Option<f64> {
+        let rate = self
+            .record
+            .rollout
+            .success_by_task
+            .get(&format!("{family}/{level}"))?;
+        (rate.episodes > 0).then_some(rate.rate)
+    }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct RawRollout {
-    #[serde(deserialize_with = "lenient")]
-    reward_mean: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    success_rate: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    success_by_task: BTreeMap<String, RawRate>,
-    #[serde(deserialize_with = "lenient")]
-    tokens_per_s: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    episodes_per_s: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    staleness_mean: Option<f64>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct RawLoss {
-    #[serde(deserialize_with = "lenient")]
-    policy: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    kl: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    entropy: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    clip_frac_low: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    clip_frac_high: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    iw_mean: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    iw_max: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    grad_norm: Option<f64>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct RawSpikes {
-    #[serde(deserialize_with = "lenient")]
-    count: Option<u64>,
-}
-
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct RawCurriculum {
-    #[serde(deserialize_with = "lenient")]
-    frontier: BTreeMap<String, u32>,
-}
-
-/// Both layouts of a metrics line, every key optional.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(default)]
-struct RawUpdate {
-    #[serde(deserialize_with = "lenient")]
-    update: Option<u64>,
-    #[serde(deserialize_with = "lenient")]
-    step: Option<u64>,
-    #[serde(deserialize_with = "lenient")]
-    policy_version: Option<u64>,
-    #[serde(deserialize_with = "lenient")]
-    wall_s: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    unix_ms: Option<u64>,
-    #[serde(deserialize_with = "lenient")]
-    reward_mean: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    success_rate: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    success_by_family_level: BTreeMap<String, BTreeMap<String, Option<f64>>>,
-    #[serde(deserialize_with = "lenient")]
-    frontier: BTreeMap<String, u32>,
-    #[serde(deserialize_with = "lenient")]
-    policy_loss: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    kl: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    entropy: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    clip_frac_low: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    clip_frac_high: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    is_weight_mean: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    is_weight_max: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    staleness_mean: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    grad_norm: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    tokens_per_s: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    episodes_per_s: Option<f64>,
-    #[serde(deserialize_with = "lenient")]
-    moe: Vec<MoeLayer>,
-    #[serde(deserialize_with = "lenient")]
-    loss_spikes: Option<u64>,
-    #[serde(deserialize_with = "lenient")]
-    rollout: RawRollout,
-    #[serde(deserialize_with = "lenient")]
-    loss: RawLoss,
-    #[serde(deserialize_with = "lenient")]
-    spikes: RawSpikes,
-    #[serde(deserialize_with = "lenient")]
-    curriculum: RawCurriculum,
-}
-
-impl From<RawUpdate> for UpdateMetrics {
-    fn from(r: RawUpdate) -> Self {
-        let mut by_level = r.success_by_family_level;
-        if by_level.is_empty() {
-            // "family/level" → {episodes, rate}; a level without episodes has no rate.
-            for (task, rate) in &r.rollout.success_by_task {
-                let Some((family, level)) = task.rsplit_once('/') else {
-                    continue;
-                };
-                let value = rate.rate.filter(|_| rate.episodes != Some(0));
-                by_level
-                    .entry(family.to_string())
-                    .or_default()
-                    .insert(level.to_string(), value);
-            }
+    /// family → level → training success of the batch, as [`Self::success_at`] reads it.
+    pub fn success_by_family_level(&self) -> BTreeMap<String, BTreeMap<String, Option<f64>>> {
+        let mut out: BTreeMap<String, BTreeMap<String, Option<f64>>> = BTreeMap::new();
+        for (task, rate) in &self.record.rollout.success_by_task {
+            let Some((family, level)) = task.rsplit_once('/') else {
+                continue;
+            };
+            out.entry(family.to_string())
+                .or_default()
+                .insert(level.to_string(), (rate.episodes > 0).then_some(rate.rate));
         }
-        UpdateMetrics {
-            update: r.update.or(r.step),
-            policy_version: r.policy_version,
-            wall_s: r.wall_s,
-            unix_ms: r.unix_ms,
-            reward_mean: r.reward_mean.or(r.rollout.reward_mean),
-            success_rate: r.success_rate.or(r.rollout.success_rate),
-            success_by_family_level: by_level,
-            frontier: if r.frontier.is_empty() {
-                r.curriculum.frontier
-            } else {
-                r.frontier
-            },
-            policy_loss: r.policy_loss.or(r.loss.policy),
-            kl: r.kl.or(r.loss.kl),
-            entropy: r.entropy.or(r.loss.entropy),
-            clip_frac_low: r.clip_frac_low.or(r.loss.clip_frac_low),
-            clip_frac_high: r.clip_frac_high.or(r.loss.clip_frac_high),
-            is_weight_mean: r.is_weight_mean.or(r.loss.iw_mean),
-            is_weight_max: r.is_weight_max.or(r.loss.iw_max),
-            staleness_mean: r.staleness_mean.or(r.rollout.staleness_mean),
-            grad_norm: r.grad_norm.or(r.loss.grad_norm),
-            tokens_per_s: r.tokens_per_s.or(r.rollout.tokens_per_s),
-            episodes_per_s: r.episodes_per_s.or(r.rollout.episodes_per_s),
-            moe: r.moe,
-            loss_spikes: r.loss_spikes.or(r.spikes.count),
-        }
+        out
+    }
+
+    /// family → frontier level after the update.
+    pub fn frontier(&self) -> &BTreeMap<String, u32> {
+        &self.record.curriculum.frontier
+    }
+
+    /// Per-layer MoE health, each with the layer id the report files it under.
+    pub fn moe_layers(&self) -> impl Iterator<Item = (u32, &MoeHealth)> {
+        self.record.moe.iter().enumerate().map(|(i, m)| {
+            // A layer index that is not a small non-negative number is filed by position.
+            (u32::try_from(m.layer).unwrap_or(i as u32), m)
+        })
     }
 }
 
@@ -526,7 +344,7 @@ pub struct Inputs {
     /// `run.json`.
     pub run: Option<RunInfo>,
     /// `metrics/metrics.jsonl`.
-    pub updates: Vec<UpdateMetrics>,
+    pub updates: Vec<Update>,
     /// `metrics/sft.jsonl`.
     pub sft: Vec<SftStep>,
     /// `eval/<stage>.json` by stage.
@@ -565,7 +383,7 @@ impl Inputs {
             .and_then(|t| t.get("sft")?.get("heldout_loss_target")?.as_float());
 
         let metrics_path = run_dir.join("metrics").join("metrics.jsonl");
-        match read_jsonl::<UpdateMetrics>(&metrics_path)? {
+        match read_jsonl::<UpdateRecord>(&metrics_path)? {
             Some(j) => {
                 if j.bad_lines > 0 {
                     inputs.notes.push(format!(
@@ -578,13 +396,15 @@ impl Inputs {
                         .missing
                         .push("metrics/metrics.jsonl has no RL update yet".into());
                 }
-                inputs.updates = j.records;
                 let start = inputs.run.as_ref().and_then(|r| r.started_unix_ms);
-                for u in &mut inputs.updates {
-                    if let (None, Some(t), Some(t0)) = (u.wall_s, u.unix_ms, start) {
-                        u.wall_s = Some(t.saturating_sub(t0) as f64 / 1000.0);
-                    }
-                }
+                inputs.updates = j
+                    .records
+                    .into_iter()
+                    .map(|record| Update {
+                        wall_s: start.map(|t0| record.unix_ms.saturating_sub(t0) as f64 / 1000.0),
+                        record,
+                    })
+                    .collect();
             }
             None => inputs
                 .missing
@@ -663,7 +483,8 @@ pub fn load_json<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Loaded<T>> 
 }
 
 /// A JSONL input, or `None` when the file does not exist. Blank lines are ignored; lines that
-/// are not a JSON object are counted in `bad_lines`.
+/// are not a JSON object of `T` are counted in `bad_lines`. A `null` where `T` has a float
+/// reads as NaN ([`NullAsNan`]).
 pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Option<Jsonl<T>>> {
     let Some(text) = read_text(path)? else {
         return Ok(None);
@@ -674,7 +495,7 @@ pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> anyhow::Result<Option<Jso
     };
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         match serde_json::from_str::<serde_json::Value>(line) {
-            Ok(v @ serde_json::Value::Object(_)) => match T::deserialize(v) {
+            Ok(v @ serde_json::Value::Object(_)) => match T::deserialize(NullAsNan(&v)) {
                 Ok(r) => out.records.push(r),
                 Err(_) => out.bad_lines += 1,
             },
@@ -691,25 +512,46 @@ mod tests {
     #[test]
     fn wrong_types_read_as_absent_and_torn_lines_are_counted() {
         let dir = tempfile::tempdir().unwrap();
-        let p = dir.path().join("m.jsonl");
+        let p = dir.path().join("sft.jsonl");
         std::fs::write(
             &p,
-            "{\"update\": 1, \"kl\": \"high\", \"entropy\": 0.5, \"frontier\": {\"hops\": 2}}\n\
+            "{\"step\": 1, \"loss\": \"high\", \"lr\": 0.5}\n\
              \n\
-             {\"update\": 2, \"kl\": null, \"moe\": [{\"layer\": 0, \"load\": [0.5, 0.5]}]}\n\
-             {\"update\": 3, \"kl\"",
+             {\"step\": 2, \"loss\": null, \"heldout_loss\": 0.25}\n\
+             {\"step\": 3, \"loss\"",
         )
         .unwrap();
-        let j = read_jsonl::<UpdateMetrics>(&p).unwrap().unwrap();
+        let j = read_jsonl::<SftStep>(&p).unwrap().unwrap();
         assert_eq!(j.records.len(), 2);
         assert_eq!(j.bad_lines, 1);
-        assert_eq!(j.records[0].kl, None);
-        assert_eq!(j.records[0].entropy, Some(0.5));
-        assert_eq!(j.records[0].frontier.get("hops"), Some(&2));
-        assert_eq!(j.records[1].moe[0].load, vec![0.5, 0.5]);
-        assert!(read_jsonl::<UpdateMetrics>(&dir.path().join("absent"))
+        assert_eq!(j.records[0].loss, None);
+        assert_eq!(j.records[0].lr, Some(0.5));
+        assert_eq!(j.records[1].loss, None);
+        assert_eq!(j.records[1].eval_loss, Some(0.25));
+        assert!(read_jsonl::<SftStep>(&dir.path().join("absent"))
             .unwrap()
             .is_none());
+    }
+
+    #[test]
+    fn a_non_finite_learner_figure_reads_as_nan_and_a_foreign_line_is_counted() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut rec = UpdateRecord {
+            step: 4,
+            ..UpdateRecord::default()
+        };
+        rec.loss.grad_norm = f64::NAN;
+        rec.loss.kl = f64::INFINITY;
+        let line = serde_json::to_string(&rec).unwrap();
+        assert!(line.contains("\"grad_norm\":null"), "{line}");
+        let p = dir.path().join("metrics.jsonl");
+        std::fs::write(&p, format!("{line}\n{{\"update\": 5, \"kl\": 0.1}}\n")).unwrap();
+        let j = read_jsonl::<UpdateRecord>(&p).unwrap().unwrap();
+        assert_eq!(j.bad_lines, 1, "a line that is not an UpdateRecord");
+        let r = &j.records[0];
+        assert_eq!(r.step, 4);
+        assert!(r.loss.grad_norm.is_nan() && r.loss.kl.is_nan());
+        assert_eq!(r.loss.entropy, 0.0);
     }
 
     #[test]

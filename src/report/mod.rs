@@ -1,26 +1,34 @@
 //! The end-of-run report: `report.json`, PNG charts under `plots/` and a self-contained
 //! `report.html`, computed from what a run folder holds (see [`inputs`]).
 //!
-//! The headline figures are held-out success rates at the *frontier level of the main family*:
+//! The headline figures ([`headline`]) are held-out success rates at the *frontier level of
+//! the main family*:
 //!
 //! - main family: `run.json`'s `main_family`; else the only family of `run.json`'s
 //!   `frontier_level`; else the first family of `eval/rl.json`, `eval/sft.json`, `eval/random.json`;
-//! - frontier level: `run.json`'s `frontier_level[main]`; else the last `frontier[main]` of
-//!   `metrics/metrics.jsonl`;
+//! - frontier level: `run.json`'s `frontier_level[main]`; else the last `curriculum.frontier[main]`
+//!   of `metrics/metrics.jsonl`;
 //! - `success.<stage>`: `success_rate` of that family and level in `eval/<stage>.json`;
 //! - `frontier_tokens_ratio_vs_level1`: `level_tokens[main][frontier] / level_tokens[main]["1"]`
 //!   (oracle tokens, from `run.json`);
 //! - `ablation.step_level`, `ablation.trajectory_grpo`: from `run.json`; the second falls back to
 //!   `eval/ablation-grpo.json` at the frontier.
 //!
-//! Goals (targets overridable in `run.json`'s `goals`): RL beats SFT-only at the frontier by
-//! ≥ 15 points; the curriculum reaches a level with ≥ 4× the oracle tokens of level 1; the run
-//! finishes within 20 minutes. A goal that cannot be measured is reported `met: false`,
-//! `measured: null`, with a note saying which input is missing. Nothing here is tuned to make a
-//! goal pass: the figures are read, not chosen.
+//! Goals ([`goals`], targets overridable in `run.json`'s `goals`): RL beats SFT-only at the
+//! frontier by >= 15 points; the curriculum reaches a level with >= 4x the oracle tokens of
+//! level 1; the run finishes within 20 minutes. A goal that cannot be measured is reported
+//! `met: false`, `measured: null`, with a note saying which input is missing. Nothing here is
+//! tuned to make a goal pass: the figures are read, not chosen.
+//!
+//! This file holds the report's shape, the training summary and the success table; the
+//! charts are drawn by [`charts`] and the page by `html`.
 
+mod charts;
+mod goals;
+mod headline;
 mod html;
 pub mod inputs;
+mod null_floats;
 mod plots;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -29,62 +37,12 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use serde::Serialize;
 
-use inputs::{Ablation, EvalFile, Inputs, RunInfo, SftStep, Stage, UpdateMetrics};
-use plots::{HeatMap, Panel, Series};
+pub use goals::Goal;
+pub use headline::Headline;
+use inputs::{EvalFile, Inputs, RunInfo, SftStep, Stage, Update};
 
-/// Default goal: RL minus SFT-only success at the frontier, in points.
-pub const GOAL_RL_MINUS_SFT_POINTS: f64 = 15.0;
-/// Default goal: oracle tokens at the frontier level over level 1.
-pub const GOAL_FRONTIER_TOKENS_RATIO: f64 = 4.0;
-/// Default goal: wall-clock minutes of the whole run.
-pub const GOAL_MAX_MINUTES: f64 = 20.0;
 /// The expert-load heat map averages the last this many updates that carry MoE health.
 pub const EXPERT_LOAD_LAST_N: usize = 10;
-
-/// Held-out success at the frontier, per stage.
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct StageSuccess {
-    /// The randomly initialised policy.
-    pub random: Option<f64>,
-    /// After SFT.
-    pub sft: Option<f64>,
-    /// After RL.
-    pub rl: Option<f64>,
-}
-
-/// The headline figures (top-level keys of `report.json`).
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Headline {
-    /// The family the figures are taken at.
-    pub main_family: Option<String>,
-    /// Frontier level of the main family.
-    pub frontier_level: Option<u32>,
-    /// Oracle tokens at the frontier level over level 1.
-    pub frontier_tokens_ratio_vs_level1: Option<f64>,
-    /// Success at the frontier per stage, in `[0, 1]`.
-    pub success: StageSuccess,
-    /// Success at the frontier of the two credit-assignment variants.
-    pub ablation: Ablation,
-}
-
-/// One goal of the demo and whether the run met it.
-#[derive(Debug, Clone, Serialize)]
-pub struct Goal {
-    /// What the goal asks, in words.
-    pub name: String,
-    /// The target value (`measured >= target`, or `<=` for durations; see `comparison`).
-    pub target: f64,
-    /// `">="` or `"<="`.
-    pub comparison: &'static str,
-    /// Unit of `target` and `measured`.
-    pub unit: &'static str,
-    /// The measured value; `None` when an input is missing.
-    pub measured: Option<f64>,
-    /// Whether the goal is met (false when not measured).
-    pub met: bool,
-    /// One sentence: met, missed by how much, or which input is missing.
-    pub note: String,
-}
 
 /// One row of the success-by-level table: a family and level across stages.
 #[derive(Debug, Clone, Serialize)]
@@ -252,41 +210,7 @@ pub fn write(run_dir: &Path) -> Result<ReportSummary> {
     );
     let inputs = Inputs::read(run_dir)?;
     let mut report = build(run_dir, &inputs);
-
-    let plot_dir = run_dir.join("plots");
-    std::fs::create_dir_all(&plot_dir)
-        .with_context(|| format!("creating {}", plot_dir.display()))?;
-    let mut plot_paths = Vec::new();
-    for (file, title, caption, draw) in charts(&inputs) {
-        let rel = format!("plots/{file}");
-        let path = run_dir.join(&rel);
-        let drawn = match draw {
-            Chart::Lines(panels) => plots::line_panels(&path, &panels),
-            Chart::Heat(map) => plots::heat_map(&path, &map),
-            Chart::NoData(why) => {
-                report.missing.push(format!("{title} chart: {why}"));
-                // A chart from an earlier report of this run must not pass for a current one.
-                let _ = std::fs::remove_file(&path);
-                continue;
-            }
-        };
-        match drawn {
-            Ok(()) => {
-                plot_paths.push(path);
-                report.plots.push(Plot {
-                    file: rel,
-                    title: title.into(),
-                    caption,
-                });
-            }
-            Err(e) => {
-                tracing::warn!("{title} chart not drawn: {e:#}");
-                report
-                    .notes
-                    .push(format!("{title} chart could not be drawn: {e:#}"));
-            }
-        }
-    }
+    let plots = charts::draw(run_dir, &inputs, &mut report)?;
 
     let json = run_dir.join("report.json");
     let text = serde_json::to_string_pretty(&report).context("serialising report.json")?;
@@ -297,7 +221,7 @@ pub fn write(run_dir: &Path) -> Result<ReportSummary> {
     Ok(ReportSummary {
         json,
         html,
-        plots: plot_paths,
+        plots,
         headline: report.headline,
         goals: report.goals,
         missing: report.missing,
@@ -317,87 +241,9 @@ pub fn build(run_dir: &Path, inputs: &Inputs) -> Report {
     let mut notes = inputs.notes.clone();
     let mut missing = inputs.missing.clone();
 
-    let main_family = main_family(&run, inputs);
-    let frontier_level = main_family
-        .as_deref()
-        .and_then(|f| frontier_of(&run, &inputs.updates, f));
-    match (&main_family, frontier_level) {
-        (None, _) => missing.push(
-            "the main family (no run.json frontier, no evaluation file): no headline figure".into(),
-        ),
-        (Some(f), None) => missing.push(format!(
-            "the frontier level of {f} (neither run.json nor metrics.jsonl records it)"
-        )),
-        _ => {}
-    }
-
-    let at_frontier = |stage: Stage| -> Option<f64> {
-        let (f, l) = (main_family.as_deref()?, frontier_level?);
-        inputs.eval.get(&stage)?.level(f, l)?.success_rate
-    };
-    let success = StageSuccess {
-        random: at_frontier(Stage::Random),
-        sft: at_frontier(Stage::Sft),
-        rl: at_frontier(Stage::Rl),
-    };
-    if let (Some(f), Some(l)) = (&main_family, frontier_level) {
-        for stage in [Stage::Random, Stage::Sft, Stage::Rl] {
-            let Some(e) = inputs.eval.get(&stage) else {
-                continue;
-            };
-            match e.level(f, l) {
-                None => missing.push(format!(
-                    "eval/{}.json has no {f} level {l} (the frontier): success.{} is null",
-                    stage.key(),
-                    stage.key()
-                )),
-                Some(lv) if lv.success_rate.is_none() => missing.push(format!(
-                    "eval/{}.json has no success rate for {f} level {l}",
-                    stage.key()
-                )),
-                Some(_) => {}
-            }
-        }
-    }
-
-    let tokens_ratio = match (&main_family, frontier_level) {
-        (Some(f), Some(l)) => match (run.oracle_tokens(f, l), run.oracle_tokens(f, 1)) {
-            (Some(t), Some(t1)) if t1 > 0.0 => Some(t / t1),
-            _ => {
-                missing.push(format!(
-                    "run.json level_tokens for {f} levels 1 and {l}: the token ratio is null"
-                ));
-                None
-            }
-        },
-        _ => None,
-    };
-
-    let mut ablation = run.ablation.clone();
-    if ablation.trajectory_grpo.is_none() {
-        ablation.trajectory_grpo = at_frontier(Stage::AblationGrpo);
-        if ablation.trajectory_grpo.is_some() {
-            notes.push("ablation.trajectory_grpo read from eval/ablation-grpo.json".into());
-        }
-    }
-    if ablation.step_level.is_none() {
-        missing.push("run.json ablation.step_level (step-level credit arm)".into());
-    }
-    if ablation.trajectory_grpo.is_none() {
-        missing.push(
-            "ablation.trajectory_grpo (neither run.json nor eval/ablation-grpo.json has it)".into(),
-        );
-    }
-
-    let headline = Headline {
-        main_family: main_family.clone(),
-        frontier_level,
-        frontier_tokens_ratio_vs_level1: tokens_ratio,
-        success,
-        ablation,
-    };
+    let headline = headline::headline(&run, inputs, &mut missing, &mut notes);
     let facts = run_facts(run_dir, &run);
-    let goals = goals(&headline, &facts, &run);
+    let goals = goals::goals(&headline, &facts, &run.goals);
     let training = training(inputs);
     if let (Some(false), Some(target), Some(loss)) = (
         training.sft_reached_target,
@@ -431,36 +277,6 @@ pub fn build(run_dir: &Path, inputs: &Inputs) -> Report {
     }
 }
 
-fn main_family(run: &RunInfo, inputs: &Inputs) -> Option<String> {
-    if let Some(f) = &run.main_family {
-        return Some(f.clone());
-    }
-    if run.frontier_level.len() == 1 {
-        return run.frontier_level.keys().next().cloned();
-    }
-    for stage in [Stage::Rl, Stage::Sft, Stage::Random] {
-        if let Some(f) = inputs.eval.get(&stage).and_then(|e| e.families.first()) {
-            return Some(f.family.clone());
-        }
-    }
-    run.frontier_level.keys().next().cloned().or_else(|| {
-        inputs
-            .updates
-            .iter()
-            .rev()
-            .find_map(|u| u.frontier.keys().next().cloned())
-    })
-}
-
-fn frontier_of(run: &RunInfo, updates: &[UpdateMetrics], family: &str) -> Option<u32> {
-    run.frontier_level.get(family).copied().or_else(|| {
-        updates
-            .iter()
-            .rev()
-            .find_map(|u| u.frontier.get(family).copied())
-    })
-}
-
 fn run_facts(run_dir: &Path, run: &RunInfo) -> RunFacts {
     let duration_minutes = match (run.started_unix_ms, run.finished_unix_ms) {
         (Some(s), Some(f)) if f >= s => Some((f - s) as f64 / 60_000.0),
@@ -481,122 +297,6 @@ fn run_facts(run_dir: &Path, run: &RunInfo) -> RunFacts {
         stages: run.stages.clone(),
         frontier_level: run.frontier_level.clone(),
     }
-}
-
-fn pct(x: f64) -> String {
-    format!("{:.1}%", 100.0 * x)
-}
-
-fn goals(h: &Headline, facts: &RunFacts, run: &RunInfo) -> Vec<Goal> {
-    let at = match (&h.main_family, h.frontier_level) {
-        (Some(f), Some(l)) => format!("{f} level {l}"),
-        _ => "the frontier".into(),
-    };
-
-    let target = run
-        .goals
-        .rl_minus_sft_points
-        .unwrap_or(GOAL_RL_MINUS_SFT_POINTS);
-    let rl_vs_sft = match (h.success.rl, h.success.sft) {
-        (Some(rl), Some(sft)) => {
-            let d = 100.0 * (rl - sft);
-            let met = d >= target;
-            Goal {
-                name: format!("RL beats SFT-only at the frontier by >= {target} points"),
-                target,
-                comparison: ">=",
-                unit: "points",
-                measured: Some(d),
-                met,
-                note: format!(
-                    "{}: at {at}, SFT + RL {} vs SFT only {} ({d:+.1} points)",
-                    if met { "met" } else { "MISSED" },
-                    pct(rl),
-                    pct(sft)
-                ),
-            }
-        }
-        (rl, sft) => {
-            let absent: Vec<&str> = [("success.rl", rl), ("success.sft", sft)]
-                .iter()
-                .filter(|(_, v)| v.is_none())
-                .map(|(k, _)| *k)
-                .collect();
-            Goal {
-                name: format!("RL beats SFT-only at the frontier by >= {target} points"),
-                target,
-                comparison: ">=",
-                unit: "points",
-                measured: None,
-                met: false,
-                note: format!(
-                    "not measured: {} missing (see `missing`)",
-                    absent.join(" and ")
-                ),
-            }
-        }
-    };
-
-    let target = run
-        .goals
-        .frontier_tokens_ratio
-        .unwrap_or(GOAL_FRONTIER_TOKENS_RATIO);
-    let name = format!("curriculum reaches a level with >= {target}x the tokens of level 1");
-    let tokens = match h.frontier_tokens_ratio_vs_level1 {
-        Some(r) => Goal {
-            name,
-            target,
-            comparison: ">=",
-            unit: "x",
-            measured: Some(r),
-            met: r >= target,
-            note: format!(
-                "{}: frontier {at} has {r:.2}x the oracle tokens of level 1",
-                if r >= target { "met" } else { "MISSED" }
-            ),
-        },
-        None => Goal {
-            name,
-            target,
-            comparison: ">=",
-            unit: "x",
-            measured: None,
-            met: false,
-            note: "not measured: the frontier level or run.json's level_tokens is missing".into(),
-        },
-    };
-
-    let target = run.goals.max_minutes.unwrap_or(GOAL_MAX_MINUTES);
-    let name = format!("run finished within {target} minutes");
-    let time = match facts.duration_minutes {
-        Some(m) => Goal {
-            name,
-            target,
-            comparison: "<=",
-            unit: "minutes",
-            measured: Some(m),
-            met: m <= target,
-            note: format!(
-                "{}: the run took {m:.1} minutes",
-                if m <= target { "met" } else { "MISSED" }
-            ),
-        },
-        None => Goal {
-            name,
-            target,
-            comparison: "<=",
-            unit: "minutes",
-            measured: None,
-            met: false,
-            note: if facts.started_unix_ms.is_none() {
-                "not measured: run.json has no start time".into()
-            } else {
-                "not measured: run.json has no finish time (the run was interrupted or is still running)"
-                    .into()
-            },
-        },
-    };
-    vec![rl_vs_sft, tokens, time]
 }
 
 fn success_table(run: &RunInfo, inputs: &Inputs) -> Vec<SuccessRow> {
@@ -636,61 +336,69 @@ fn mean(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
     (n > 0).then(|| s / n as f64)
 }
 
-/// Per-layer load averaged over the last `EXPERT_LOAD_LAST_N` updates carrying MoE health.
-fn expert_load(updates: &[UpdateMetrics]) -> (usize, Vec<LayerLoad>) {
-    let recent: Vec<&UpdateMetrics> = updates
-        .iter()
-        .rev()
-        .filter(|u| u.moe.iter().any(|m| !m.load.is_empty()))
-        .take(EXPERT_LOAD_LAST_N)
-        .collect();
-    #[derive(Default)]
-    struct Acc {
-        /// Sum of load shares per expert `[E]`.
-        sum: Vec<f64>,
-        /// Finite values summed per expert `[E]`.
-        n: Vec<usize>,
-        max_vio: Vec<f64>,
-        router_entropy: Vec<f64>,
-    }
-    let mut acc: BTreeMap<u32, Acc> = BTreeMap::new();
-    for u in &recent {
-        for (i, m) in u.moe.iter().enumerate() {
-            let layer = m.layer.unwrap_or(i as u32);
-            let a = acc.entry(layer).or_default();
-            if a.sum.len() < m.load.len() {
-                a.sum.resize(m.load.len(), 0.0);
-                a.n.resize(m.load.len(), 0);
-            }
-            for (j, &v) in m.load.iter().enumerate().filter(|(_, v)| v.is_finite()) {
-                a.sum[j] += v;
-                a.n[j] += 1;
-            }
-            a.max_vio.extend(m.max_vio);
-            a.router_entropy.extend(m.router_entropy);
+/// Running sums of one MoE layer's health over the updates averaged.
+#[derive(Default)]
+struct LayerAcc {
+    /// Sum of load shares per expert `[E]`.
+    sum: Vec<f64>,
+    /// Finite values summed per expert `[E]`.
+    n: Vec<usize>,
+    max_vio: Vec<f64>,
+    router_entropy: Vec<f64>,
+}
+
+impl LayerAcc {
+    fn add(&mut self, m: &corvid_model::MoeHealth) {
+        if self.sum.len() < m.load.len() {
+            self.sum.resize(m.load.len(), 0.0);
+            self.n.resize(m.load.len(), 0);
         }
+        for (j, &v) in m.load.iter().enumerate().filter(|(_, v)| v.is_finite()) {
+            self.sum[j] += v;
+            self.n[j] += 1;
+        }
+        self.max_vio.push(m.max_vio);
+        self.router_entropy.push(m.router_entropy);
     }
-    let last = recent.first();
-    let layers = acc
-        .into_iter()
-        .map(|(layer, a)| LayerLoad {
+
+    /// The layer's averages; `dead_experts` is taken from the latest update.
+    fn load(self, layer: u32, dead_experts: Option<f64>) -> LayerLoad {
+        LayerLoad {
             layer,
-            load: a
+            load: self
                 .sum
                 .iter()
-                .zip(&a.n)
+                .zip(&self.n)
                 .map(|(s, &n)| if n > 0 { s / n as f64 } else { 0.0 })
                 .collect(),
-            max_vio: mean(a.max_vio.into_iter().map(Some)),
-            router_entropy: mean(a.router_entropy.into_iter().map(Some)),
-            dead_experts: last.and_then(|u| {
-                u.moe
-                    .iter()
-                    .enumerate()
-                    .find(|(i, m)| m.layer.unwrap_or(*i as u32) == layer)
-                    .and_then(|(_, m)| m.dead_experts)
-            }),
-        })
+            max_vio: mean(self.max_vio.into_iter().map(Some)),
+            router_entropy: mean(self.router_entropy.into_iter().map(Some)),
+            dead_experts,
+        }
+    }
+}
+
+/// Per-layer load averaged over the last `EXPERT_LOAD_LAST_N` updates carrying MoE health.
+fn expert_load(updates: &[Update]) -> (usize, Vec<LayerLoad>) {
+    let recent: Vec<&Update> = updates
+        .iter()
+        .rev()
+        .filter(|u| u.record.moe.iter().any(|m| !m.load.is_empty()))
+        .take(EXPERT_LOAD_LAST_N)
+        .collect();
+    let mut acc: BTreeMap<u32, LayerAcc> = BTreeMap::new();
+    for u in &recent {
+        for (layer, m) in u.moe_layers() {
+            acc.entry(layer).or_default().add(m);
+        }
+    }
+    let dead_in_last = |layer: u32| {
+        let (_, m) = recent.first()?.moe_layers().find(|(id, _)| *id == layer)?;
+        Some(m.dead_experts as f64)
+    };
+    let layers = acc
+        .into_iter()
+        .map(|(layer, a)| a.load(layer, dead_in_last(layer)))
         .collect();
     (recent.len(), layers)
 }
@@ -699,6 +407,8 @@ fn training(inputs: &Inputs) -> Training {
     let u = &inputs.updates;
     let last = u.last();
     let tail = &u[u.len().saturating_sub(10)..];
+    let mean_of =
+        |updates: &[Update], fig: fn(&Update) -> f64| mean(updates.iter().map(|l| Some(fig(l))));
     let (expert_load_updates, expert_load) = expert_load(u);
     let final_eval_loss = inputs.sft.iter().rev().find_map(|s| s.eval_loss);
     let target = inputs
@@ -708,27 +418,27 @@ fn training(inputs: &Inputs) -> Training {
         .or(inputs.config_sft_target);
     Training {
         rl_updates: u.len(),
-        last_update: last.and_then(|l| l.update),
-        last_policy_version: u.iter().rev().find_map(|l| l.policy_version),
+        last_update: last.map(|l| l.record.step),
+        last_policy_version: last.map(|l| l.record.policy_version),
         last_wall_s: u.iter().rev().find_map(|l| l.wall_s),
-        final_reward_mean: mean(tail.iter().map(|l| l.reward_mean)),
-        final_success_rate: mean(tail.iter().map(|l| l.success_rate)),
+        final_reward_mean: mean_of(tail, |l| l.record.rollout.reward_mean),
+        final_success_rate: mean_of(tail, |l| l.record.rollout.success_rate),
         frontier_by_family: u
             .iter()
             .rev()
-            .find(|l| !l.frontier.is_empty())
-            .map(|l| l.frontier.clone())
+            .find(|l| !l.frontier().is_empty())
+            .map(|l| l.frontier().clone())
             .unwrap_or_default(),
         last_success_by_family_level: u
             .iter()
             .rev()
-            .find(|l| !l.success_by_family_level.is_empty())
-            .map(|l| l.success_by_family_level.clone())
+            .map(Update::success_by_family_level)
+            .find(|by_level| !by_level.is_empty())
             .unwrap_or_default(),
-        loss_spikes: u.iter().rev().find_map(|l| l.loss_spikes),
-        mean_tokens_per_s: mean(u.iter().map(|l| l.tokens_per_s)),
-        mean_staleness: mean(u.iter().map(|l| l.staleness_mean)),
-        mean_episodes_per_s: mean(u.iter().map(|l| l.episodes_per_s)),
+        loss_spikes: last.map(|l| l.record.spikes.count),
+        mean_tokens_per_s: mean_of(u, |l| l.record.rollout.tokens_per_s),
+        mean_staleness: mean_of(u, |l| l.record.rollout.staleness_mean),
+        mean_episodes_per_s: mean_of(u, |l| l.record.rollout.episodes_per_s),
         expert_load_updates,
         expert_load,
         sft_steps: inputs.sft.len(),
@@ -739,25 +449,31 @@ fn training(inputs: &Inputs) -> Training {
     }
 }
 
-/// Notes for metric keys the logs never carry (so a blank chart is explained).
-fn absent_metric_keys(updates: &[UpdateMetrics], sft: &[SftStep]) -> Vec<String> {
-    type Has = fn(&UpdateMetrics) -> bool;
-    let checks: [(&str, Has); 13] = [
+/// Notes for figures the metrics never carry usably (so a blank chart is explained): a
+/// collection that is always empty, a float that is never finite (written as `null`), or
+/// `wall_s` without `run.json`'s start time. Every other figure is in every record.
+fn absent_metric_keys(updates: &[Update], sft: &[SftStep]) -> Vec<String> {
+    type Has = fn(&Update) -> bool;
+    let checks: [(&str, Has); 11] = [
         ("wall_s", |u| u.wall_s.is_some()),
-        ("reward_mean", |u| u.reward_mean.is_some()),
-        ("success_rate", |u| u.success_rate.is_some()),
-        ("success_by_family_level", |u| {
-            !u.success_by_family_level.is_empty()
+        ("reward_mean", |u| u.record.rollout.reward_mean.is_finite()),
+        ("success_rate", |u| {
+            u.record.rollout.success_rate.is_finite()
         }),
-        ("frontier", |u| !u.frontier.is_empty()),
-        ("kl", |u| u.kl.is_some()),
-        ("entropy", |u| u.entropy.is_some()),
-        ("policy_loss", |u| u.policy_loss.is_some()),
-        ("staleness_mean", |u| u.staleness_mean.is_some()),
-        ("tokens_per_s", |u| u.tokens_per_s.is_some()),
-        ("moe", |u| !u.moe.is_empty()),
-        ("update", |u| u.update.is_some()),
-        ("loss_spikes", |u| u.loss_spikes.is_some()),
+        ("success_by_family_level", |u| {
+            !u.success_by_family_level().is_empty()
+        }),
+        ("frontier", |u| !u.frontier().is_empty()),
+        ("kl", |u| u.record.loss.kl.is_finite()),
+        ("entropy", |u| u.record.loss.entropy.is_finite()),
+        ("policy_loss", |u| u.record.loss.policy.is_finite()),
+        ("staleness_mean", |u| {
+            u.record.rollout.staleness_mean.is_finite()
+        }),
+        ("tokens_per_s", |u| {
+            u.record.rollout.tokens_per_s.is_finite()
+        }),
+        ("moe", |u| !u.record.moe.is_empty()),
     ];
     let mut out = Vec::new();
     if !updates.is_empty() {
@@ -770,296 +486,6 @@ fn absent_metric_keys(updates: &[UpdateMetrics], sft: &[SftStep]) -> Vec<String>
     if !sft.is_empty() && !sft.iter().any(|s| s.loss.is_some()) {
         out.push("metrics/sft.jsonl never has a usable `loss`".into());
     }
-    out
-}
-
-/// A chart to draw, or why there is nothing to draw.
-enum Chart {
-    Lines(Vec<Panel>),
-    Heat(HeatMap),
-    NoData(String),
-}
-
-/// X of each update: its `update` number, else its 1-based line number.
-fn update_x(updates: &[UpdateMetrics]) -> Vec<f64> {
-    updates
-        .iter()
-        .enumerate()
-        .map(|(i, u)| u.update.map_or((i + 1) as f64, |n| n as f64))
-        .collect()
-}
-
-fn series(label: &str, xs: &[f64], ys: impl Iterator<Item = Option<f64>>) -> Series {
-    Series {
-        label: label.into(),
-        points: xs.iter().copied().zip(ys).collect(),
-    }
-}
-
-fn lines_or_none(panels: Vec<Panel>, why: &str) -> Chart {
-    let panels: Vec<Panel> = panels.into_iter().filter(Panel::has_data).collect();
-    if panels.is_empty() {
-        Chart::NoData(why.into())
-    } else {
-        Chart::Lines(panels)
-    }
-}
-
-/// The report's charts: file name, title, caption, content.
-fn charts(inputs: &Inputs) -> Vec<(&'static str, &'static str, String, Chart)> {
-    let u = &inputs.updates;
-    let xs = update_x(u);
-    let panel = |title: &str, y: &str, series: Vec<Series>, y_range, step| Panel {
-        title: title.into(),
-        x_label: "update".into(),
-        y_label: y.into(),
-        series,
-        y_range,
-        step,
-    };
-    let no_rl = "no RL update recorded yet";
-    let mut out = Vec::new();
-
-    // Reward, then success: overall and, per family, at that update's frontier level.
-    let families: BTreeSet<&String> = u
-        .iter()
-        .flat_map(|l| l.frontier.keys().chain(l.success_by_family_level.keys()))
-        .collect();
-    let mut success = vec![series("all", &xs, u.iter().map(|l| l.success_rate))];
-    for f in &families {
-        success.push(series(
-            &format!("{f} @ frontier"),
-            &xs,
-            u.iter().map(|l| {
-                let level = l.frontier.get(*f)?;
-                *l.success_by_family_level.get(*f)?.get(&level.to_string())?
-            }),
-        ));
-    }
-    out.push((
-        "reward_success.png",
-        "Reward and success",
-        "Training batches: mean episode reward per update; success rate overall and, per \
-         family, at that update's frontier level (drops mark promotions)."
-            .to_string(),
-        lines_or_none(
-            vec![
-                panel(
-                    "Mean episode reward",
-                    "reward",
-                    vec![series("reward", &xs, u.iter().map(|l| l.reward_mean))],
-                    None,
-                    false,
-                ),
-                panel("Success rate", "success", success, Some((0.0, 1.0)), false),
-            ],
-            no_rl,
-        ),
-    ));
-
-    // Frontier over wall-clock time when every line has it, else over updates.
-    let by_time = !u.is_empty() && u.iter().all(|l| l.wall_s.is_some());
-    let fx: Vec<f64> = if by_time {
-        u.iter().map(|l| l.wall_s.unwrap_or(0.0) / 60.0).collect()
-    } else {
-        xs.clone()
-    };
-    let frontier_series = families
-        .iter()
-        .map(|f| {
-            series(
-                f,
-                &fx,
-                u.iter().map(|l| l.frontier.get(*f).map(|&v| v as f64)),
-            )
-        })
-        .collect();
-    let mut frontier_panel = panel(
-        "Curriculum frontier level",
-        "level",
-        frontier_series,
-        None,
-        true,
-    );
-    if by_time {
-        frontier_panel.x_label = "minutes since start".into();
-    }
-    out.push((
-        "frontier.png",
-        "Frontier level",
-        format!(
-            "The curriculum's frontier level per family over {}.",
-            if by_time {
-                "wall-clock time"
-            } else {
-                "updates"
-            }
-        ),
-        lines_or_none(vec![frontier_panel], "no `frontier` in the metrics"),
-    ));
-
-    out.push((
-        "kl_entropy.png",
-        "KL and entropy",
-        "KL to the reference policy and mean token entropy of the policy, per update.".into(),
-        lines_or_none(
-            vec![
-                panel(
-                    "KL to the reference policy",
-                    "KL (nats)",
-                    vec![series("kl", &xs, u.iter().map(|l| l.kl))],
-                    None,
-                    false,
-                ),
-                panel(
-                    "Policy entropy",
-                    "entropy (nats/token)",
-                    vec![series("entropy", &xs, u.iter().map(|l| l.entropy))],
-                    None,
-                    false,
-                ),
-            ],
-            "no `kl` or `entropy` in the metrics",
-        ),
-    ));
-
-    out.push((
-        "policy_update.png",
-        "Policy update",
-        "Per update: share of tokens clipped below (1 - eps_low) and above (1 + eps_high), \
-         importance weights of the learner over the behaviour policy (mean and largest), and \
-         the gradient norm before clipping."
-            .into(),
-        lines_or_none(
-            vec![
-                panel(
-                    "Clip fractions",
-                    "share of tokens",
-                    vec![
-                        series("low", &xs, u.iter().map(|l| l.clip_frac_low)),
-                        series("high", &xs, u.iter().map(|l| l.clip_frac_high)),
-                    ],
-                    None,
-                    false,
-                ),
-                panel(
-                    "Importance weights",
-                    "weight",
-                    vec![
-                        series("mean", &xs, u.iter().map(|l| l.is_weight_mean)),
-                        series("max", &xs, u.iter().map(|l| l.is_weight_max)),
-                    ],
-                    None,
-                    false,
-                ),
-                panel(
-                    "Gradient norm",
-                    "norm",
-                    vec![series("grad norm", &xs, u.iter().map(|l| l.grad_norm))],
-                    None,
-                    false,
-                ),
-            ],
-            "no clip fractions, importance weights or gradient norms in the metrics",
-        ),
-    ));
-
-    let (n, layers) = expert_load(u);
-    let rows: Vec<Vec<f64>> = layers.iter().map(|l| l.load.clone()).collect();
-    let max_e = rows.iter().map(Vec::len).max().unwrap_or(0);
-    let max_load = rows.iter().flatten().copied().fold(0.0, f64::max);
-    let heat = if rows.is_empty() || max_e == 0 {
-        Chart::NoData(if u.is_empty() {
-            no_rl.into()
-        } else {
-            "no `moe` load in the metrics".into()
-        })
-    } else {
-        Chart::Heat(HeatMap {
-            title: format!("Expert load per layer, mean of the last {n} update(s)"),
-            x_label: "expert".into(),
-            y_label: "layer".into(),
-            // Even load is 1/E: the scale reaches at least twice that, so even sits mid-scale.
-            scale_max: max_load.max(2.0 / max_e as f64),
-            rows,
-        })
-    };
-    out.push((
-        "expert_load.png",
-        "Expert load",
-        format!(
-            "Share of routed tokens per expert (columns) and layer (rows), averaged over the \
-             last {n} update(s). Even load is 1/E per expert."
-        ),
-        heat,
-    ));
-
-    let layer_ids: BTreeSet<u32> = u
-        .iter()
-        .flat_map(|l| {
-            l.moe
-                .iter()
-                .enumerate()
-                .map(|(i, m)| m.layer.unwrap_or(i as u32))
-        })
-        .collect();
-    let routing = layer_ids
-        .iter()
-        .map(|&layer| {
-            series(
-                &format!("layer {layer}"),
-                &xs,
-                u.iter().map(|l| {
-                    l.moe
-                        .iter()
-                        .enumerate()
-                        .find(|(i, m)| m.layer.unwrap_or(*i as u32) == layer)
-                        .and_then(|(_, m)| m.router_entropy)
-                }),
-            )
-        })
-        .collect();
-    out.push((
-        "routing_entropy.png",
-        "Routing entropy",
-        "Mean per-token router entropy per MoE layer, per update.".into(),
-        lines_or_none(
-            vec![panel(
-                "Router entropy per layer",
-                "entropy (nats)",
-                routing,
-                None,
-                false,
-            )],
-            "no `moe[].router_entropy` in the metrics",
-        ),
-    ));
-
-    let s = &inputs.sft;
-    let sx: Vec<f64> = s
-        .iter()
-        .enumerate()
-        .map(|(i, st)| st.step.map_or((i + 1) as f64, |n| n as f64))
-        .collect();
-    out.push((
-        "sft_loss.png",
-        "SFT loss",
-        "Supervised fine-tuning: training loss per step and held-out loss where measured.".into(),
-        lines_or_none(
-            vec![Panel {
-                title: "SFT loss".into(),
-                x_label: "step".into(),
-                y_label: "cross-entropy (nats/token)".into(),
-                series: vec![
-                    series("train", &sx, s.iter().map(|st| st.loss)),
-                    series("held-out", &sx, s.iter().map(|st| st.eval_loss)),
-                ],
-                y_range: None,
-                step: false,
-            }],
-            "no SFT step recorded",
-        ),
-    ));
     out
 }
 

@@ -3,8 +3,11 @@
 
 use std::path::Path;
 
+use corvid_learner::metrics::{Rate, UpdateRecord};
+use corvid_model::MoeHealth;
 use serde_json::{json, Value};
 
+use super::goals::GOAL_FRONTIER_TOKENS_RATIO;
 use super::plots::tests::decode_png;
 use super::*;
 
@@ -44,7 +47,7 @@ fn eval(stage: &str, rates: &[(&str, &[Option<f64>])]) -> Value {
 }
 
 fn run_json(finished_after_min: Option<u64>) -> Value {
-    let start = 1_700_000_000_000u64;
+    let start = START_MS;
     json!({
         "name": "demo", "config": "configs/demo.toml",
         "started_unix_ms": start,
@@ -58,34 +61,73 @@ fn run_json(finished_after_min: Option<u64>) -> Value {
     })
 }
 
-/// `n` RL updates: frontier 1 → 4, two MoE layers of 4 experts.
+/// The start time of `run_json`'s run.
+const START_MS: u64 = 1_700_000_000_000;
+
+/// Success counts with rate `rate` over 100 episodes.
+fn rate(rate: f64) -> Rate {
+    Rate {
+        episodes: 100,
+        successes: (100.0 * rate).round() as u64,
+        rate,
+    }
+}
+
+/// One layer's MoE health.
+fn moe(layer: i64, load: &[f64], max_vio: f64, router_entropy: f64, dead: i64) -> MoeHealth {
+    MoeHealth {
+        layer,
+        load: load.to_vec(),
+        max_vio,
+        router_entropy,
+        dead_experts: dead,
+        ..MoeHealth::default()
+    }
+}
+
+/// Lines of `metrics/metrics.jsonl` as the learner writes them.
+fn jsonl(records: impl IntoIterator<Item = UpdateRecord>) -> String {
+    records
+        .into_iter()
+        .map(|r| serde_json::to_string(&r).unwrap() + "\n")
+        .collect()
+}
+
+/// `n` RL updates 20 s apart: frontier 1 → 4, two MoE layers of 4 experts.
 fn metrics(n: usize) -> String {
-    let mut out = String::new();
-    for u in 1..=n {
+    jsonl((1..=n).map(|u| {
         let level = 1 + (u * 4 - 1) / n; // 1..=4
         let x = u as f64 / n as f64;
-        let line = json!({
-            "update": u, "policy_version": u, "wall_s": 20.0 * u as f64,
-            "reward_mean": 0.2 + 0.6 * x, "success_rate": 0.3 + 0.5 * x,
-            "success_by_family_level": {"hops": {level.to_string(): 0.5 + 0.3 * x},
-                                        "search": {"1": 0.9, "2": 0.6}},
-            "frontier": {"hops": level, "search": 2},
-            "policy_loss": -0.01, "kl": 0.01 * x, "entropy": 1.5 - x,
-            "clip_frac_low": 0.01, "clip_frac_high": 0.02, "is_weight_mean": 1.0,
-            "is_weight_max": 1.8, "staleness_mean": 0.5, "grad_norm": 0.7,
-            "tokens_per_s": 2000.0, "episodes_per_s": 3.0,
-            "moe": [
-                {"layer": 0, "load": [0.4, 0.2, 0.2, 0.2], "max_vio": 0.6,
-                 "router_entropy": 1.2 - 0.1 * x, "dead_experts": 0},
-                {"layer": 1, "load": [0.25, 0.25, 0.5, 0.0], "max_vio": 1.0,
-                 "router_entropy": 1.0, "dead_experts": 1}
-            ],
-            "loss_spikes": u / 10
-        });
-        out.push_str(&line.to_string());
-        out.push('\n');
-    }
-    out
+        let mut r = UpdateRecord {
+            step: u as u64,
+            policy_version: u as u64,
+            unix_ms: START_MS + 20_000 * u as u64,
+            ..UpdateRecord::default()
+        };
+        let ro = &mut r.rollout;
+        ro.reward_mean = 0.2 + 0.6 * x;
+        ro.success_rate = 0.3 + 0.5 * x;
+        ro.success_by_task = [
+            (format!("hops/{level}"), rate(0.5 + 0.3 * x)),
+            ("search/1".into(), rate(0.9)),
+            ("search/2".into(), rate(0.6)),
+        ]
+        .into();
+        ro.staleness_mean = 0.5;
+        ro.tokens_per_s = 2000.0;
+        ro.episodes_per_s = 3.0;
+        r.curriculum.frontier = [("hops".into(), level as u32), ("search".into(), 2)].into();
+        let lo = &mut r.loss;
+        (lo.policy, lo.kl, lo.entropy) = (-0.01, 0.01 * x, 1.5 - x);
+        (lo.clip_frac_low, lo.clip_frac_high) = (0.01, 0.02);
+        (lo.iw_mean, lo.iw_max, lo.grad_norm) = (1.0, 1.8, 0.7);
+        r.moe = vec![
+            moe(0, &[0.4, 0.2, 0.2, 0.2], 0.6, 1.2 - 0.1 * x, 0),
+            moe(1, &[0.25, 0.25, 0.5, 0.0], 1.0, 1.0, 1),
+        ];
+        r.spikes.count = (u / 10) as u64;
+        r
+    }))
 }
 
 fn sft(n: usize) -> String {
@@ -354,7 +396,7 @@ fn interrupted_run_without_rl_eval_reports_what_is_missing() {
     put(
         dir.path(),
         "metrics/metrics.jsonl",
-        &(metrics(12) + "{\"update\": 13, \"reward_me"),
+        &(metrics(12) + "{\"step\": 13, \"rollout\": {\"reward_me"),
     );
     let summary = write(dir.path()).unwrap();
     let r = report_json(dir.path());
@@ -465,16 +507,17 @@ fn without_run_json_the_frontier_comes_from_the_metrics_and_the_family_from_eval
 fn expert_load_is_the_mean_of_the_last_updates() {
     let dir = tempfile::tempdir().unwrap();
     // 15 updates: layer 0 load [1, 0] for the first 5, [0.5, 0.5] after; the mean of the last
-    // 10 is therefore exactly [0.5, 0.5].
-    let lines: String = (1..=15)
-        .map(|u| {
-            let load = if u <= 5 { [1.0, 0.0] } else { [0.5, 0.5] };
-            json!({"update": u, "moe": [{"layer": 0, "load": load, "router_entropy": u as f64,
-                                         "dead_experts": if u <= 5 {1} else {0}}]})
-            .to_string()
-                + "\n"
-        })
-        .collect();
+    // 10 is therefore exactly [0.5, 0.5]. KL is non-finite throughout (written as null).
+    let lines = jsonl((1..=15).map(|u| {
+        let load = if u <= 5 { [1.0, 0.0] } else { [0.5, 0.5] };
+        let mut r = UpdateRecord {
+            step: u,
+            moe: vec![moe(0, &load, 0.0, u as f64, i64::from(u <= 5))],
+            ..UpdateRecord::default()
+        };
+        r.loss.kl = f64::NAN;
+        r
+    }));
     put(dir.path(), "metrics/metrics.jsonl", &lines);
     let summary = write(dir.path()).unwrap();
     let r = report_json(dir.path());
@@ -483,84 +526,84 @@ fn expert_load_is_the_mean_of_the_last_updates() {
     assert_eq!(layer["load"], json!([0.5, 0.5]));
     assert!(close(&layer["router_entropy"], 10.5)); // mean of 6..=15
     assert_eq!(layer["dead_experts"], 0.0);
-    // Only MoE data: the heat map and routing chart are drawn, and absent keys are noted.
     let files: Vec<String> = summary
         .plots
         .iter()
         .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
         .collect();
-    assert_eq!(files, ["expert_load.png", "routing_entropy.png"]);
-    assert!(r["notes"]
-        .as_array()
-        .unwrap()
+    assert!(files.iter().any(|f| f == "expert_load.png"), "{files:?}");
+    assert!(
+        files.iter().any(|f| f == "routing_entropy.png"),
+        "{files:?}"
+    );
+    // No curriculum figures: no frontier chart, and the absent figures are noted.
+    assert!(!files.iter().any(|f| f == "frontier.png"), "{files:?}");
+    let notes = r["notes"].as_array().unwrap();
+    for key in ["kl", "frontier", "wall_s"] {
+        let note = format!("metrics/metrics.jsonl never has a usable `{key}`");
+        assert!(notes.iter().any(|n| n == &json!(note)), "{key}: {notes:?}");
+    }
+    assert!(!notes
         .iter()
-        .any(|n| n == "metrics/metrics.jsonl never has a usable `kl`"));
+        .any(|n| n.as_str().unwrap().contains("`entropy`")));
 }
 
-/// `n` lines in the learner's own layout (`corvid_learner::metrics::UpdateRecord`).
+/// `n` updates 30 s apart from `start_ms`, with a `family/level` the batch had no episode of.
 fn metrics_nested(n: usize, start_ms: u64) -> String {
-    (1..=n)
-        .map(|u| {
-            json!({
-                "step": u, "policy_version": u + 1, "unix_ms": start_ms + 30_000 * u as u64,
-                "update_s": 2.5,
-                "rollout": {"episodes": 32, "reward_mean": 0.1 * u as f64, "success_rate": 0.5,
-                            "success_by_task": {
-                                "hops/2": {"episodes": 16, "successes": 12, "rate": 0.75},
-                                "hops/3": {"episodes": 0, "successes": 0, "rate": 0.0}},
-                            "tokens": 9000, "episodes_per_s": 1.5, "tokens_per_s": 3000.0,
-                            "staleness_mean": 0.25, "staleness_max": 1, "stale_skipped": 0,
-                            "unscored_skipped": 0},
-                "loss": {"total": 0.1, "policy": -0.02, "kl": 0.003, "entropy": 0.9,
-                         "balance": 0.01, "clip_frac_low": 0.01, "clip_frac_high": 0.02,
-                         "iw_mean": 1.0, "iw_min": 0.5, "iw_max": 2.0, "iw_truncated_frac": 0.0,
-                         "grad_norm": 0.8, "lr": 1e-4},
-                "moe": [{"layer": 0, "load": [0.5, 0.5], "max_vio": 0.0, "cv": 0.0,
-                         "load_entropy": 1.0, "router_entropy": 0.69, "dead_experts": 0}],
-                "spikes": {"spike": false, "count": 2, "window_mean": 0.0, "window_std": 0.0},
-                "curriculum": {"frontier": {"hops": 2 + u / 3}, "context_tokens": 2048},
-                "service": {"open_groups": 1, "groups_completed": u, "groups_expired": 0,
-                            "actors_active": 2, "trajectories_read": 32 * u}
-            })
-            .to_string()
-                + "\n"
-        })
-        .collect()
+    jsonl((1..=n).map(|u| {
+        let mut r = UpdateRecord {
+            step: u as u64,
+            policy_version: u as u64 + 1,
+            unix_ms: start_ms + 30_000 * u as u64,
+            update_s: 2.5,
+            ..UpdateRecord::default()
+        };
+        let ro = &mut r.rollout;
+        (ro.episodes, ro.reward_mean, ro.success_rate) = (32, 0.1 * u as f64, 0.5);
+        ro.success_by_task = [
+            ("hops/2".into(), rate(0.75)),
+            ("hops/3".into(), Rate::default()),
+        ]
+        .into();
+        (ro.tokens, ro.episodes_per_s, ro.tokens_per_s) = (9000, 1.5, 3000.0);
+        (ro.staleness_mean, ro.staleness_max) = (0.25, 1);
+        let lo = &mut r.loss;
+        (lo.policy, lo.kl, lo.entropy, lo.balance) = (-0.02, 0.003, 0.9, 0.01);
+        (lo.clip_frac_low, lo.clip_frac_high) = (0.01, 0.02);
+        (lo.iw_mean, lo.iw_max, lo.grad_norm, lo.lr) = (1.0, 2.0, 0.8, 1e-4);
+        r.moe = vec![moe(0, &[0.5, 0.5], 0.0, 0.69, 0)];
+        r.spikes.count = 2;
+        r.curriculum.frontier = [("hops".into(), 2 + u as u32 / 3)].into();
+        r.curriculum.context_tokens = 2048;
+        r.service.groups_completed = u as u64;
+        r
+    }))
 }
 
 #[test]
-fn the_learners_nested_metrics_layout_is_read() {
+fn the_learners_metrics_give_every_figure_and_chart() {
     let dir = tempfile::tempdir().unwrap();
     finished_run(dir.path());
-    let start = run_json(Some(18))["started_unix_ms"].as_u64().unwrap();
     put(
         dir.path(),
         "metrics/metrics.jsonl",
-        &metrics_nested(6, start),
+        &metrics_nested(6, START_MS),
     );
     let inputs = Inputs::read(dir.path()).unwrap();
     let u = &inputs.updates[2];
-    assert_eq!(u.update, Some(3));
-    assert_eq!(u.policy_version, Some(4));
     assert_eq!(u.wall_s, Some(90.0), "unix_ms against run.json's start");
-    assert!((u.reward_mean.unwrap() - 0.3).abs() < 1e-12);
-    assert_eq!(u.kl, Some(0.003));
-    assert_eq!(u.entropy, Some(0.9));
-    assert_eq!(u.policy_loss, Some(-0.02));
-    assert_eq!(u.is_weight_max, Some(2.0));
-    assert_eq!(u.staleness_mean, Some(0.25));
-    assert_eq!(u.loss_spikes, Some(2));
-    assert_eq!(u.frontier.get("hops"), Some(&3));
-    assert_eq!(u.success_by_family_level["hops"]["2"], Some(0.75));
+    assert_eq!(u.success_by_family_level()["hops"]["2"], Some(0.75));
     // A level without episodes in the batch has no rate (not a rate of 0).
-    assert_eq!(u.success_by_family_level["hops"]["3"], None);
-    assert_eq!(u.moe[0].router_entropy, Some(0.69));
+    assert_eq!(u.success_by_family_level()["hops"]["3"], None);
+    assert_eq!(u.success_at("hops", 3), None);
 
     let summary = write(dir.path()).unwrap();
     assert_eq!(summary.plots.len(), ALL_CHARTS.len());
     let r = report_json(dir.path());
     assert_eq!(r["training"]["last_policy_version"], 7);
     assert_eq!(r["training"]["frontier_by_family"]["hops"], 4);
+    assert_eq!(r["training"]["loss_spikes"], 2);
+    assert!(r["training"]["last_success_by_family_level"]["hops"]["3"].is_null());
     assert!(
         !r["notes"]
             .as_array()
@@ -573,95 +616,44 @@ fn the_learners_nested_metrics_layout_is_read() {
 }
 
 #[test]
-fn a_record_written_by_the_learner_is_read_in_full() {
-    // The contract with `corvid_learner::metrics`: if a field the report reads is renamed
-    // there, this test fails here.
-    use corvid_learner::metrics::{LayerHealth, Rate, UpdateRecord};
+fn a_record_written_by_the_learner_is_read_as_written() {
     let dir = tempfile::tempdir().unwrap();
-    let start = 1_700_000_000_000u64;
-    put_json(dir.path(), "run.json", &json!({"started_unix_ms": start}));
+    put_json(
+        dir.path(),
+        "run.json",
+        &json!({"started_unix_ms": START_MS}),
+    );
     let mut rec = UpdateRecord {
         step: 7,
         policy_version: 8,
-        unix_ms: start + 90_000,
+        unix_ms: START_MS + 90_000,
         ..UpdateRecord::default()
     };
-    rec.rollout.reward_mean = 0.4;
-    rec.rollout.success_rate = 0.5;
-    rec.rollout.success_by_task.insert(
-        "hops/3".into(),
-        Rate {
-            episodes: 4,
-            successes: 3,
-            rate: 0.75,
-        },
-    );
-    rec.rollout.tokens_per_s = 1234.0;
-    rec.rollout.episodes_per_s = 2.0;
-    rec.rollout.staleness_mean = 0.5;
-    rec.loss.policy = -0.1;
+    rec.rollout
+        .success_by_task
+        .insert("hops/3".into(), rate(0.75));
     rec.loss.kl = 0.01;
-    rec.loss.entropy = 1.1;
-    rec.loss.clip_frac_low = 0.02;
-    rec.loss.clip_frac_high = 0.03;
-    rec.loss.iw_mean = 0.99;
-    rec.loss.iw_max = 1.7;
-    rec.loss.grad_norm = 0.3;
-    rec.moe.push(LayerHealth {
-        layer: 1,
-        load: vec![0.25; 4],
-        max_vio: 0.1,
-        router_entropy: 1.3,
-        dead_experts: 2,
-        ..LayerHealth::default()
-    });
-    rec.spikes.count = 1;
+    rec.moe.push(moe(1, &[0.25; 4], 0.1, 1.3, 2));
     rec.curriculum.frontier.insert("hops".into(), 3);
+    let mut skipped = rec.clone();
+    skipped.step = 8;
+    skipped.loss.grad_norm = f64::NAN;
     put(
         dir.path(),
         "metrics/metrics.jsonl",
-        &(serde_json::to_string(&rec).unwrap() + "\n"),
+        &jsonl([rec.clone(), skipped]),
     );
 
     let inputs = Inputs::read(dir.path()).unwrap();
-    assert_eq!(inputs.updates.len(), 1);
+    assert_eq!(inputs.updates.len(), 2, "{:?}", inputs.notes);
     let u = &inputs.updates[0];
-    assert_eq!(u.update, Some(7));
-    assert_eq!(u.policy_version, Some(8));
+    assert_eq!(u.record, rec);
     assert_eq!(u.wall_s, Some(90.0));
-    assert_eq!(u.reward_mean, Some(0.4));
-    assert_eq!(u.success_rate, Some(0.5));
-    assert_eq!(u.success_by_family_level["hops"]["3"], Some(0.75));
-    assert_eq!(u.frontier.get("hops"), Some(&3));
-    assert_eq!(u.policy_loss, Some(-0.1));
-    assert_eq!(u.kl, Some(0.01));
-    assert_eq!(u.entropy, Some(1.1));
-    assert_eq!(u.clip_frac_low, Some(0.02));
-    assert_eq!(u.clip_frac_high, Some(0.03));
-    assert_eq!(u.is_weight_mean, Some(0.99));
-    assert_eq!(u.is_weight_max, Some(1.7));
-    assert_eq!(u.grad_norm, Some(0.3));
-    assert_eq!(u.tokens_per_s, Some(1234.0));
-    assert_eq!(u.episodes_per_s, Some(2.0));
-    assert_eq!(u.staleness_mean, Some(0.5));
-    assert_eq!(u.loss_spikes, Some(1));
-    let m = &u.moe[0];
-    assert_eq!(
-        (
-            m.layer,
-            m.load.as_slice(),
-            m.max_vio,
-            m.router_entropy,
-            m.dead_experts
-        ),
-        (
-            Some(1),
-            [0.25; 4].as_slice(),
-            Some(0.1),
-            Some(1.3),
-            Some(2.0)
-        )
-    );
+    assert_eq!(u.success_at("hops", 3), Some(0.75));
+    assert_eq!(u.moe_layers().next().map(|(id, _)| id), Some(1));
+    // A non-finite figure does not cost the line: it reads as NaN, a gap in the charts.
+    assert!(inputs.updates[1].record.loss.grad_norm.is_nan());
+    assert_eq!(inputs.updates[1].record.loss.kl, 0.01);
 }
 
 #[test]

@@ -8,8 +8,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Args;
-use corvid_learner::model::cuda::bench::{run_gpu_bench, GpuBenchOptions, GpuReport};
-use corvid_learner::model::cuda::{availability, CudaError};
+mod measure;
+
+use self::measure::{run_gpu_bench, GpuBenchOptions, GpuReport};
+use corvid_model::cuda::{availability, CudaError};
 use tch::Device;
 
 /// Goals of the GPU issue, checked in the table.
@@ -250,7 +252,7 @@ mod tests {
     fn table_names_failed_checks_and_goals() {
         let r = GpuReport {
             device_name: "test".into(),
-            checks: vec![corvid_learner::model::cuda::check::CheckResult {
+            checks: vec![corvid_model::cuda::check::CheckResult {
                 name: "mla_decode X".into(),
                 kernel: "tensorcore".into(),
                 dtype: "bf16".into(),

@@ -4,8 +4,10 @@ use std::process::{Command, ExitCode};
 
 use anyhow::Context;
 use clap::Args;
-use corvid_learner::model::bench::{decode_throughput, set_num_threads, train_throughput};
-use corvid_learner::model::ModelConfig;
+mod measure;
+
+use self::measure::{decode_throughput, set_num_threads, train_throughput};
+use corvid_model::ModelConfig;
 
 /// model cache size, cached decode and training throughput, against PyTorch eager.
 #[derive(Args, Debug)]

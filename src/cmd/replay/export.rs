@@ -1,0 +1,154 @@
+//! `corvid replay export`: the matching trajectories as JSON lines, `raw` (the store's own
+//! records with exact token ids) or `chat` (OpenAI-style messages for other SFT tools), to
+//! standard output or to a file replaced only by a whole export.
+
+use std::io::Write;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::{Context, Result};
+use corvid_episode::EpisodeFormat;
+use corvid_store::{ExportSummary, Filter, TrajectoryStore};
+
+use super::{open, stored_steps};
+
+/// Exports what `filter` matches in the store at `store_path` as `kind` (`raw` or `chat`),
+/// into the file `path` or else to `out`, and says on standard error how much it wrote.
+pub(super) fn run(
+    store_path: &Path,
+    filter: &Filter,
+    kind: &str,
+    path: Option<&Path>,
+    format: &EpisodeFormat,
+    out: &mut dyn Write,
+) -> Result<ExitCode> {
+    if let Some(p) = path {
+        refuse_out_inside_store(p, store_path)?;
+    }
+    let store = open(store_path)?;
+    let export = |w: &mut dyn Write| -> Result<ExportSummary> {
+        if kind == "chat" {
+            export_chat(&store, filter, format, w)
+        } else {
+            Ok(store.export_jsonl(filter, w)?)
+        }
+    };
+    let summary = match path {
+        Some(p) => export_to_file(p, export)?,
+        None => export(out)?,
+    };
+    eprintln!(
+        "exported {} trajectories ({} steps, {} tokens){}",
+        summary.trajectories,
+        summary.steps,
+        summary.tokens,
+        path.map(|p| format!(" to {}", p.display()))
+            .unwrap_or_default()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Refuses an export file inside the store's folder: sled owns every file there, and an
+/// export over one of them (`--out <store>/db`) destroys the store.
+fn refuse_out_inside_store(out: &Path, store: &Path) -> Result<()> {
+    // A store that does not resolve does not exist; `open` says so.
+    let Ok(store) = store.canonicalize() else {
+        return Ok(());
+    };
+    let target = out.canonicalize().ok().or_else(|| {
+        let dir = match out.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
+        Some(dir.canonicalize().ok()?.join(out.file_name()?))
+    });
+    if target.is_some_and(|t| t.starts_with(&store)) {
+        anyhow::bail!(
+            "refusing to export into {}: it is inside the store {}; write the export elsewhere",
+            out.display(),
+            store.display()
+        );
+    }
+    Ok(())
+}
+
+/// Runs `export` into a temporary file next to `path` and renames it over `path` only when
+/// the whole export is written and holds at least one trajectory. A failed export, or a
+/// filter that matches nothing (a typo), leaves an earlier file at `path` as it was.
+fn export_to_file(
+    path: &Path,
+    export: impl FnOnce(&mut dyn Write) -> Result<ExportSummary>,
+) -> Result<ExportSummary> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".corvid-export-").suffix(".tmp");
+    // Readable like a file created by `File::create` (a temporary file is 0600).
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    let mut tmp = builder.tempfile_in(dir).with_context(|| {
+        format!(
+            "creating a temporary file in {} for {}",
+            dir.display(),
+            path.display()
+        )
+    })?;
+    let summary = {
+        let mut w = std::io::BufWriter::new(tmp.as_file_mut());
+        let s = export(&mut w)?;
+        w.flush()
+            .with_context(|| format!("writing the export for {}", path.display()))?;
+        s
+    };
+    if summary.trajectories == 0 {
+        anyhow::bail!(
+            "no trajectory matches the filters; {} {}",
+            path.display(),
+            if path.exists() {
+                "is left as it was"
+            } else {
+                "is not written"
+            }
+        );
+    }
+    tmp.as_file()
+        .sync_all()
+        .with_context(|| format!("writing the export for {}", path.display()))?;
+    tmp.persist(path)
+        .map_err(|e| e.error)
+        .with_context(|| format!("renaming the export into {}", path.display()))?;
+    Ok(summary)
+}
+
+/// `--format chat`: one OpenAI-style transcript per trajectory.
+pub(super) fn export_chat(
+    store: &TrajectoryStore,
+    filter: &Filter,
+    format: &EpisodeFormat,
+    out: &mut dyn Write,
+) -> Result<ExportSummary> {
+    let mut summary = ExportSummary::default();
+    for rec in store.list(filter) {
+        let rec = rec?;
+        let steps = stored_steps(store, &rec.header.trajectory_id)?;
+        summary.steps += steps.len() as u64;
+        summary.tokens += steps.iter().map(|s| s.token_ids.len() as u64).sum::<u64>();
+        let line = serde_json::json!({
+            "trajectory_id": rec.header.trajectory_id,
+            "task": rec.header.task,
+            "policy_version": rec.header.policy_version,
+            "success": rec.footer.map(|f| f.success),
+            "reward": rec.footer.map(|f| f.outcome_reward),
+            "termination": rec.footer.map(|f| f.termination.as_str()),
+            "messages": format.to_messages(&steps),
+        });
+        writeln!(out, "{line}")?;
+        summary.trajectories += 1;
+    }
+    Ok(summary)
+}

@@ -1,0 +1,177 @@
+//! `corvid run`: the one-command local job. A learner and K actor *processes* on loopback,
+//! SFT then RL, evaluation on held-out seeds, and a report.
+//!
+//! The phases, each a real child process of this binary:
+//!
+//! 1. **SFT**: `corvid learner` on the run folder with no actors; once the SFT reference
+//!    (`ref/`) and its checkpoint exist, it is stopped with SIGTERM (it checkpoints and exits).
+//! 2. **Ablation copy**: when the config names an ablation config, the stopped run folder is
+//!    copied to `runs/<name>-ablation/`, so both RL runs start from the same SFT weights.
+//! 3. **RL**: `corvid learner --resume` and K `corvid actor`s, for `rl_minutes` of wall time
+//!    (or until the learner reaches `schedule.max_updates`); one progress line per update.
+//!    With `run_minutes` set, each arm instead gets what is left of that budget after SFT,
+//!    less `eval_reserve_minutes`, shared between the arms and capped at `rl_minutes`
+//!    ([`config::rl_minutes_within`]): a slower machine's longer SFT leaves RL less, a faster one's more.
+//!    Then the actors get SIGTERM (they finish or abandon their episodes, nothing is lost),
+//!    then the learner (it checkpoints). The ablation runs the same way on its copy.
+//! 4. **Evaluation** in this process on held-out seeds: the random initial policy, the SFT
+//!    reference, the RL result (and the ablation's), `eval/<stage>.json`, episodes stored
+//!    in `eval/store`. The random policy is one initialisation drawn with the config's
+//!    `seed` and saved to `eval/random-init/`, so every level evaluates the same weights.
+//!    `eval_workers` threads take one job per stage and level from a queue (the random
+//!    policy's and the longest levels first), each decoding on one core.
+//! 5. **Report**: `run.json`, then `report.json`, `report.html` and the plots.
+//!
+//! Children run in their own process groups, so Ctrl-C reaches only this process, which then
+//! stops the children in order (actors, then learner) and goes on to evaluate and report
+//! what exists. A second Ctrl-C skips evaluation.
+//!
+//! | file | holds |
+//! |---|---|
+//! | `config.rs` | the `[run]` table, the learner configs written into the run folders, `RunPlan`: everything checked before phase 1 |
+//! | `children.rs` | interrupts, `ChildProcess`, `MetricsTail` (a learner's metrics file as typed records) |
+//! | `phases.rs` | phases 1–3 |
+//! | `evaluate.rs` | phase 4 and the headline figures of `run.json` |
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use clap::Args;
+use serde::Serialize;
+
+mod children;
+mod config;
+mod evaluate;
+mod phases;
+#[cfg(test)]
+mod tests;
+
+/// Train an agent end to end: a learner and K actor processes, SFT then RL, evaluation and
+/// a report.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  corvid run --config configs/demo.toml
+  corvid run --config configs/demo.toml --name demo2 --rl-minutes 5
+  corvid report --run-dir runs/demo          rebuild the report of a finished or interrupted run
+
+The config is a learner config (see configs/demo.toml) plus a [run] table:
+  actors, actor_concurrency, rl_minutes, run_minutes, eval_reserve_minutes, sft_timeout_minutes,
+  eval_family, eval_levels, eval_episodes, eval_concurrency, eval_max_new_tokens, eval_workers,
+  ablation (another learner config, e.g. configs/demo-grpo.toml, trained on a copy of the SFT
+  result for the same budget).
+Output: runs/<name>/ with learner.log, actor-<i>.log, store/, ckpt/, ref/, metrics/, eval/,
+run.json, report.json, report.html and PNG plots. Ctrl-C stops training cleanly (with a
+checkpoint) and still evaluates and reports; a second Ctrl-C skips evaluation.")]
+pub struct RunArgs {
+    /// The run config (a learner config with a [run] table).
+    #[arg(long, value_name = "FILE")]
+    config: PathBuf,
+    /// Run name (default: `run_name` in the config); the run folder is `runs/<name>`.
+    #[arg(long)]
+    name: Option<String>,
+    /// Override `[run] rl_minutes`: a fixed RL budget per arm (turns `run_minutes` off).
+    #[arg(long)]
+    rl_minutes: Option<f64>,
+    /// Override `[run] eval_episodes`.
+    #[arg(long)]
+    eval_episodes: Option<usize>,
+    /// Skip the ablation even if the config names one.
+    #[arg(long)]
+    no_ablation: bool,
+}
+
+/// `run.json`: what happened, for the report.
+#[derive(Debug, Clone, Serialize)]
+struct RunRecord {
+    name: String,
+    main_family: String,
+    config: String,
+    started_unix_ms: u64,
+    finished_unix_ms: u64,
+    stages: BTreeMap<String, f64>,
+    interrupted: bool,
+    frontier_level: BTreeMap<String, u32>,
+    level_tokens: BTreeMap<String, BTreeMap<String, usize>>,
+    ablation: BTreeMap<String, Option<f64>>,
+    ablation_frontier_level: BTreeMap<String, u32>,
+    /// `[sft] heldout_loss_target`, so the report can say whether SFT reached it.
+    sft_heldout_loss_target: Option<f64>,
+}
+
+impl RunRecord {
+    fn write(&self, run_dir: &Path) -> Result<()> {
+        let path = run_dir.join("run.json");
+        std::fs::write(&path, serde_json::to_string_pretty(self)?)
+            .with_context(|| format!("writing {}", path.display()))
+    }
+}
+
+/// Runs the command.
+pub fn run(args: RunArgs) -> Result<ExitCode> {
+    let started_unix_ms = corvid_store::now_unix_ms();
+    let started = Instant::now();
+    let stop = children::interrupts();
+    let mut plan = config::RunPlan::prepare(&args)?;
+    // Seconds per phase, for run.json.
+    let mut stages = BTreeMap::new();
+
+    // 1. SFT
+    let sft_s = phases::sft(&plan, &stop)?;
+    stages.insert("sft_s".to_string(), sft_s);
+
+    // 2. Ablation copy
+    let ablation = phases::copy_for_ablation(&plan)?;
+
+    // 3. RL, the main arm then the ablation's
+    let arms = 1 + u32::from(ablation.is_some());
+    plan.run
+        .fit_rl_budget(started.elapsed().as_secs_f64() / 60.0, arms);
+    let rl = phases::rl(&plan, ablation.as_ref(), &stop)?;
+    stages.insert("rl_s".to_string(), rl.main.seconds);
+    if let Some(a) = &rl.ablation {
+        stages.insert("ablation_rl_s".to_string(), a.seconds);
+    }
+    let ablation_frontier = rl.ablation.map(|a| a.frontier).unwrap_or_default();
+
+    // 4. Evaluation, skipped after a second interrupt
+    let t_eval = Instant::now();
+    let family = &plan.run.eval_family;
+    let levels = evaluate::eval_levels(
+        &plan.run.eval_levels,
+        family,
+        &[&rl.main.frontier, &ablation_frontier],
+    )?;
+    let evals = if stop.load(Ordering::SeqCst) < 2 {
+        evaluate::evaluate(&plan, ablation.as_ref(), levels, started_unix_ms)?
+    } else {
+        BTreeMap::new()
+    };
+    stages.insert("eval_s".to_string(), t_eval.elapsed().as_secs_f64());
+
+    // 5. Report; its headline numbers are at the main run's frontier of the evaluated family
+    let level_tokens = evaluate::level_tokens(&plan, family)?;
+    let frontier = rl.main.frontier.get(family).copied();
+    let record = RunRecord {
+        name: plan.name.clone(),
+        main_family: family.clone(),
+        config: args.config.display().to_string(),
+        started_unix_ms,
+        finished_unix_ms: corvid_store::now_unix_ms(),
+        stages,
+        interrupted: stop.load(Ordering::SeqCst) > 0,
+        level_tokens,
+        ablation: evaluate::ablation_figures(&evals, frontier),
+        frontier_level: rl.main.frontier,
+        ablation_frontier_level: ablation_frontier,
+        sft_heldout_loss_target: plan.cfg.sft.heldout_loss_target,
+    };
+    record.write(plan.run_dir())?;
+    let summary = crate::report::write(plan.run_dir()).context("writing the report")?;
+    eprintln!("[run] report: {}", summary.html.display());
+    println!("{}", summary.html.display());
+    Ok(ExitCode::SUCCESS)
+}
