@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# How soon a SIGKILLed actor's episodes go to another actor (BENCHMARKS.md, "Session 24").
+# How soon a SIGKILLed actor's episodes go to another actor (docs/bench/log.md, 2026-12-03 "an actor's episodes go to another actor 3 s after a SIGKILL";
+# the current figure: BENCHMARKS.md, "End to end").
 # A learner on the end-to-end tests' tiny run (tests/e2e.toml, 12 updates) and two actors of
 # 4 episodes on loopback; actor 0 is SIGKILLed after its second acknowledged trajectory.
 # Prints the kill time, the learner's "actor went silent" line (with the episodes it handed
