@@ -128,7 +128,7 @@ impl Mla {
             None => QueryProj::Full(Linear::new(&p / "q_proj", d, h * qk, std)),
             Some(r) => QueryProj::LowRank {
                 a: Linear::new(&p / "q_a_proj", d, r, std),
-                norm: RmsNorm::new(&p / "q_a_norm", r, cfg.rms_norm_eps),
+                norm: RmsNorm::new(&p / "q_a_layernorm", r, cfg.latent_eps()),
                 b: Linear::new(&p / "q_b_proj", r, h * qk, std),
             },
         };
@@ -142,12 +142,12 @@ impl Mla {
         let latent = if cfg.owns_latent(layer) {
             LatentSource::Own {
                 kv_a_proj: Linear::new(
-                    &p / "kv_a_proj",
+                    &p / "kv_a_proj_with_mqa",
                     d,
                     cfg.kv_lora_rank + cfg.qk_rope_head_dim,
                     std,
                 ),
-                kv_a_norm: RmsNorm::new(&p / "kv_a_norm", cfg.kv_lora_rank, cfg.rms_norm_eps),
+                kv_a_norm: RmsNorm::new(&p / "kv_a_layernorm", cfg.kv_lora_rank, cfg.latent_eps()),
                 shift_projs: (1..=cfg.shift_taps())
                     .map(|k| {
                         // Tap 1 keeps the name it had before taps existed (checkpoints load).

@@ -101,6 +101,30 @@ pub enum RopeScaling {
         /// Rotations per original context below which a dimension is interpolated (DeepSeek: 1).
         beta_slow: f64,
     },
+    /// YaRN exactly as Hugging Face transformers computes it (`_compute_yarn_parameters`), for
+    /// checkpoints trained with it: the ramp runs over dimension indices between the
+    /// correction dims of `beta_fast` and `beta_slow` (floored and ceiled when `truncate`),
+    /// cos and sin are multiplied by the attention factor, and DeepSeek-V3's attention also
+    /// multiplies its softmax scale by `mscale(factor, mscale_all_dim)²`
+    /// ([`Rope`](crate::rope::Rope) computes both).
+    HfYarn {
+        /// Context growth factor s.
+        factor: f64,
+        /// The context the model was trained at before scaling.
+        original_max_position_embeddings: i64,
+        /// Rotations over the original context above which a dimension is kept (default 32).
+        beta_fast: f64,
+        /// Rotations below which a dimension is interpolated (default 1).
+        beta_slow: f64,
+        /// `mscale` (0 when the config has none).
+        mscale: f64,
+        /// `mscale_all_dim` (0 when the config has none); non-zero also scales the softmax.
+        mscale_all_dim: f64,
+        /// An explicit `attention_factor` (the cos/sin multiplier), overriding the mscales.
+        attention_factor: Option<f64>,
+        /// Round the correction range outward to whole dims (transformers' default: true).
+        truncate: bool,
+    },
 }
 
 /// The full model configuration. `#[serde(default)]` fills unspecified fields from `tiny`.
@@ -168,6 +192,12 @@ pub struct ModelConfig {
     pub num_experts_per_tok: i64,
     /// Width F of each expert.
     pub moe_intermediate_size: i64,
+    /// Expert groups for group-limited routing (DeepSeek-V3 `n_group`; 1 = no limit): a
+    /// token first picks its `topk_group` best groups, each scored by the sum of its two best
+    /// biased scores, then its experts from those groups only.
+    pub n_group: i64,
+    /// Groups a token may route to (`topk_group`; at most `n_group`).
+    pub topk_group: i64,
     /// Router score function.
     pub scoring_func: ScoreFunc,
     /// Renormalise the top-k weights to sum to one.
@@ -195,6 +225,10 @@ pub struct ModelConfig {
     pub router_z_loss_coef: f64,
     /// RMSNorm epsilon.
     pub rms_norm_eps: f64,
+    /// Epsilon of the low-rank query's and the latent's RMSNorms (`q_a_layernorm`,
+    /// `kv_a_layernorm`) when it differs from `rms_norm_eps`: transformers' DeepSeek-V3 builds
+    /// those two with 1e-6 whatever the config says. `None`: `rms_norm_eps`.
+    pub latent_norm_eps: Option<f64>,
     /// Share the embedding matrix with the output head.
     pub tie_word_embeddings: bool,
     /// Init std of the dense weights.
@@ -297,6 +331,29 @@ impl ModelConfig {
                 "must be below n_routed_experts (quantile balancing reads the (k+1)-th score)",
             );
         }
+        if self.n_group <= 0 || self.n_routed_experts % self.n_group != 0 {
+            return bad(
+                "n_group",
+                self.n_group.to_string(),
+                "must be positive and divide n_routed_experts",
+            );
+        }
+        if self.n_group > 1 && self.n_routed_experts / self.n_group < 2 {
+            return bad(
+                "n_group",
+                self.n_group.to_string(),
+                "must leave at least 2 experts per group (a group is scored by its two best)",
+            );
+        }
+        if !(1..=self.n_group).contains(&self.topk_group)
+            || self.topk_group * (self.n_routed_experts / self.n_group) < self.num_experts_per_tok
+        {
+            return bad(
+                "topk_group",
+                self.topk_group.to_string(),
+                "must be in 1..=n_group and its groups must hold num_experts_per_tok experts",
+            );
+        }
         if self.n_shared_experts < 0 {
             return bad(
                 "n_shared_experts",
@@ -335,10 +392,20 @@ impl ModelConfig {
         }
         match self.rope_scaling {
             RopeScaling::None => {}
-            RopeScaling::Linear { factor } | RopeScaling::Yarn { factor, .. } if factor < 1.0 => {
+            RopeScaling::Linear { factor }
+            | RopeScaling::Yarn { factor, .. }
+            | RopeScaling::HfYarn { factor, .. }
+                if !(factor >= 1.0 && factor.is_finite()) =>
+            {
                 return bad("rope_scaling.factor", factor.to_string(), "must be >= 1");
             }
             RopeScaling::Yarn {
+                beta_fast,
+                beta_slow,
+                original_max_position_embeddings,
+                ..
+            }
+            | RopeScaling::HfYarn {
                 beta_fast,
                 beta_slow,
                 original_max_position_embeddings,
@@ -371,6 +438,11 @@ impl ModelConfig {
             }
         }
         Ok(())
+    }
+
+    /// Epsilon of the `q_a_layernorm` and `kv_a_layernorm` RMSNorms.
+    pub fn latent_eps(&self) -> f64 {
+        self.latent_norm_eps.unwrap_or(self.rms_norm_eps)
     }
 
     /// Query/key head dim: nope + rope.

@@ -21,6 +21,17 @@ pub enum ModelError {
         /// The rule it breaks.
         why: String,
     },
+    /// A Hugging Face `config.json` has a key Corvid does not implement, a value it cannot
+    /// run, or a key missing that has no default.
+    #[error("{file}: `{key}`: {problem}")]
+    HfConfig {
+        /// The config file.
+        file: String,
+        /// The key (dotted for nested keys, e.g. `rope_parameters.factor`).
+        key: String,
+        /// What is wrong with it, and what would work.
+        problem: String,
+    },
     /// The config's weights cannot fit the memory of the device it is built on (checked
     /// before anything is allocated, [`ModelConfig::check_fits`](crate::ModelConfig::check_fits)).
     #[error("model config too large for {device}: {detail}")]

@@ -44,6 +44,8 @@ impl ModelConfig {
             n_shared_experts: 1,
             num_experts_per_tok: 2,
             moe_intermediate_size: 128,
+            n_group: 1,
+            topk_group: 1,
             scoring_func: ScoreFunc::Sigmoid,
             norm_topk_prob: true,
             routed_scaling_factor: 1.0,
@@ -59,6 +61,7 @@ impl ModelConfig {
             bias_update_rate: 1e-3,
             router_z_loss_coef: 0.0,
             rms_norm_eps: 1e-6,
+            latent_norm_eps: None,
             tie_word_embeddings: true,
             initializer_range: 0.02,
         }

@@ -6,7 +6,8 @@
 //! Scores come from fp32 logits (softmax or sigmoid). The balance bias
 //! `e_score_correction_bias [E]` is added *only for selection*: the combine weights are the
 //! unbiased scores of the chosen experts (renormalised if `norm_topk_prob`), as in
-//! DeepSeek-V3. Selection takes the top-(k+1) so quantile balancing can read each token's
+//! DeepSeek-V3, optionally limited to the best `topk_group` of `n_group` expert groups.
+//! Selection takes the top-(k+1) so quantile balancing can read each token's
 //! cutoff, between the k-th and (k+1)-th biased scores.
 
 use tch::{nn, Tensor};
@@ -41,6 +42,8 @@ pub struct Router {
     noise_std: f64,
     norm_topk: bool,
     scaling: f64,
+    n_group: i64,
+    topk_group: i64,
 }
 
 impl Router {
@@ -62,6 +65,8 @@ impl Router {
             noise_std: cfg.router_noise_std,
             norm_topk: cfg.norm_topk_prob,
             scaling: cfg.routed_scaling_factor,
+            n_group: cfg.n_group,
+            topk_group: cfg.topk_group,
         }
     }
 
@@ -85,6 +90,30 @@ impl Router {
         std::mem::replace(&mut self.noise_std, 0.0) > 0.0
     }
 
+    /// Group-limited selection (DeepSeek-V3): each group of `E / n_group` experts is scored by
+    /// the sum of its two best biased scores, the `topk_group` best groups stay and every
+    /// other expert's biased score becomes −∞, so no expert outside them is chosen.
+    fn limit_to_groups(&self, select_te: &Tensor) -> Tensor {
+        let (t, e) = select_te.size2().expect("scores are [T, E]");
+        let per_group = e / self.n_group;
+        let select_tgp = select_te.view([t, self.n_group, per_group]);
+        let group_score_tg =
+            select_tgp
+                .topk(2, -1, true, true)
+                .0
+                .sum_dim_intlist(-1, false, select_te.kind());
+        let keep_groups_tj = group_score_tg.topk(self.topk_group, -1, true, true).1;
+        let keep_tg = group_score_tg
+            .zeros_like()
+            .scatter_value(1, &keep_groups_tj, 1.0)
+            .to_kind(tch::Kind::Bool);
+        let keep_te = keep_tg
+            .unsqueeze(-1)
+            .expand([t, self.n_group, per_group], false)
+            .reshape([t, e]);
+        select_te.masked_fill(&keep_te.logical_not(), f64::NEG_INFINITY)
+    }
+
     /// Routes `x [T, d]`. Noise (if configured) perturbs selection in training only.
     pub fn forward(&self, x_td: &Tensor, train: bool) -> Routing {
         let work = work_kind(x_td.kind());
@@ -98,6 +127,9 @@ impl Router {
         let mut select_te = scores_te.detach() + self.bias_e.to_kind(work);
         if train && self.noise_std > 0.0 {
             select_te = &select_te + select_te.randn_like() * self.noise_std;
+        }
+        if self.n_group > 1 {
+            select_te = self.limit_to_groups(&select_te);
         }
         let (top_vals, top_idx) = select_te.topk(self.top_k + 1, -1, true, true);
         let idx_tk = top_idx.narrow(1, 0, self.top_k);
