@@ -4,11 +4,14 @@
 #
 #   1. a cached virtualenv with torch==2.11.0 from PyPI (tch 0.24.0 links against it),
 #      under ${XDG_CACHE_HOME:-$HOME/.cache}/corvid/, shared by every clone;
-#   2. the wasm32-wasip1 rustup target (the sandbox toolbox is built for it);
-#   3. the link .corvid/torch -> that virtualenv's torch package, which
-#      .cargo/config.toml points LIBTORCH and the binaries' rpath at.
+#   2. in that virtualenv, the Python packages tests use as oracles, at pinned versions
+#      (transformers and what it needs, safetensors, kubernetes-validate);
+#   3. the wasm32-wasip1 rustup target (the sandbox toolbox is built for it);
+#   4. the links .corvid/torch -> that virtualenv's torch package, which
+#      .cargo/config.toml points LIBTORCH and the binaries' rpath at, and
+#      .corvid/venv -> the virtualenv, whose bin/python runs the oracle scripts.
 #
-# Idempotent: when everything is in place it only checks a stamp and two links.
+# Idempotent: when everything is in place it only checks two stamps and two links.
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
@@ -16,6 +19,16 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cache="${XDG_CACHE_HOME:-$HOME/.cache}/corvid"
 venv="$cache/venv-torch-$TORCH_VERSION"
 stamp="$venv/.corvid-ready"
+
+# Oracle packages, each pinned exactly. transformers 5.25.0 is the newest release that
+# imports and runs DeepseekV3/Qwen3Moe/Qwen3 on torch 2.11.0 (scripts/hf_fixtures.py
+# writes model/tests/fixtures/hf with it); tokenizers 0.23.3 is the version it resolves
+# to; jinja2 renders chat templates (torch already pulls it in; pinned so it cannot drift).
+ORACLE_PINS="transformers==5.25.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6
+  kubernetes-validate==1.37.0"
+# One stamp per pin list: editing ORACLE_PINS changes the name, so the next run reinstalls.
+oracle_hash=$(printf '%s\n' "torch==$TORCH_VERSION" $ORACLE_PINS | cksum | cut -d' ' -f1)
+oracle_stamp="$venv/.corvid-oracles-$oracle_hash"
 
 say() { printf 'bootstrap: %s\n' "$*" >&2; }
 
@@ -39,7 +52,21 @@ if [ -z "$torch_dir" ] || [ ! -f "$torch_dir/lib/libtorch_cpu.so" ]; then
   say "error: $venv has no torch/lib/libtorch_cpu.so; remove $venv and rerun"; exit 1
 fi
 
-# --- 2. the wasm32-wasip1 target ---------------------------------------------------
+# --- 2. oracle packages in the same virtualenv ---------------------------------
+if [ ! -f "$oracle_stamp" ]; then
+  say "installing oracle packages into $venv: $ORACLE_PINS"
+  # torch is pinned on the same command line so that pip keeps the installed build
+  # rather than resolving some dependency to another torch.
+  "$venv/bin/pip" install --disable-pip-version-check --quiet "torch==$TORCH_VERSION" $ORACLE_PINS
+  check='from transformers import DeepseekV3ForCausalLM, Qwen3MoeForCausalLM, Qwen3ForCausalLM'
+  if ! "$venv/bin/python" -c "$check" 2>/dev/null; then
+    say "error: transformers in $venv does not import; remove $venv and rerun"; exit 1
+  fi
+  rm -f "$venv"/.corvid-oracles-*
+  touch "$oracle_stamp"
+fi
+
+# --- 3. the wasm32-wasip1 target ---------------------------------------------------
 if command -v rustup >/dev/null; then
   if ! rustup target list --installed | grep -qx wasm32-wasip1; then
     say "adding rustup target wasm32-wasip1"
@@ -49,7 +76,7 @@ else
   say "warning: rustup not found; make sure the wasm32-wasip1 target is installed"
 fi
 
-# --- 3. stable links the cargo config points at -------------------------------------
+# --- 4. stable links the cargo config points at -------------------------------------
 mkdir -p "$root/.corvid"
 ln -sfn "$torch_dir" "$root/.corvid/torch"
 ln -sfn "$venv" "$root/.corvid/venv"
