@@ -67,6 +67,7 @@
 #![deny(missing_docs)]
 
 pub mod accounting;
+pub mod arch;
 pub mod attention;
 pub mod balance;
 pub mod cache;

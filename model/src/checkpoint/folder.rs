@@ -73,10 +73,20 @@ pub fn load(dir: &Path, device: Device) -> Result<(nn::VarStore, MoePolicy), Mod
 /// [`load_weights_from_bytes`](super::load_weights_from_bytes): from `model.safetensors`, or,
 /// when the folder has none, from the shards that `model.safetensors.index.json` names.
 pub fn load_weights(vs: &nn::VarStore, dir: &Path) -> Result<(), ModelError> {
+    with_views(dir, |tensors| load_views(vs, tensors))
+}
+
+/// Memory-maps the weights of the folder `dir` (`model.safetensors`, or the shards that
+/// `model.safetensors.index.json` names, checked against the index) and hands every tensor,
+/// by name, to `use_views` while the maps live. No tensor data is copied here.
+pub(crate) fn with_views<T>(
+    dir: &Path,
+    use_views: impl FnOnce(&BTreeMap<String, TensorView<'_>>) -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
     let single = dir.join(WEIGHTS_FILE);
     let index = dir.join(WEIGHTS_INDEX_FILE);
     if !single.exists() && index.exists() {
-        return load_shards(vs, dir, &index);
+        return with_shards(dir, &index, use_views);
     }
     let map = map_file(&single)?;
     let file = parse(&map)?;
@@ -84,7 +94,7 @@ pub fn load_weights(vs: &nn::VarStore, dir: &Path) -> Result<(), ModelError> {
         .iter()
         .map(|(name, view)| (name.to_string(), view))
         .collect();
-    load_views(vs, &tensors)
+    use_views(&tensors)
 }
 
 /// Maps `path` read-only.
@@ -104,9 +114,14 @@ struct ShardIndex {
     weight_map: BTreeMap<String, String>,
 }
 
-/// Loads the shards that the index at `index_path` names. The index and the shards must
-/// agree: each shard holds exactly the tensors the index puts in it.
-fn load_shards(vs: &nn::VarStore, dir: &Path, index_path: &Path) -> Result<(), ModelError> {
+/// Maps the shards that the index at `index_path` names and hands their tensors to
+/// `use_views`. The index and the shards must agree: each shard holds exactly the tensors the
+/// index puts in it.
+fn with_shards<T>(
+    dir: &Path,
+    index_path: &Path,
+    use_views: impl FnOnce(&BTreeMap<String, TensorView<'_>>) -> Result<T, ModelError>,
+) -> Result<T, ModelError> {
     let text = std::fs::read_to_string(index_path).map_err(io(index_path))?;
     let index: ShardIndex = serde_json::from_str(&text)
         .map_err(|e| bad(HEADER, format!("{WEIGHTS_INDEX_FILE}: {e}")))?;
@@ -161,7 +176,7 @@ fn load_shards(vs: &nn::VarStore, dir: &Path, index_path: &Path) -> Result<(), M
             format!("{WEIGHTS_INDEX_FILE} puts it in {shard}, which does not hold it"),
         ));
     }
-    load_views(vs, &tensors)
+    use_views(&tensors)
 }
 
 /// Says which shard a parse error comes from.

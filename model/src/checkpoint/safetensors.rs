@@ -230,7 +230,10 @@ pub(super) fn load_views(
 }
 
 /// The tch kind and shape of a parsed tensor, or why it cannot become one.
-fn kind_and_shape(name: &str, view: &TensorView<'_>) -> Result<(Kind, Vec<i64>), ModelError> {
+pub(crate) fn kind_and_shape(
+    name: &str,
+    view: &TensorView<'_>,
+) -> Result<(Kind, Vec<i64>), ModelError> {
     let dtype = view.dtype();
     let kind = kind_of(dtype).ok_or_else(|| {
         bad(

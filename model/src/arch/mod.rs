@@ -1,0 +1,249 @@
+//! Hugging Face checkpoints: a folder with `config.json` (whose `model_type` names the
+//! architecture) and safetensors weights under Hugging Face names, one file or shards with
+//! `model.safetensors.index.json`.
+//!
+//! Each architecture folder holds translation only: its config keys (with transformers'
+//! defaults; a key Corvid does not implement is refused with its name and value) and its
+//! state-dict plan (names, stacked experts, row layout). The shared pieces are here:
+//! - `keys`: reading a config key by key, refusing what is left;
+//! - `adapter`: the plan's sources and the all-or-nothing copy from memory-mapped files, with
+//!   FP8 e4m3 block dequantisation;
+//! - [`read_config`] / [`load`]: dispatch on `model_type`.
+//!
+//! Supported: `deepseek_v3` ([`deepseek_v3`]).
+
+mod adapter;
+pub mod deepseek_v3;
+mod keys;
+
+use std::path::Path;
+
+use tch::{nn, Device};
+
+pub use adapter::LoadReport;
+use adapter::{Plan, Source};
+use keys::Keys;
+
+use crate::checkpoint::{with_views, CONFIG_FILE};
+use crate::config::{ExpertDispatch, ModelConfig, RopeScaling};
+use crate::policy::MoePolicy;
+use crate::precision::weight_kind_for;
+use crate::ModelError;
+
+/// The architectures Corvid loads, by `model_type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `deepseek_v3`.
+    DeepseekV3,
+}
+
+impl Family {
+    /// The `model_type` string.
+    pub fn model_type(self) -> &'static str {
+        match self {
+            Family::DeepseekV3 => deepseek_v3::MODEL_TYPE,
+        }
+    }
+}
+
+/// How a checkpoint lays out tensors that Corvid holds otherwise.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HfLayout {
+    /// DeepSeek's RoPE rows are interleaved pairs (`rope_interleave`); Corvid rotates halves.
+    pub rope_interleave: bool,
+}
+
+/// A Hugging Face config read into Corvid's terms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HfConfig {
+    /// The architecture.
+    pub family: Family,
+    /// The model it describes.
+    pub model: ModelConfig,
+    /// The checkpoint's tensor layout.
+    pub layout: HfLayout,
+}
+
+/// Whether `dir` holds a Hugging Face checkpoint: a `config.json` with a `model_type`.
+pub fn is_hf_folder(dir: &Path) -> bool {
+    std::fs::read_to_string(dir.join(CONFIG_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+        .is_some_and(|v| v.get("model_type").is_some())
+}
+
+/// Reads `dir/config.json`: its `model_type` picks the architecture, whose keys become a
+/// validated [`ModelConfig`]. An unknown `model_type`, a key Corvid does not implement, or a
+/// value it cannot run is an error naming the file and the key.
+pub fn read_config(dir: &Path) -> Result<HfConfig, ModelError> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let mut keys = Keys::parse(&path, &text)?;
+    let model_type = keys.str_or("model_type", "")?;
+    let (family, (model, layout)) = match model_type.as_str() {
+        deepseek_v3::MODEL_TYPE => (Family::DeepseekV3, deepseek_v3::config(&mut keys)?),
+        "" => {
+            return Err(keys.error(
+                "model_type",
+                "missing: a Hugging Face config names its architecture",
+            ))
+        }
+        other => {
+            return Err(keys.error(
+                "model_type",
+                format!("\"{other}\" is not an architecture Corvid loads (supported: deepseek_v3)"),
+            ))
+        }
+    };
+    keys.finish()?;
+    model.validate().map_err(|e| ModelError::HfConfig {
+        file: path.display().to_string(),
+        key: "<config>".into(),
+        problem: format!("the model it describes is not one Corvid can build: {e}"),
+    })?;
+    Ok(HfConfig {
+        family,
+        model,
+        layout,
+    })
+}
+
+/// Builds the model of the Hugging Face checkpoint in `dir` on `device` and loads its weights:
+/// bf16 weights with fp32 routers on CUDA, fp32 elsewhere, whatever the files hold (fp32, bf16,
+/// fp16, or FP8 e4m3 with block scales). Nothing is returned unless every tensor loaded.
+pub fn load(
+    dir: &Path,
+    device: Device,
+) -> Result<(nn::VarStore, MoePolicy, HfConfig, LoadReport), ModelError> {
+    let mut hf = read_config(dir)?;
+    if device != Device::Cpu {
+        hf.model.expert_dispatch = ExpertDispatch::GroupedMm;
+    }
+    let vs = nn::VarStore::new(device);
+    let model = MoePolicy::new_in_kind(&vs, &hf.model, weight_kind_for(device))?;
+    let report = with_views(dir, |views| {
+        let names: Vec<&str> = views.keys().map(String::as_str).collect();
+        let plan = match hf.family {
+            Family::DeepseekV3 => deepseek_v3::plan(&hf.model, &hf.layout, &names),
+        };
+        adapter::fill(&vs, views, &plan)
+    })?;
+    Ok((vs, model, hf, report))
+}
+
+/// The rotary settings of a config: `rope_theta` and the scaling, from transformers v5's
+/// `rope_parameters` or v4's `rope_theta` + `rope_scaling`. Supported rope types: `default`
+/// and `yarn` (with `mscale` / `mscale_all_dim` where `deepseek_mscale` says the family's
+/// attention reads them).
+pub(crate) fn rope_from_keys(
+    keys: &mut Keys,
+    deepseek_mscale: bool,
+) -> Result<(f64, RopeScaling), ModelError> {
+    let top_theta = keys.opt_f64("rope_theta")?;
+    let params = match keys.object("rope_parameters")? {
+        Some(p) => Some(p),
+        None => keys.object("rope_scaling")?,
+    };
+    let Some(mut p) = params else {
+        return Ok((top_theta.unwrap_or(10_000.0), RopeScaling::None));
+    };
+    let theta = match p.opt_f64("rope_theta")? {
+        Some(t) => t,
+        None => top_theta.unwrap_or(10_000.0),
+    };
+    let kind = match p.str_or("rope_type", "")?.as_str() {
+        "" => p.str_or("type", "default")?,
+        t => {
+            p.metadata(&["type"]);
+            t.to_string()
+        }
+    };
+    let scaling = match kind.as_str() {
+        "default" => RopeScaling::None,
+        "yarn" => {
+            let factor = p
+                .opt_f64("factor")?
+                .ok_or_else(|| p.error("factor", "missing: YaRN needs a factor"))?;
+            let original = p
+                .opt_i64("original_max_position_embeddings")?
+                .ok_or_else(|| {
+                    p.error(
+                        "original_max_position_embeddings",
+                        "missing: YaRN needs the pre-scaling context",
+                    )
+                })?;
+            let (mscale, mscale_all_dim) = if deepseek_mscale {
+                (p.f64_or("mscale", 0.0)?, p.f64_or("mscale_all_dim", 0.0)?)
+            } else {
+                (0.0, 0.0)
+            };
+            RopeScaling::HfYarn {
+                factor,
+                original_max_position_embeddings: original,
+                // transformers reads `beta_fast or 32`: a zero is the default too.
+                beta_fast: Some(p.f64_or("beta_fast", 32.0)?)
+                    .filter(|&b| b != 0.0)
+                    .unwrap_or(32.0),
+                beta_slow: Some(p.f64_or("beta_slow", 1.0)?)
+                    .filter(|&b| b != 0.0)
+                    .unwrap_or(1.0),
+                mscale,
+                mscale_all_dim,
+                attention_factor: p.opt_f64("attention_factor")?,
+                truncate: p.bool_or("truncate", true)?,
+            }
+        }
+        other => {
+            return Err(p.error(
+                "rope_type",
+                format!("\"{other}\" is not supported (Corvid implements default and yarn)"),
+            ))
+        }
+    };
+    p.finish()?;
+    Ok((theta, scaling))
+}
+
+/// The sources of one MoE layer's stacked experts (`mlp` is Corvid's prefix, `hf_mlp` the
+/// checkpoint's): per-expert `experts.{j}.{gate,up,down}_proj.weight` (the hub format), or
+/// fused `experts.gate_up_proj` / `experts.down_proj` where the checkpoint has those.
+pub(crate) fn expert_sources(
+    plan: &mut Plan,
+    mlp: &str,
+    hf_mlp: &str,
+    experts: i64,
+    names: &[&str],
+) {
+    let fused = format!("{hf_mlp}.experts.gate_up_proj");
+    if names.contains(&fused.as_str()) {
+        plan.sources.insert(
+            format!("{mlp}.experts.w_gate"),
+            Source::FusedHalfTransposed(fused.clone(), 0),
+        );
+        plan.sources.insert(
+            format!("{mlp}.experts.w_up"),
+            Source::FusedHalfTransposed(fused, 1),
+        );
+        plan.sources.insert(
+            format!("{mlp}.experts.w_down"),
+            Source::FusedTransposed(format!("{hf_mlp}.experts.down_proj")),
+        );
+        return;
+    }
+    for (var, proj) in [
+        ("w_gate", "gate_proj"),
+        ("w_up", "up_proj"),
+        ("w_down", "down_proj"),
+    ] {
+        let parts = (0..experts)
+            .map(|j| format!("{hf_mlp}.experts.{j}.{proj}.weight"))
+            .collect();
+        plan.sources.insert(
+            format!("{mlp}.experts.{var}"),
+            Source::StackTransposed(parts),
+        );
+    }
+}

@@ -1,0 +1,397 @@
+//! Hugging Face checkpoints against transformers, fixture by fixture
+//! (`tests/fixtures/hf/<variant>/`, written by `scripts/hf_fixtures.py` with the transformers
+//! version pinned in `scripts/bootstrap.sh`; its README says what each holds):
+//! - the logits of a batch equal transformers' in fp32 (max abs error ≤ 1e-4 of their scale);
+//! - cached decoding (prefill then one token at a time, and a ragged batch) equals the full
+//!   forward;
+//! - 32 greedy tokens equal transformers' `generate(do_sample=False)` token for token;
+//! - one training step's loss and gradient norm equal transformers' (≤ 1e-4 relative);
+//! - bad folders (unknown `model_type`, an unsupported key or value, a missing, misshaped or
+//!   extra tensor, a shard the index names but the folder lacks, a truncated shard) are
+//!   refused with an error naming the file and the key or tensor.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use corvid_model::arch::{self, Family};
+use corvid_model::{ModelError, MoePolicy};
+use tch::{nn, Device, Kind, Reduction, Tensor};
+
+/// The DeepSeek-V3 fixtures.
+const DEEPSEEK_V3: &[&str] = &[
+    "deepseek_v3_qlora",
+    "deepseek_v3_plain_yarn",
+    "deepseek_v3_bf16",
+    "deepseek_v3_fp8",
+];
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/hf")
+        .join(name)
+}
+
+fn expected(name: &str) -> BTreeMap<String, Tensor> {
+    Tensor::read_safetensors(fixture(name).join("expected.safetensors"))
+        .expect("expected.safetensors reads")
+        .into_iter()
+        .collect()
+}
+
+fn load(name: &str) -> (nn::VarStore, MoePolicy) {
+    tch::set_num_threads(1);
+    let (vs, model, hf, _) =
+        arch::load(&fixture(name), Device::Cpu).unwrap_or_else(|e| panic!("{name} loads: {e}"));
+    assert_eq!(hf.family, Family::DeepseekV3);
+    (vs, model)
+}
+
+fn max_abs(a: &Tensor, b: &Tensor) -> f64 {
+    (a.to_kind(Kind::Double) - b.to_kind(Kind::Double))
+        .abs()
+        .max()
+        .double_value(&[])
+}
+
+fn scale(t: &Tensor) -> f64 {
+    t.abs().max().double_value(&[]).max(1.0)
+}
+
+#[test]
+fn logits_equal_transformers() {
+    for name in DEEPSEEK_V3 {
+        let (_vs, model) = load(name);
+        let want = expected(name);
+        let ids = &want["input_ids"];
+        let got = model.forward(ids, false).unwrap().logits_btv;
+        let err = max_abs(&got, &want["logits"]);
+        let tol = 1e-4 * scale(&want["logits"]);
+        println!("{name}: max |Δlogits| = {err:.3e} (tolerance {tol:.3e})");
+        assert!(err <= tol, "{name}: logits differ by {err} > {tol}");
+    }
+}
+
+#[test]
+fn cached_decoding_equals_the_full_forward() {
+    for name in DEEPSEEK_V3 {
+        let (_vs, model) = load(name);
+        let ids = &expected(name)["input_ids"];
+        let (b, t) = ids.size2().unwrap();
+        let full = model.forward(ids, false).unwrap().logits_btv;
+        let tol = 1e-4 * scale(&full);
+        // Prefill half, then one token at a time.
+        let mut cache = model.new_cache(b as usize, t);
+        let half = t / 2;
+        let mut steps = vec![model
+            .forward_cached(&mut cache, &ids.narrow(1, 0, half))
+            .unwrap()];
+        for i in half..t {
+            steps.push(
+                model
+                    .forward_cached(&mut cache, &ids.narrow(1, i, 1))
+                    .unwrap(),
+            );
+        }
+        let err = max_abs(&Tensor::cat(&steps, 1), &full);
+        assert!(err <= tol, "{name}: prefill + decode differs by {err}");
+        // Ragged: row 0 appends 5 then 11 tokens, row 1 appends 9 then 7.
+        let mut cache = model.new_cache(b as usize, t);
+        let first = [5i64, 9];
+        let a = model
+            .forward_ragged(&mut cache, &ids.narrow(1, 0, 9), &first)
+            .unwrap();
+        let mut rest = Vec::new();
+        for (row, &n) in first.iter().enumerate() {
+            rest.push(ids.get(row as i64).narrow(0, n, t - n));
+        }
+        let width = t - first[0];
+        let padded: Vec<Tensor> = rest
+            .iter()
+            .map(|r| r.constant_pad_nd([0, width - r.size()[0]]))
+            .collect();
+        let second = [t - first[0], t - first[1]];
+        let c = model
+            .forward_ragged(&mut cache, &Tensor::stack(&padded, 0), &second)
+            .unwrap();
+        for (row, &n) in first.iter().enumerate() {
+            let r = row as i64;
+            let got = Tensor::cat(&[a.get(r).narrow(0, 0, n), c.get(r).narrow(0, 0, t - n)], 0);
+            let err = max_abs(&got, &full.get(r));
+            assert!(err <= tol, "{name}: ragged row {row} differs by {err}");
+        }
+    }
+}
+
+#[test]
+fn greedy_generation_equals_transformers() {
+    for name in DEEPSEEK_V3 {
+        let (_vs, model) = load(name);
+        let want = expected(name);
+        let prompt = want["prompt_ids"].unsqueeze(0);
+        let n = want["greedy_ids"].size()[0];
+        let mut cache = model.new_cache(1, prompt.size()[1] + n);
+        let mut logits = model.forward_cached(&mut cache, &prompt).unwrap();
+        let mut got = Vec::new();
+        for _ in 0..n {
+            let next = logits.select(1, -1).argmax(-1, false);
+            got.push(next.int64_value(&[0]));
+            logits = model
+                .forward_cached(&mut cache, &next.unsqueeze(1))
+                .unwrap();
+        }
+        let want_ids = Vec::<i64>::try_from(&want["greedy_ids"]).unwrap();
+        assert_eq!(got, want_ids, "{name}: greedy continuation");
+    }
+}
+
+#[test]
+fn a_training_step_gives_transformers_loss_and_gradient_norm() {
+    for name in DEEPSEEK_V3 {
+        let (vs, model) = load(name);
+        let want = expected(name);
+        let ids = &want["train_input_ids"];
+        let labels = &want["train_labels"];
+        let (b, t) = ids.size2().unwrap();
+        let out = model.forward(ids, true).unwrap();
+        let v = out.logits_btv.size()[2];
+        // transformers' causal-LM loss: labels shifted left, mean over labels != -100.
+        let loss = out
+            .logits_btv
+            .narrow(1, 0, t - 1)
+            .reshape([b * (t - 1), v])
+            .cross_entropy_loss::<Tensor>(
+                &labels.narrow(1, 1, t - 1).reshape([-1]),
+                None,
+                Reduction::Mean,
+                -100,
+                0.0,
+            );
+        let total = &loss + &out.aux_loss;
+        total.backward();
+        let sq: f64 = vs
+            .trainable_variables()
+            .iter()
+            .map(|p| {
+                p.grad()
+                    .to_kind(Kind::Double)
+                    .square()
+                    .sum(Kind::Double)
+                    .double_value(&[])
+            })
+            .sum();
+        let grad_norm = sq.sqrt();
+        let want_loss = want["train_loss"].double_value(&[]);
+        let want_norm = want["train_grad_norm"].double_value(&[]);
+        let (l, g) = (loss.double_value(&[]), grad_norm);
+        println!("{name}: loss {l} vs {want_loss}, grad norm {g} vs {want_norm}");
+        assert!(
+            (l - want_loss).abs() <= 1e-4 * want_loss.abs(),
+            "{name}: loss {l} vs {want_loss}"
+        );
+        assert!(
+            (g - want_norm).abs() <= 1e-4 * want_norm.abs(),
+            "{name}: grad norm {g} vs {want_norm}"
+        );
+    }
+}
+
+#[test]
+fn yarn_and_group_limits_are_read_from_the_config() {
+    let hf = arch::read_config(&fixture("deepseek_v3_plain_yarn")).unwrap();
+    assert!(matches!(
+        hf.model.rope_scaling,
+        corvid_model::RopeScaling::HfYarn { factor, mscale_all_dim, .. } if factor == 4.0 && mscale_all_dim == 1.0
+    ));
+    let hf = arch::read_config(&fixture("deepseek_v3_qlora")).unwrap();
+    assert_eq!((hf.model.n_group, hf.model.topk_group), (4, 2));
+    assert!(hf.layout.rope_interleave);
+}
+
+/// A copy of fixture `name` in a temporary folder, for damaging.
+fn copy_of(name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, dir.path().join(path.file_name().unwrap())).unwrap();
+    }
+    dir
+}
+
+/// A config as a JSON object.
+type ConfigMap = serde_json::Map<String, serde_json::Value>;
+
+/// A change to a config, for a test case.
+type ConfigEdit = Box<dyn Fn(&mut ConfigMap)>;
+
+/// A change to a weights file's tensors, for a test case.
+type WeightsEdit<'a> = &'a dyn Fn(&mut Vec<(String, Tensor)>);
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut ConfigMap)) {
+    let path = dir.join("config.json");
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(cfg.as_object_mut().unwrap());
+    std::fs::write(&path, serde_json::to_string_pretty(&cfg).unwrap()).unwrap();
+}
+
+fn load_error(dir: &Path) -> String {
+    match arch::load(dir, Device::Cpu) {
+        Ok(_) => panic!("{} loaded", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn bad_configs_are_refused_naming_the_file_and_key() {
+    let cases: Vec<(&str, ConfigEdit, &[&str])> = vec![
+        (
+            "unknown model_type",
+            Box::new(|c| {
+                c.insert("model_type".into(), "llama4".into());
+            }),
+            &["model_type", "llama4", "deepseek_v3"],
+        ),
+        (
+            "missing model_type",
+            Box::new(|c| {
+                c.remove("model_type");
+            }),
+            &["model_type", "missing"],
+        ),
+        (
+            "unknown key",
+            Box::new(|c| {
+                c.insert("sliding_window".into(), 4096.into());
+            }),
+            &["sliding_window", "4096", "does not implement"],
+        ),
+        (
+            "unsupported value",
+            Box::new(|c| {
+                c.insert("hidden_act".into(), "gelu".into());
+            }),
+            &["hidden_act", "gelu"],
+        ),
+        (
+            "unsupported rope type",
+            Box::new(|c| {
+                c["rope_parameters"]["rope_type"] = "longrope".into();
+            }),
+            &["rope_parameters.rope_type", "longrope"],
+        ),
+        (
+            "wrong kind of value",
+            Box::new(|c| {
+                c.insert("hidden_size".into(), "big".into());
+            }),
+            &["hidden_size", "integer"],
+        ),
+        (
+            "a model Corvid cannot build",
+            Box::new(|c| {
+                c.insert("topk_group".into(), 9.into());
+            }),
+            &["topk_group"],
+        ),
+    ];
+    for (what, edit, needles) in cases {
+        let dir = copy_of("deepseek_v3_plain_yarn");
+        edit_config(dir.path(), edit);
+        let msg = load_error(dir.path());
+        assert!(msg.contains("config.json"), "{what}: {msg}");
+        for n in needles {
+            assert!(msg.contains(n), "{what}: `{n}` not in: {msg}");
+        }
+    }
+}
+
+#[test]
+fn bad_weights_are_refused_naming_the_tensor() {
+    let weights = |dir: &Path| dir.join("model.safetensors");
+    let rewrite = |dir: &Path, edit: WeightsEdit| {
+        let mut tensors = Tensor::read_safetensors(weights(dir)).unwrap();
+        edit(&mut tensors);
+        Tensor::write_safetensors(&tensors, weights(dir)).unwrap();
+    };
+    let dir = copy_of("deepseek_v3_qlora");
+    let gone = "model.layers.1.mlp.experts.3.up_proj.weight";
+    rewrite(dir.path(), &|ts| ts.retain(|(n, _)| n != gone));
+    let msg = load_error(dir.path());
+    assert!(msg.contains(gone) && msg.contains("missing"), "{msg}");
+
+    let dir = copy_of("deepseek_v3_qlora");
+    let cut = "model.layers.0.self_attn.kv_b_proj.weight";
+    rewrite(dir.path(), &|ts| {
+        for (n, t) in ts.iter_mut() {
+            if n == cut {
+                *t = t.narrow(0, 0, 8);
+            }
+        }
+    });
+    let msg = load_error(dir.path());
+    assert!(msg.contains(cut) && msg.contains("shape"), "{msg}");
+
+    let dir = copy_of("deepseek_v3_qlora");
+    rewrite(dir.path(), &|ts| {
+        ts.push((
+            "model.layers.0.mlp.bias".into(),
+            Tensor::zeros([4], (Kind::Float, Device::Cpu)),
+        ))
+    });
+    let msg = load_error(dir.path());
+    assert!(
+        msg.contains("model.layers.0.mlp.bias") && msg.contains("not part of"),
+        "{msg}"
+    );
+
+    // An MTP layer past num_hidden_layers is skipped and listed, not an error.
+    let dir = copy_of("deepseek_v3_qlora");
+    rewrite(dir.path(), &|ts| {
+        ts.push((
+            "model.layers.3.eh_proj.weight".into(),
+            Tensor::zeros([4, 4], (Kind::Float, Device::Cpu)),
+        ))
+    });
+    let (_, _, _, report) = arch::load(dir.path(), Device::Cpu).unwrap();
+    assert_eq!(report.skipped.len(), 1, "{report:?}");
+    assert!(report.skipped[0].0.contains("layers.3"), "{report:?}");
+
+    // Sharded: a shard the index names but the folder lacks, and a truncated shard.
+    let dir = copy_of("deepseek_v3_plain_yarn");
+    std::fs::remove_file(dir.path().join("model-00002-of-00003.safetensors")).unwrap();
+    let msg = load_error(dir.path());
+    assert!(msg.contains("model-00002-of-00003.safetensors"), "{msg}");
+    let dir = copy_of("deepseek_v3_plain_yarn");
+    let shard = dir.path().join("model-00003-of-00003.safetensors");
+    let bytes = std::fs::read(&shard).unwrap();
+    std::fs::write(&shard, &bytes[..bytes.len() - 100]).unwrap();
+    let msg = load_error(dir.path());
+    assert!(msg.contains("model-00003-of-00003.safetensors"), "{msg}");
+}
+
+#[test]
+fn fp8_weights_are_dequantised_by_their_block_scales() {
+    let (_, _, _, report) = arch::load(&fixture("deepseek_v3_fp8"), Device::Cpu).unwrap();
+    assert!(report.fp8_dequantised > 0, "{report:?}");
+    // Without its scales an FP8 weight is refused by name. (The file is rewritten with the
+    // safetensors crate: tch's reader has no FP8 dtype.)
+    let dir = copy_of("deepseek_v3_fp8");
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<_> = file
+        .tensors()
+        .into_iter()
+        .filter(|(n, _)| n != "model.layers.0.self_attn.o_proj.weight_scale_inv")
+        .collect();
+    std::fs::write(&path, safetensors::serialize(kept, None).unwrap()).unwrap();
+    let msg = match arch::load(dir.path(), Device::Cpu) {
+        Ok(_) => panic!("loaded without scales"),
+        Err(e @ ModelError::Checkpoint { .. }) => e.to_string(),
+        Err(e) => panic!("unexpected error kind: {e}"),
+    };
+    assert!(
+        msg.contains("model.layers.0.self_attn.o_proj.weight"),
+        "{msg}"
+    );
+}
