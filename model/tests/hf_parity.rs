@@ -395,3 +395,150 @@ fn fp8_weights_are_dequantised_by_their_block_scales() {
         "{msg}"
     );
 }
+
+/// Every tensor of a checkpoint folder, by name (through the safetensors crate: tch's reader
+/// has no FP8 dtype), as `(dtype, shape, bytes)`.
+fn checkpoint_tensors(dir: &Path) -> BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_string_lossy().to_string();
+        if !name.ends_with(".safetensors") || name == "expected.safetensors" {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (n, view) in file.tensors() {
+            out.insert(
+                n,
+                (
+                    view.dtype().to_string(),
+                    view.shape().to_vec(),
+                    view.data().to_vec(),
+                ),
+            );
+        }
+    }
+    out
+}
+
+#[test]
+fn hugging_face_to_corvid_to_hugging_face_gives_the_same_tensors() {
+    for (name, dtype, shard) in [
+        ("deepseek_v3_qlora", Kind::Float, 1u64 << 40),
+        ("deepseek_v3_plain_yarn", Kind::Float, 60_000),
+        ("deepseek_v3_bf16", Kind::BFloat16, 1 << 40),
+    ] {
+        let src = fixture(name);
+        let (vs, _, hf, _) = arch::load(&src, Device::Cpu).unwrap();
+        let out = tempfile::tempdir().unwrap();
+        let dir = out.path().join("export");
+        let report = arch::export(&vs, &hf, &src, &dir, dtype, shard).unwrap();
+        let (want, got) = (checkpoint_tensors(&src), checkpoint_tensors(&dir));
+        assert_eq!(
+            want.keys().collect::<Vec<_>>(),
+            got.keys().collect::<Vec<_>>(),
+            "{name}: tensor names"
+        );
+        for (n, w) in &want {
+            assert!(got[n] == *w, "{name}: {n} differs (dtype, shape or values)");
+        }
+        assert_eq!(report.shards > 1, shard < 1 << 40, "{name}: {report:?}");
+        assert!(report
+            .copied
+            .contains(&"generation_config.json".to_string()));
+        // The export is a checkpoint Corvid loads again to the same logits.
+        let (_, model, _, _) = arch::load(&dir, Device::Cpu).unwrap();
+        let want = expected(name);
+        let err = max_abs(
+            &model.forward(&want["input_ids"], false).unwrap().logits_btv,
+            &want["logits"],
+        );
+        assert!(
+            err <= 1e-4 * scale(&want["logits"]),
+            "{name}: reloaded export, {err}"
+        );
+    }
+    // An export never writes into a folder that holds something.
+    let src = fixture("deepseek_v3_qlora");
+    let (vs, _, hf, _) = arch::load(&src, Device::Cpu).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    std::fs::write(out.path().join("keep.txt"), "mine").unwrap();
+    let err = arch::export(&vs, &hf, &src, out.path(), Kind::Float, 1 << 30).unwrap_err();
+    assert!(err.to_string().contains("not empty"), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(out.path().join("keep.txt")).unwrap(),
+        "mine"
+    );
+}
+
+/// The virtualenv's Python with transformers (`scripts/bootstrap.sh`), if this checkout has it.
+fn oracle_python() -> Option<PathBuf> {
+    let py = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.corvid/venv/bin/python");
+    py.exists().then_some(py)
+}
+
+#[test]
+fn a_corvid_trained_checkpoint_exported_loads_in_transformers_with_corvids_logits() {
+    let Some(python) = oracle_python() else {
+        panic!("no .corvid/venv/bin/python: run `make` (scripts/bootstrap.sh) first");
+    };
+    let name = "deepseek_v3_qlora";
+    let src = fixture(name);
+    let (vs, model, hf, _) = arch::load(&src, Device::Cpu).unwrap();
+    // One plain gradient step changes every trainable weight.
+    let ids = &expected(name)["train_input_ids"];
+    let out = model.forward(ids, true).unwrap();
+    let (b, t) = ids.size2().unwrap();
+    let v = out.logits_btv.size()[2];
+    let loss = out
+        .logits_btv
+        .narrow(1, 0, t - 1)
+        .reshape([b * (t - 1), v])
+        .cross_entropy_for_logits(&ids.narrow(1, 1, t - 1).reshape([-1]));
+    loss.backward();
+    tch::no_grad(|| {
+        for mut p in vs.trainable_variables() {
+            let g = p.grad();
+            let _ = p.f_sub_(&(g * 0.05)).unwrap();
+        }
+    });
+    let probe = expected(name)["input_ids"].shallow_clone();
+    let corvid = model.forward(&probe, false).unwrap().logits_btv;
+    assert!(
+        max_abs(&corvid, &expected(name)["logits"]) > 1e-2,
+        "the step changed the model"
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("trained");
+    arch::export(&vs, &hf, &src, &dir, Kind::Float, 1 << 30).unwrap();
+    let ids_path = tmp.path().join("ids.safetensors");
+    Tensor::write_safetensors(&[("input_ids", &probe)], &ids_path).unwrap();
+    let logits_path = tmp.path().join("logits.safetensors");
+    let script = format!(
+        "import torch\nfrom safetensors.torch import load_file, save_file\n\
+         from transformers import AutoModelForCausalLM\n\
+         m = AutoModelForCausalLM.from_pretrained({dir:?}, dtype=torch.float32, attn_implementation='eager').eval()\n\
+         ids = load_file({ids:?})['input_ids']\n\
+         with torch.no_grad():\n    save_file({{'logits': m(ids).logits.contiguous()}}, {out:?})\n",
+        dir = dir.display().to_string(),
+        ids = ids_path.display().to_string(),
+        out = logits_path.display().to_string(),
+    );
+    let status = std::process::Command::new(python)
+        .args(["-c", &script])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("OMP_NUM_THREADS", "1")
+        .status()
+        .unwrap();
+    assert!(status.success(), "transformers could not load the export");
+    let theirs = Tensor::read_safetensors(&logits_path).unwrap().remove(0).1;
+    let err = max_abs(&theirs, &corvid);
+    println!("exported trained checkpoint: transformers vs Corvid max |Δlogits| = {err:.3e}");
+    assert!(
+        err <= 1e-4 * scale(&corvid),
+        "transformers' logits differ by {err}"
+    );
+}

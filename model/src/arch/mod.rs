@@ -8,12 +8,14 @@
 //! - `keys`: reading a config key by key, refusing what is left;
 //! - `adapter`: the plan's sources and the all-or-nothing copy from memory-mapped files, with
 //!   FP8 e4m3 block dequantisation;
-//! - [`read_config`] / [`load`]: dispatch on `model_type`.
+//! - [`read_config`] / [`load`]: dispatch on `model_type`;
+//! - [`export`]: the loading plan inverted, written in shards `from_pretrained` reads.
 //!
 //! Supported: `deepseek_v3` ([`deepseek_v3`]).
 
 mod adapter;
 pub mod deepseek_v3;
+mod export;
 mod keys;
 
 use std::path::Path;
@@ -22,6 +24,7 @@ use tch::{nn, Device};
 
 pub use adapter::LoadReport;
 use adapter::{Plan, Source};
+pub use export::{export, ExportReport};
 use keys::Keys;
 
 use crate::checkpoint::{with_views, CONFIG_FILE};

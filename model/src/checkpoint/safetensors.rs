@@ -65,7 +65,7 @@ pub fn weights_to_bytes(vs: &nn::VarStore) -> Result<Vec<u8>, ModelError> {
 
 /// Serialises `tensors` to safetensors bytes with the metadata `{"format": "pt"}`. The crate
 /// orders the data by dtype (widest first), then by name.
-pub(super) fn tensors_to_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, ModelError> {
+pub(crate) fn tensors_to_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, ModelError> {
     let failure = RefCell::new(None);
     let views = tensors
         .iter()
