@@ -51,7 +51,7 @@ enum Command {
     Tasks(cmd::tasks::TasksArgs),
     /// Run tools in the sandbox exactly as the policy would.
     Sandbox(cmd::sandbox::SandboxArgs),
-    /// Inspect model presets: parameters, FLOPs and cache size per token.
+    /// Inspect, run and export models: presets, model TOMLs and Hugging Face folders.
     Model(cmd::model::ModelArgs),
     /// Benchmarks; each prints one JSON object with --json.
     Bench(bench::BenchArgs),

@@ -590,3 +590,120 @@ fn printing_commands_end_quietly_when_their_reader_goes_away() {
         );
     }
 }
+
+/// `corvid model logits | generate | export | info` on a Hugging Face fixture
+/// (`model/tests/fixtures/hf`), against the outputs transformers recorded there.
+#[test]
+fn model_commands_on_a_hugging_face_folder_agree_with_transformers() {
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../model/tests/fixtures/hf/deepseek_v3_qlora");
+    let expected: std::collections::BTreeMap<String, tch::Tensor> =
+        tch::Tensor::read_safetensors(fixture.join("expected.safetensors"))
+            .expect("expected outputs")
+            .into_iter()
+            .collect();
+    let run = |args: &[&str]| {
+        serde_json::from_str::<serde_json::Value>(&run_ok(args)).unwrap_or(serde_json::Value::Null)
+    };
+    let ids_text = |t: &tch::Tensor| {
+        Vec::<i64>::try_from(t)
+            .unwrap()
+            .iter()
+            .map(i64::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let dir = fixture.to_str().unwrap();
+    // Logits of the first fixture row, every position.
+    let row = expected["input_ids"].get(0);
+    let got = run(&[
+        "model",
+        "logits",
+        "--model",
+        dir,
+        "--ids",
+        &ids_text(&row),
+        "--json",
+    ]);
+    let want = expected["logits"].get(0);
+    let rows = got["logits"].as_array().expect("logits rows");
+    assert_eq!(rows.len() as i64, want.size()[0]);
+    let scale = want.abs().max().double_value(&[]);
+    for (t, r) in rows.iter().enumerate() {
+        for (v, x) in r.as_array().unwrap().iter().enumerate() {
+            let w = want.double_value(&[t as i64, v as i64]);
+            assert!(
+                (x.as_f64().unwrap() - w).abs() <= 1e-4 * scale,
+                "logit [{t}, {v}]"
+            );
+        }
+    }
+    // Greedy generation through cached decoding: transformers' continuation, token for token.
+    let got = run(&[
+        "model",
+        "generate",
+        "--model",
+        dir,
+        "--ids",
+        &ids_text(&expected["prompt_ids"]),
+        "--max-new-tokens",
+        "32",
+        "--greedy",
+        "--json",
+    ]);
+    let ids: Vec<i64> = got["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect();
+    assert_eq!(ids, Vec::<i64>::try_from(&expected["greedy_ids"]).unwrap());
+    assert_eq!(got["logprobs"].as_array().unwrap().len(), 32);
+    // Export, then the export's own info and logits.
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("exported");
+    let out_dir = out.to_str().unwrap();
+    run(&[
+        "model",
+        "export",
+        "--model",
+        dir,
+        "--out",
+        out_dir,
+        "--dtype",
+        "fp32",
+        "--max-shard-size",
+        "100KB",
+    ]);
+    assert!(out.join("model.safetensors.index.json").exists());
+    let info = run(&["model", "info", "--model", out_dir, "--json"]);
+    assert_eq!(info["config"]["n_group"], 4);
+    let again = run(&[
+        "model",
+        "logits",
+        "--model",
+        out_dir,
+        "--ids",
+        &ids_text(&row),
+        "--json",
+    ]);
+    assert_eq!(
+        again,
+        run(&[
+            "model",
+            "logits",
+            "--model",
+            dir,
+            "--ids",
+            &ids_text(&row),
+            "--json"
+        ])
+    );
+    // A second export into the same folder is refused and leaves it as it was.
+    let refused = Command::new(corvid())
+        .args(["model", "export", "--model", dir, "--out", out_dir])
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("not empty"));
+}

@@ -1,38 +1,25 @@
-//! `corvid model`: inspect model presets: parameters, FLOPs and cache size per token.
+//! `corvid model info`: parameters, FLOPs and cache size per token of a preset, a model TOML or
+//! a Hugging Face folder.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Args, Subcommand};
-use corvid_model::ModelConfig;
-
-/// inspect model presets: parameters, FLOPs and cache size per token.
-#[derive(Args, Debug)]
-#[command(after_help = "Examples:
-  corvid model info --preset tiny
-  corvid model info --preset k3-shape --context 32768 --json
-  corvid model info --config configs/model/tiny.toml")]
-pub struct ModelArgs {
-    #[command(subcommand)]
-    which: ModelCommand,
-}
-
-#[derive(Subcommand, Debug)]
-enum ModelCommand {
-    /// Total and active parameters, FLOPs per token and latent-cache bytes per token.
-    Info(InfoArgs),
-}
+use clap::Args;
+use corvid_model::{arch, ModelConfig};
 
 /// Arguments of `corvid model info`.
 #[derive(Args, Debug)]
-struct InfoArgs {
+pub(super) struct InfoArgs {
     /// Preset: tiny, small, k3-shape or gpu-1b.
-    #[arg(long, default_value = "tiny", conflicts_with = "config")]
+    #[arg(long, default_value = "tiny", conflicts_with_all = ["config", "model"])]
     preset: String,
     /// A model config TOML file (fields missing from it default to `tiny`).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "model")]
     config: Option<PathBuf>,
+    /// A Hugging Face folder (its `config.json`; no weights are read).
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
     /// Context length at which attention FLOPs per token are counted.
     #[arg(long, default_value_t = 4096)]
     context: i64,
@@ -42,17 +29,23 @@ struct InfoArgs {
 }
 
 /// Runs the command.
-pub fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
-    let ModelCommand::Info(a) = args.which;
-    let (name, cfg) = match &a.config {
-        Some(path) => {
+pub(super) fn run(a: InfoArgs) -> anyhow::Result<ExitCode> {
+    let (name, cfg) = match (&a.model, &a.config) {
+        (Some(dir), _) => {
+            let hf = arch::read_config(dir)?;
+            (
+                format!("{} ({})", dir.display(), hf.family.model_type()),
+                hf.model,
+            )
+        }
+        (None, Some(path)) => {
             let text = std::fs::read_to_string(path)
                 .with_context(|| format!("reading {}", path.display()))?;
             let cfg = ModelConfig::from_toml(&text)
                 .with_context(|| format!("model config {}", path.display()))?;
             (path.display().to_string(), cfg)
         }
-        None => (a.preset.clone(), ModelConfig::preset(&a.preset)?),
+        (None, None) => (a.preset.clone(), ModelConfig::preset(&a.preset)?),
     };
     let p = cfg.param_counts();
     let bf16 = 2;

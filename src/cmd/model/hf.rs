@@ -1,0 +1,279 @@
+//! `corvid model logits | generate | export` on a Hugging Face folder: what a user runs to
+//! check a checkpoint against transformers, and to hand a trained one back to the ecosystem.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use corvid_actor::{ChoiceContext, NucleusSampler, TokenChooser};
+use corvid_model::{arch, MoePolicy};
+use corvid_proto::SamplingParams;
+use corvid_tasks::SplitMix64;
+use tch::{Device, Kind, Tensor};
+
+use super::ModelDir;
+
+/// Token ids: comma-separated integers.
+fn parse_ids(text: &str) -> anyhow::Result<Vec<i64>> {
+    let ids = text
+        .split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<i64>()
+                .with_context(|| format!("--ids: `{}` is not a token id", s.trim()))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if ids.is_empty() {
+        bail!("--ids: give at least one token id");
+    }
+    Ok(ids)
+}
+
+/// Loads the folder on the CPU (fp32), one thread per forward unless `threads` says more.
+fn load(dir: &ModelDir, threads: i32) -> anyhow::Result<MoePolicy> {
+    tch::set_num_threads(threads);
+    let (_vs, model, _, _) = arch::load(&dir.model, Device::Cpu)
+        .with_context(|| format!("loading the Hugging Face folder {}", dir.model.display()))?;
+    // The variables live in the graph the model holds; the store itself is not needed.
+    Ok(model)
+}
+
+/// Checks ids against the vocabulary and the position table.
+fn check_ids(model: &MoePolicy, ids: &[i64], more: i64) -> anyhow::Result<()> {
+    let cfg = model.config();
+    if let Some(bad) = ids.iter().find(|&&i| !(0..cfg.vocab_size).contains(&i)) {
+        bail!(
+            "--ids: {bad} is outside the vocabulary 0..{}",
+            cfg.vocab_size
+        );
+    }
+    let total = ids.len() as i64 + more;
+    if total > cfg.max_position_embeddings {
+        bail!(
+            "{total} positions exceed the model's max_position_embeddings {}",
+            cfg.max_position_embeddings
+        );
+    }
+    Ok(())
+}
+
+/// Arguments of `corvid model logits`.
+#[derive(Args, Debug)]
+pub(super) struct LogitsArgs {
+    #[command(flatten)]
+    dir: ModelDir,
+    /// Comma-separated token ids.
+    #[arg(long)]
+    ids: String,
+    /// libtorch threads.
+    #[arg(long, default_value_t = 1)]
+    threads: i32,
+    /// Print `{"logits": [[...], ...]}` (one row per position) instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `corvid model logits`.
+pub(super) fn logits(a: LogitsArgs) -> anyhow::Result<ExitCode> {
+    let ids = parse_ids(&a.ids)?;
+    let model = load(&a.dir, a.threads)?;
+    check_ids(&model, &ids, 0)?;
+    let tokens = Tensor::from_slice(&ids).unsqueeze(0);
+    let logits_tv = model
+        .forward(&tokens, false)?
+        .logits_btv
+        .get(0)
+        .to_kind(Kind::Float);
+    let rows: Vec<Vec<f32>> = (0..ids.len() as i64)
+        .map(|t| Vec::<f32>::try_from(logits_tv.get(t)))
+        .collect::<Result<_, _>>()?;
+    if a.json {
+        println!("{}", serde_json::json!({ "logits": rows }));
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (t, row) in rows.iter().enumerate() {
+        let (best, value) =
+            row.iter().enumerate().fold(
+                (0, f32::NEG_INFINITY),
+                |b, (i, &v)| if v > b.1 { (i, v) } else { b },
+            );
+        println!(
+            "position {t:>4}  id {:>8}  argmax {best:>8} ({value:.4})",
+            ids[t]
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `corvid model generate`.
+#[derive(Args, Debug)]
+pub(super) struct GenerateArgs {
+    #[command(flatten)]
+    dir: ModelDir,
+    /// Comma-separated prompt token ids.
+    #[arg(long)]
+    ids: String,
+    /// Tokens to generate.
+    #[arg(long, default_value_t = 32)]
+    max_new_tokens: u32,
+    /// Greedy decoding (the argmax; its log-prob under `log softmax(logits)`).
+    #[arg(long, conflicts_with = "temperature")]
+    greedy: bool,
+    /// Sampling temperature (without --greedy).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f32,
+    /// Nucleus mass for sampling.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Sampler seed.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// libtorch threads.
+    #[arg(long, default_value_t = 1)]
+    threads: i32,
+    /// Print `{"ids": [...], "logprobs": [...]}` (the generated tokens only).
+    #[arg(long)]
+    json: bool,
+}
+
+/// `corvid model generate`: prefill, then one token at a time on the model's cache, each
+/// token chosen by the actor's sampler (`corvid_actor::NucleusSampler`), as an actor decodes.
+pub(super) fn generate(a: GenerateArgs) -> anyhow::Result<ExitCode> {
+    let ids = parse_ids(&a.ids)?;
+    let sampling = SamplingParams {
+        temperature: if a.greedy { 0.0 } else { a.temperature },
+        top_p: a.top_p,
+        max_new_tokens: a.max_new_tokens,
+        seed: a.seed,
+    };
+    sampling.validate().context("sampling settings")?;
+    let model = load(&a.dir, a.threads)?;
+    let n = i64::from(a.max_new_tokens);
+    check_ids(&model, &ids, n)?;
+    let mut cache = model.new_cache(1, ids.len() as i64 + n);
+    let mut logits = model.forward_cached(&mut cache, &Tensor::from_slice(&ids).unsqueeze(0))?;
+    let mut rng = SplitMix64::new(a.seed);
+    let mut sampler = NucleusSampler;
+    let (mut out, mut logprobs) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let last_v = Vec::<f32>::try_from(logits.select(1, -1).get(0).to_kind(Kind::Float))?;
+        let choice = sampler.choose(
+            ChoiceContext {
+                trajectory_id: "corvid model generate",
+                turn: 0,
+                generated: &out,
+                sampling: &sampling,
+                rng: &mut rng,
+            },
+            &last_v,
+        )?;
+        out.push(choice.token);
+        logprobs.push(choice.logprob);
+        let next = Tensor::from_slice(&[i64::from(choice.token)]).unsqueeze(0);
+        logits = model.forward_cached(&mut cache, &next)?;
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "ids": out, "logprobs": logprobs })
+        );
+    } else {
+        let text: Vec<String> = out.iter().map(u32::to_string).collect();
+        println!("{}", text.join(","));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `corvid model export`.
+#[derive(Args, Debug)]
+pub(super) struct ExportArgs {
+    #[command(flatten)]
+    dir: ModelDir,
+    /// The new folder (absent or empty: an export never overwrites a model).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Largest weight file, e.g. 5GB, 500MB, 2GiB; more weights go into shards with an index.
+    #[arg(long, default_value = "5GB")]
+    max_shard_size: String,
+    /// Weight dtype on disk: fp32, bf16 or fp16 (routers stay fp32).
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+}
+
+/// `5GB`, `500MB`, `2GiB`, `1000` (bytes), as transformers' `max_shard_size` reads them.
+fn parse_size(text: &str) -> anyhow::Result<u64> {
+    let t = text.trim();
+    let split = t
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let value: f64 = num
+        .parse()
+        .with_context(|| format!("--max-shard-size `{text}`: expected a size such as 5GB"))?;
+    let mult: f64 = match unit.to_ascii_uppercase().as_str() {
+        "" | "B" => 1.0,
+        "KB" => 1e3,
+        "MB" => 1e6,
+        "GB" => 1e9,
+        "KIB" => 1024.0,
+        "MIB" => 1024.0 * 1024.0,
+        "GIB" => 1024.0 * 1024.0 * 1024.0,
+        other => bail!(
+            "--max-shard-size `{text}`: unknown unit `{other}` (B, KB, MB, GB, KiB, MiB, GiB)"
+        ),
+    };
+    let bytes = value * mult;
+    if !(bytes >= 1.0 && bytes.is_finite()) {
+        bail!("--max-shard-size `{text}`: must be at least one byte");
+    }
+    Ok(bytes as u64)
+}
+
+/// `corvid model export`.
+pub(super) fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
+    let kind = match a.dtype.as_str() {
+        "fp32" | "float32" => Kind::Float,
+        "bf16" | "bfloat16" => Kind::BFloat16,
+        "fp16" | "float16" => Kind::Half,
+        other => bail!("--dtype `{other}`: expected fp32, bf16 or fp16"),
+    };
+    let max_shard = parse_size(&a.max_shard_size)?;
+    let (vs, _, hf, _) = arch::load(&a.dir.model, Device::Cpu)
+        .with_context(|| format!("loading the Hugging Face folder {}", a.dir.model.display()))?;
+    let report = arch::export(&vs, &hf, &a.dir.model, &a.out, kind, max_shard)
+        .with_context(|| format!("exporting to {}", a.out.display()))?;
+    println!(
+        "wrote {} ({}): {} tensors, {:.1} MB in {} file(s); copied {}",
+        a.out.display(),
+        hf.family.model_type(),
+        report.tensors,
+        report.bytes as f64 / 1e6,
+        report.shards,
+        if report.copied.is_empty() {
+            "nothing else".to_string()
+        } else {
+            report.copied.join(", ")
+        }
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_and_ids_parse_or_say_what_is_wrong() {
+        assert_eq!(parse_size("5GB").unwrap(), 5_000_000_000);
+        assert_eq!(parse_size("2GiB").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1000").unwrap(), 1000);
+        assert!(parse_size("5XB")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
+        assert!(parse_size("0MB").is_err());
+        assert_eq!(parse_ids("1, 2,3").unwrap(), [1, 2, 3]);
+        assert!(parse_ids("1,x").unwrap_err().to_string().contains("`x`"));
+    }
+}
