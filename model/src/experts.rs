@@ -15,6 +15,7 @@ use tch::{nn, Kind, Tensor};
 
 use super::config::{ExpertAct, ExpertDispatch, ModelConfig};
 use super::cuda::{CudaError, DispatchPlan};
+use super::layers::normal_var;
 
 /// Who moves the rows in [`Experts::forward_dispatched`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -38,14 +39,7 @@ pub struct Experts {
 
 /// Normal(0, std) truncated at ±2σ, as torchtitan's `trunc_normal_`.
 fn trunc_normal(p: &nn::Path, name: &str, dims: &[i64], std: f64) -> Tensor {
-    let mut w = p.var(
-        name,
-        dims,
-        nn::Init::Randn {
-            mean: 0.0,
-            stdev: std,
-        },
-    );
+    let mut w = normal_var(p, name, dims, std);
     tch::no_grad(|| {
         let _ = w.clamp_(-2.0 * std, 2.0 * std);
     });

@@ -15,7 +15,7 @@ use super::cache::KvCache;
 use super::config::{ModelConfig, RopeScaling};
 use super::cross_layer::{CrossLayerResidual, CrossLayerState};
 use super::health::MoeHealth;
-use super::layers::{Linear, Mlp, RmsNorm};
+use super::layers::{normal_var, Linear, Mlp, RmsNorm};
 use super::moe::{MoeAux, MoeLayer};
 use super::precision::work_kind;
 use super::rope::Rope;
@@ -277,13 +277,11 @@ impl MoePolicy {
     fn build(vs: &nn::Path, cfg: &ModelConfig, kind: Kind) -> Result<Self, ModelError> {
         cfg.check_fits(vs.device(), kind)?;
         let d = cfg.hidden_size;
-        let embed_vd = (vs / "embed_tokens").var(
+        let embed_vd = normal_var(
+            &(vs / "embed_tokens"),
             "weight",
             &[cfg.vocab_size, d],
-            nn::Init::Randn {
-                mean: 0.0,
-                stdev: cfg.initializer_range,
-            },
+            cfg.initializer_range,
         );
         let mut blocks = Vec::new();
         for i in 0..cfg.num_hidden_layers {

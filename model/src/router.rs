@@ -13,6 +13,7 @@
 use tch::{nn, Tensor};
 
 use super::config::{ModelConfig, ScoreFunc};
+use super::layers::normal_var;
 use super::precision::work_kind;
 
 /// One routing decision for a batch of tokens.
@@ -51,14 +52,7 @@ impl Router {
     pub fn new(p: nn::Path, cfg: &ModelConfig) -> Self {
         let e = cfg.n_routed_experts;
         Router {
-            weight_ed: p.var(
-                "weight",
-                &[e, cfg.hidden_size],
-                nn::Init::Randn {
-                    mean: 0.0,
-                    stdev: cfg.initializer_range,
-                },
-            ),
+            weight_ed: normal_var(&p, "weight", &[e, cfg.hidden_size], cfg.initializer_range),
             bias_e: p.zeros_no_train("e_score_correction_bias", &[e]),
             score: cfg.scoring_func,
             top_k: cfg.num_experts_per_tok,

@@ -276,9 +276,20 @@ pub(crate) fn fill(
     };
     for (name, var) in &vars {
         let source = &plan.sources[name];
-        let value = produce(views, source)?;
-        let mut dst = var.shallow_clone();
-        tch::no_grad(|| dst.f_copy_(&value.to_kind(var.kind())))?;
+        // `copy_` converts the dtype and lays out a transposed view in one pass; experts are
+        // copied one at a time, so no stacked temporary exists.
+        match source {
+            Source::StackTransposed(names) => {
+                for (j, n) in names.iter().enumerate() {
+                    let (mut dst, src) = (var.get(j as i64), read(views, n)?.tr());
+                    tch::no_grad(|| dst.f_copy_(&src))?;
+                }
+            }
+            _ => {
+                let (mut dst, src) = (var.shallow_clone(), produce(views, source)?);
+                tch::no_grad(|| dst.f_copy_(&src))?;
+            }
+        }
         for n in source.names() {
             report.tensors_read += 1;
             if views.get(n).is_some_and(|v| v.dtype() == Dtype::F8_E4M3) {

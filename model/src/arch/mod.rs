@@ -29,6 +29,7 @@ use keys::Keys;
 
 use crate::checkpoint::{with_views, CONFIG_FILE};
 use crate::config::{ExpertDispatch, ModelConfig, RopeScaling};
+use crate::layers::without_init;
 use crate::policy::MoePolicy;
 use crate::precision::weight_kind_for;
 use crate::ModelError;
@@ -126,7 +127,8 @@ pub fn load(
         hf.model.expert_dispatch = ExpertDispatch::GroupedMm;
     }
     let vs = nn::VarStore::new(device);
-    let model = MoePolicy::new_in_kind(&vs, &hf.model, weight_kind_for(device))?;
+    // Every weight is about to be overwritten: build without drawing random ones.
+    let model = without_init(|| MoePolicy::new_in_kind(&vs, &hf.model, weight_kind_for(device)))?;
     let report = with_views(dir, |views| {
         let names: Vec<&str> = views.keys().map(String::as_str).collect();
         let plan = match hf.family {
