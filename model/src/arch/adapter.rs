@@ -6,7 +6,8 @@
 //! Loading is all or nothing. Every source tensor must be in the checkpoint with the shape the
 //! plan implies, and every tensor of the checkpoint must be used or named as skipped (DeepSeek's
 //! multi-token-prediction layers), before a single value is copied. Each variable is filled on
-//! its own from the memory-mapped files, so the checkpoint is never held twice in memory. FP8
+//! its own from the memory-mapped files, whose pages are released once copied, so the
+//! checkpoint is never held twice in memory. FP8
 //! e4m3 weights with a `<name>_scale_inv` tensor of 128×128 blocks are dequantised on the way.
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,7 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use safetensors::tensor::{Dtype, TensorView};
 use tch::{nn, Kind, Tensor};
 
-use crate::checkpoint::kind_and_shape;
+use crate::checkpoint::{kind_and_shape, Release};
 use crate::ModelError;
 
 /// Side of the square weight blocks that one `weight_scale_inv` entry scales (DeepSeek-V3).
@@ -219,6 +220,7 @@ fn produce(
 pub(crate) fn fill(
     vs: &nn::VarStore,
     views: &BTreeMap<String, TensorView<'_>>,
+    release: &Release<'_>,
     plan: &Plan,
 ) -> Result<LoadReport, ModelError> {
     let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
@@ -292,8 +294,13 @@ pub(crate) fn fill(
         }
         for n in source.names() {
             report.tensors_read += 1;
-            if views.get(n).is_some_and(|v| v.dtype() == Dtype::F8_E4M3) {
+            let view = &views[n];
+            release.pages_of(view);
+            if view.dtype() == Dtype::F8_E4M3 {
                 report.fp8_dequantised += 1;
+                if let Some(scale) = views.get(&format!("{n}_scale_inv")) {
+                    release.pages_of(scale);
+                }
             }
         }
     }

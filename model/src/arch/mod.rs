@@ -129,12 +129,12 @@ pub fn load(
     let vs = nn::VarStore::new(device);
     // Every weight is about to be overwritten: build without drawing random ones.
     let model = without_init(|| MoePolicy::new_in_kind(&vs, &hf.model, weight_kind_for(device)))?;
-    let report = with_views(dir, |views| {
+    let report = with_views(dir, |views, release| {
         let names: Vec<&str> = views.keys().map(String::as_str).collect();
         let plan = match hf.family {
             Family::DeepseekV3 => deepseek_v3::plan(&hf.model, &hf.layout, &names),
         };
-        adapter::fill(&vs, views, &plan)
+        adapter::fill(&vs, views, release, &plan)
     })?;
     Ok((vs, model, hf, report))
 }

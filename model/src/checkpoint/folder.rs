@@ -11,7 +11,7 @@ use std::path::{Component, Path};
 
 use ::safetensors::tensor::TensorView;
 use corvid_durable::replace_file;
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 use serde::Deserialize;
 use tch::{nn, Device};
 
@@ -73,15 +73,53 @@ pub fn load(dir: &Path, device: Device) -> Result<(nn::VarStore, MoePolicy), Mod
 /// [`load_weights_from_bytes`](super::load_weights_from_bytes): from `model.safetensors`, or,
 /// when the folder has none, from the shards that `model.safetensors.index.json` names.
 pub fn load_weights(vs: &nn::VarStore, dir: &Path) -> Result<(), ModelError> {
-    with_views(dir, |tensors| load_views(vs, tensors))
+    with_views(dir, |tensors, _| load_views(vs, tensors))
+}
+
+/// Lets the OS drop a mapped tensor's resident pages once its data has been copied out, so a
+/// load that releases each tensor after copying it holds about one tensor of the file in
+/// memory rather than the whole file.
+pub(crate) struct Release<'a> {
+    maps: Vec<&'a Mmap>,
+}
+
+impl Release<'_> {
+    /// Alignment of the released range: a multiple of every page size Linux uses, so that
+    /// pages shared with a neighbouring tensor are never released.
+    const ALIGN: usize = 64 << 10;
+
+    /// Releases the whole aligned pages inside `view`'s data, if it lies in one of the maps.
+    /// Best effort: where the OS refuses the advice the pages simply stay resident.
+    pub(crate) fn pages_of(&self, view: &TensorView<'_>) {
+        let data = view.data();
+        let (ptr, len) = (data.as_ptr() as usize, data.len());
+        let Some(map) = self.maps.iter().find(|m| {
+            let base = m.as_ptr() as usize;
+            ptr >= base && ptr + len <= base + m.len()
+        }) else {
+            return;
+        };
+        let offset = ptr - map.as_ptr() as usize;
+        let start = offset.next_multiple_of(Self::ALIGN);
+        let end = (offset + len) / Self::ALIGN * Self::ALIGN;
+        if end > start {
+            // SAFETY: the map is a read-only mapping of a file Corvid never writes in place
+            // (see `map_file`): MADV_DONTNEED only drops resident pages, and a later read
+            // faults them in again from the file with the same bytes.
+            let _ = unsafe {
+                map.unchecked_advise_range(UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
 }
 
 /// Memory-maps the weights of the folder `dir` (`model.safetensors`, or the shards that
 /// `model.safetensors.index.json` names, checked against the index) and hands every tensor,
-/// by name, to `use_views` while the maps live. No tensor data is copied here.
+/// by name, to `use_views` while the maps live, with a [`Release`] for the pages of tensors
+/// it has copied. No tensor data is copied here.
 pub(crate) fn with_views<T>(
     dir: &Path,
-    use_views: impl FnOnce(&BTreeMap<String, TensorView<'_>>) -> Result<T, ModelError>,
+    use_views: impl FnOnce(&BTreeMap<String, TensorView<'_>>, &Release<'_>) -> Result<T, ModelError>,
 ) -> Result<T, ModelError> {
     let single = dir.join(WEIGHTS_FILE);
     let index = dir.join(WEIGHTS_INDEX_FILE);
@@ -94,7 +132,7 @@ pub(crate) fn with_views<T>(
         .iter()
         .map(|(name, view)| (name.to_string(), view))
         .collect();
-    use_views(&tensors)
+    use_views(&tensors, &Release { maps: vec![&map] })
 }
 
 /// Maps `path` read-only.
@@ -120,7 +158,7 @@ struct ShardIndex {
 fn with_shards<T>(
     dir: &Path,
     index_path: &Path,
-    use_views: impl FnOnce(&BTreeMap<String, TensorView<'_>>) -> Result<T, ModelError>,
+    use_views: impl FnOnce(&BTreeMap<String, TensorView<'_>>, &Release<'_>) -> Result<T, ModelError>,
 ) -> Result<T, ModelError> {
     let text = std::fs::read_to_string(index_path).map_err(io(index_path))?;
     let index: ShardIndex = serde_json::from_str(&text)
@@ -176,7 +214,10 @@ fn with_shards<T>(
             format!("{WEIGHTS_INDEX_FILE} puts it in {shard}, which does not hold it"),
         ));
     }
-    use_views(&tensors)
+    let release = Release {
+        maps: maps.values().collect(),
+    };
+    use_views(&tensors, &release)
 }
 
 /// Says which shard a parse error comes from.

@@ -13,9 +13,9 @@
 mod folder;
 mod safetensors;
 
-pub(crate) use self::folder::with_views;
 pub use self::folder::{
     load, load_config, load_weights, save, CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE,
 };
+pub(crate) use self::folder::{with_views, Release};
 pub(crate) use self::safetensors::{kind_and_shape, tensors_to_bytes};
 pub use self::safetensors::{load_weights_from_bytes, read_safetensors, weights_to_bytes};
