@@ -80,8 +80,8 @@ pub(super) fn logits(a: LogitsArgs) -> anyhow::Result<ExitCode> {
     let model = load(&a.dir, a.threads)?;
     check_ids(&model, &ids, 0)?;
     let tokens = Tensor::from_slice(&ids).unsqueeze(0);
-    let logits_tv = model
-        .forward(&tokens, false)?
+    // Inference: no autograd graph, so no activation is kept past its layer.
+    let logits_tv = tch::no_grad(|| model.forward(&tokens, false))?
         .logits_btv
         .get(0)
         .to_kind(Kind::Float);
