@@ -93,7 +93,7 @@ fn dequantise(
             format!("an FP8 tensor must be 2-D, got shape {shape:?}"),
         ));
     };
-    let scale_name = format!("{name}_scale_inv");
+    let scale_name = scale_name(name);
     let scale_view = views.get(&scale_name).ok_or_else(|| {
         bad(
             name,
@@ -121,6 +121,20 @@ fn dequantise(
         .narrow(0, 0, rows)
         .narrow(1, 0, cols);
     Ok(w * scale)
+}
+
+/// The name of the block-scale tensor of the FP8 weight `name`.
+fn scale_name(name: &str) -> String {
+    format!("{name}_scale_inv")
+}
+
+/// The block-scale tensor of `name`, by its name, when `name` is stored as FP8.
+fn fp8_scale<'v, 'a>(
+    views: &'v BTreeMap<String, TensorView<'a>>,
+    name: &str,
+) -> Option<(&'v String, &'v TensorView<'a>)> {
+    views.get(name).filter(|v| v.dtype() == Dtype::F8_E4M3)?;
+    views.get_key_value(&scale_name(name))
 }
 
 fn bad(tensor: &str, problem: impl Into<String>) -> ModelError {
@@ -191,28 +205,40 @@ fn produced_shape(
     }
 }
 
-/// Builds the variable's value from the checkpoint (CPU, the file's dtype or fp32 for FP8).
-fn produce(
+/// Copies `source`'s value into `var`. `copy_` converts the dtype and lays out a transposed
+/// view in one pass, and stacked experts are copied one at a time, so no stacked or converted
+/// temporary exists.
+fn copy_into(
     views: &BTreeMap<String, TensorView<'_>>,
     source: &Source,
-) -> Result<Tensor, ModelError> {
-    Ok(match source {
-        Source::Same(n) => read(views, n)?,
-        Source::Rows(n, rows) => read(views, n)?.index_select(0, &Tensor::from_slice(rows)),
+    var: &Tensor,
+) -> Result<(), ModelError> {
+    let copy = |mut dst: Tensor, src: Tensor| -> Result<(), ModelError> {
+        tch::no_grad(|| dst.f_copy_(&src))?;
+        Ok(())
+    };
+    match source {
+        Source::Same(n) => copy(var.shallow_clone(), read(views, n)?),
+        Source::Rows(n, rows) => copy(
+            var.shallow_clone(),
+            read(views, n)?.index_select(0, &Tensor::from_slice(rows)),
+        ),
         Source::StackTransposed(names) => {
-            let parts = names
-                .iter()
-                .map(|n| Ok(read(views, n)?.tr()))
-                .collect::<Result<Vec<_>, ModelError>>()?;
-            Tensor::stack(&parts, 0)
+            for (j, n) in names.iter().enumerate() {
+                copy(var.get(j as i64), read(views, n)?.tr())?;
+            }
+            Ok(())
         }
         Source::FusedHalfTransposed(n, half) => {
             let t = read(views, n)?;
             let f = t.size()[1] / 2;
-            t.narrow(1, half * f, f).transpose(1, 2)
+            copy(
+                var.shallow_clone(),
+                t.narrow(1, half * f, f).transpose(1, 2),
+            )
         }
-        Source::FusedTransposed(n) => read(views, n)?.transpose(1, 2),
-    })
+        Source::FusedTransposed(n) => copy(var.shallow_clone(), read(views, n)?.transpose(1, 2)),
+    }
 }
 
 /// Fills every variable of `vs` from `views` as `plan` says. Nothing is copied unless every
@@ -244,23 +270,15 @@ pub(crate) fn fill(
         }
         for n in source.names() {
             used.insert(n);
-            if views.get(n).is_some_and(|v| v.dtype() == Dtype::F8_E4M3) {
-                used.insert(
-                    views
-                        .get_key_value(&format!("{n}_scale_inv"))
-                        .map_or(n, |(k, _)| k),
-                );
+            if let Some((scale, _)) = fp8_scale(views, n) {
+                used.insert(scale);
             }
         }
     }
-    let skipped: BTreeMap<&str, &str> = plan
-        .skip
-        .iter()
-        .map(|(n, why)| (n.as_str(), *why))
-        .collect();
+    let skipped: BTreeSet<&str> = plan.skip.iter().map(|(n, _)| n.as_str()).collect();
     if let Some(extra) = views
         .keys()
-        .find(|n| !used.contains(n.as_str()) && !skipped.contains_key(n.as_str()))
+        .find(|n| !used.contains(n.as_str()) && !skipped.contains(n.as_str()))
     {
         return Err(bad(
             extra,
@@ -278,29 +296,13 @@ pub(crate) fn fill(
     };
     for (name, var) in &vars {
         let source = &plan.sources[name];
-        // `copy_` converts the dtype and lays out a transposed view in one pass; experts are
-        // copied one at a time, so no stacked temporary exists.
-        match source {
-            Source::StackTransposed(names) => {
-                for (j, n) in names.iter().enumerate() {
-                    let (mut dst, src) = (var.get(j as i64), read(views, n)?.tr());
-                    tch::no_grad(|| dst.f_copy_(&src))?;
-                }
-            }
-            _ => {
-                let (mut dst, src) = (var.shallow_clone(), produce(views, source)?);
-                tch::no_grad(|| dst.f_copy_(&src))?;
-            }
-        }
+        copy_into(views, source, var)?;
         for n in source.names() {
             report.tensors_read += 1;
-            let view = &views[n];
-            release.pages_of(view);
-            if view.dtype() == Dtype::F8_E4M3 {
+            release.pages_of(&views[n]);
+            if let Some((_, scale)) = fp8_scale(views, n) {
                 report.fp8_dequantised += 1;
-                if let Some(scale) = views.get(&format!("{n}_scale_inv")) {
-                    release.pages_of(scale);
-                }
+                release.pages_of(scale);
             }
         }
     }

@@ -55,11 +55,6 @@ impl Keys {
         self.map.remove(key).filter(|v| !v.is_null())
     }
 
-    /// Whether `key` is present and not null (without taking it).
-    pub(crate) fn has(&self, key: &str) -> bool {
-        self.map.get(key).is_some_and(|v| !v.is_null())
-    }
-
     /// Whether `key` is present with the value null.
     pub(crate) fn is_null(&self, key: &str) -> bool {
         self.map.get(key).is_some_and(Value::is_null)

@@ -68,14 +68,6 @@ pub struct HfConfig {
     pub layout: HfLayout,
 }
 
-/// Whether `dir` holds a Hugging Face checkpoint: a `config.json` with a `model_type`.
-pub fn is_hf_folder(dir: &Path) -> bool {
-    std::fs::read_to_string(dir.join(CONFIG_FILE))
-        .ok()
-        .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-        .is_some_and(|v| v.get("model_type").is_some())
-}
-
 /// Reads `dir/config.json`: its `model_type` picks the architecture, whose keys become a
 /// validated [`ModelConfig`]. An unknown `model_type`, a key Corvid does not implement, or a
 /// value it cannot run is an error naming the file and the key.

@@ -104,13 +104,11 @@ pub(crate) fn config(keys: &mut Keys) -> Result<(ModelConfig, HfLayout), ModelEr
             }
         }
     }
-    let q_lora_rank = if keys.has("q_lora_rank") {
+    // Absent means transformers' default; an explicit null means a full-rank `q_proj`.
+    let q_lora_rank = if keys.is_null("q_lora_rank") {
         keys.opt_i64("q_lora_rank")?
     } else {
-        // Absent means transformers' default; an explicit null means a full-rank query.
-        let explicit_null = keys.is_null("q_lora_rank");
-        keys.opt_i64("q_lora_rank")?;
-        (!explicit_null).then_some(default::Q_LORA_RANK)
+        Some(keys.i64_or("q_lora_rank", default::Q_LORA_RANK)?)
     };
     let max_position_embeddings =
         keys.i64_or("max_position_embeddings", default::MAX_POSITION_EMBEDDINGS)?;
