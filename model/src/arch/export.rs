@@ -75,23 +75,16 @@ fn dtype_name(kind: Kind) -> Result<&'static str, ModelError> {
     })
 }
 
-/// The checkpoint tensors of a model loaded from `hf`, by their Hugging Face names, each in
-/// `dtype` (routers fp32). No tensor is copied more than once.
-fn hf_tensors(
-    vs: &nn::VarStore,
-    hf: &HfConfig,
-    dtype: Kind,
-) -> Result<BTreeMap<String, Tensor>, ModelError> {
+/// The checkpoint tensors of a model loaded from `hf`, by their Hugging Face names: views of
+/// the variables (transposed experts, re-ordered RoPE rows), not yet cast, so the model is not
+/// copied here.
+fn hf_tensors(vs: &nn::VarStore, hf: &HfConfig) -> Result<BTreeMap<String, Tensor>, ModelError> {
     let plan = match hf.family {
         // No names: the plan writes the hub's per-expert layout.
         Family::DeepseekV3 => deepseek_v3::plan(&hf.model, &hf.layout, &[]),
     };
     let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
     let mut out = BTreeMap::new();
-    let cast = |name: &str, t: Tensor| {
-        let kind = if keeps_fp32(name) { Kind::Float } else { dtype };
-        t.to_device(tch::Device::Cpu).to_kind(kind).contiguous()
-    };
     for (var_name, var) in &vars {
         let source = plan
             .sources
@@ -104,7 +97,7 @@ fn hf_tensors(
         let var = var.detach();
         match source {
             Source::Same(n) => {
-                out.insert(n.clone(), cast(n, var));
+                out.insert(n.clone(), var);
             }
             Source::Rows(n, rows) => {
                 let mut inverse = vec![0i64; rows.len()];
@@ -112,11 +105,11 @@ fn hf_tensors(
                     inverse[r as usize] = i as i64;
                 }
                 let t = var.index_select(0, &Tensor::from_slice(&inverse).to_device(var.device()));
-                out.insert(n.clone(), cast(n, t));
+                out.insert(n.clone(), t);
             }
             Source::StackTransposed(names) => {
                 for (j, n) in names.iter().enumerate() {
-                    out.insert(n.clone(), cast(n, var.get(j as i64).tr()));
+                    out.insert(n.clone(), var.get(j as i64).tr());
                 }
             }
             Source::FusedHalfTransposed(..) | Source::FusedTransposed(_) => {
@@ -157,12 +150,13 @@ pub fn export(
         key: "<file>".into(),
         problem: format!("not valid JSON: {e}"),
     })?;
-    let tensors = hf_tensors(vs, hf, dtype)?;
+    let tensors = hf_tensors(vs, hf)?;
+    let kind_of = |name: &str| if keeps_fp32(name) { Kind::Float } else { dtype };
     // Shards in name order, each closed before it would pass the limit.
     let mut shards: Vec<BTreeMap<String, Tensor>> = vec![BTreeMap::new()];
     let (mut in_shard, mut total) = (0u64, 0u64);
     for (name, t) in tensors {
-        let bytes = (t.numel() * t.kind().elt_size_in_bytes()) as u64;
+        let bytes = (t.numel() * kind_of(&name).elt_size_in_bytes()) as u64;
         if in_shard > 0 && in_shard + bytes > max_shard_bytes {
             shards.push(BTreeMap::new());
             in_shard = 0;
@@ -182,7 +176,20 @@ pub fn export(
             format!("model-{:05}-of-{n:05}.safetensors", i + 1)
         };
         let path = out.join(&file);
-        replace_file(&path, &tensors_to_bytes(shard)?).map_err(io(&path))?;
+        // One shard at a time is cast and serialised, so an export holds at most one shard
+        // beside the model.
+        let cast: BTreeMap<String, Tensor> = shard
+            .iter()
+            .map(|(name, t)| {
+                (
+                    name.clone(),
+                    t.to_device(tch::Device::Cpu)
+                        .to_kind(kind_of(name))
+                        .contiguous(),
+                )
+            })
+            .collect();
+        replace_file(&path, &tensors_to_bytes(&cast)?).map_err(io(&path))?;
         for name in shard.keys() {
             weight_map.insert(name.clone(), json!(file));
         }
