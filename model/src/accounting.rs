@@ -7,7 +7,7 @@
 
 use serde::Serialize;
 
-use super::config::{AttnGate, ModelConfig};
+use super::config::{Attention, AttnGate, ModelConfig};
 use super::ModelError;
 
 /// The most parameters a config may have, and the most entries its RoPE tables may have: at
@@ -34,14 +34,11 @@ impl ModelConfig {
     pub(crate) fn param_parts(&self) -> Vec<Part> {
         let f = Factor::field;
         let l = self.num_hidden_layers;
-        let fk = self.first_k_dense_replace.clamp(0, l);
+        let n_moe = self.n_moe_layers();
         let layers = f("num_hidden_layers", l);
         let layers_of = |n: i64, label| Factor::counted("num_hidden_layers", l, n.into(), label);
-        let moe_layers = layers_of(
-            l - fk,
-            "MoE layers (num_hidden_layers - first_k_dense_replace)",
-        );
-        let dense_layers = f("first_k_dense_replace", fk);
+        let moe_layers = layers_of(n_moe, "MoE layers");
+        let dense_layers = layers_of(l - n_moe, "dense layers");
         let latent_layers = layers_of(
             self.n_latent_layers(),
             "latent layers (num_hidden_layers / cla_factor)",
@@ -51,12 +48,6 @@ impl ModelConfig {
         let d = f("hidden_size", self.hidden_size);
         let v_size = f("vocab_size", self.vocab_size);
         let h = f("num_attention_heads", self.num_attention_heads);
-        let nope = f("qk_nope_head_dim", self.qk_nope_head_dim);
-        let rope = f("qk_rope_head_dim", self.qk_rope_head_dim);
-        let v = f("v_head_dim", self.v_head_dim);
-        let c = f("kv_lora_rank", self.kv_lora_rank);
-        let qk = Factor::sum(nope, rope, "(qk_nope_head_dim + qk_rope_head_dim)");
-        let c_rope = Factor::sum(c, rope, "(kv_lora_rank + qk_rope_head_dim)");
         let e = f("n_routed_experts", self.n_routed_experts);
         let ff = f("moe_intermediate_size", self.moe_intermediate_size);
         let part = Part::new;
@@ -65,6 +56,71 @@ impl ModelConfig {
             parts.push(part("the output head", 1, &[v_size, d]).embedding());
         }
         parts.push(part("the final norm", 1, &[d]));
+        parts.push(part("the layer norms", 2, &[layers, d]));
+        match self.attention {
+            Attention::Mla => parts.extend(self.mla_parts(layers, latent_layers)),
+            Attention::Gqa {
+                num_key_value_heads,
+                head_dim,
+                qk_norm,
+            } => {
+                let g = f("attention.num_key_value_heads", num_key_value_heads);
+                let hd = f("attention.head_dim", head_dim);
+                parts.push(part("the query projections", 1, &[layers, h, hd, d]));
+                parts.push(part(
+                    "the key and value projections",
+                    2,
+                    &[layers, g, hd, d],
+                ));
+                parts.push(part(
+                    "the attention output projections",
+                    1,
+                    &[layers, h, hd, d],
+                ));
+                if qk_norm {
+                    parts.push(part("the query and key norms", 2, &[layers, hd]));
+                }
+            }
+        }
+        parts.push(part("the cross-layer residuals", 2, &[cross_layers, d]));
+        parts.push(part("the routers", 1, &[moe_layers, e, d]));
+        parts.push(part(
+            "the shared experts",
+            3,
+            &[
+                moe_layers,
+                f("n_shared_experts", self.n_shared_experts),
+                ff,
+                d,
+            ],
+        ));
+        parts.push(part("the routed experts", 3, &[moe_layers, e, d, ff]).routed());
+        parts.push(part(
+            "the dense FFNs",
+            3,
+            &[
+                dense_layers,
+                d,
+                f("intermediate_size", self.intermediate_size),
+            ],
+        ));
+        parts
+    }
+
+    /// The parameter groups of MLA attention over `layers` blocks, `latent_layers` of which
+    /// own a latent.
+    fn mla_parts(&self, layers: Factor, latent_layers: Factor) -> Vec<Part> {
+        let f = Factor::field;
+        let part = Part::new;
+        let d = f("hidden_size", self.hidden_size);
+        let h = f("num_attention_heads", self.num_attention_heads);
+        let nope = f("qk_nope_head_dim", self.qk_nope_head_dim);
+        let rope = f("qk_rope_head_dim", self.qk_rope_head_dim);
+        let v = f("v_head_dim", self.v_head_dim);
+        let c = f("kv_lora_rank", self.kv_lora_rank);
+        let qk = Factor::sum(nope, rope, "(qk_nope_head_dim + qk_rope_head_dim)");
+        let c_rope = Factor::sum(c, rope, "(kv_lora_rank + qk_rope_head_dim)");
+        let mut parts = Vec::new();
         match self.q_lora_rank {
             None => parts.push(part("the query projections", 1, &[layers, h, qk, d])),
             Some(r) => {
@@ -104,7 +160,6 @@ impl ModelConfig {
             1,
             &[layers, h, v, d],
         ));
-        parts.push(part("the layer norms", 2, &[layers, d]));
         parts.push(part(
             "the latent projections",
             1,
@@ -115,28 +170,6 @@ impl ModelConfig {
         if taps > 0 {
             parts.push(part("the latent shifts", taps, &[latent_layers, c_rope, d]));
         }
-        parts.push(part("the cross-layer residuals", 2, &[cross_layers, d]));
-        parts.push(part("the routers", 1, &[moe_layers, e, d]));
-        parts.push(part(
-            "the shared experts",
-            3,
-            &[
-                moe_layers,
-                f("n_shared_experts", self.n_shared_experts),
-                ff,
-                d,
-            ],
-        ));
-        parts.push(part("the routed experts", 3, &[moe_layers, e, d, ff]).routed());
-        parts.push(part(
-            "the dense FFNs",
-            3,
-            &[
-                dense_layers,
-                d,
-                f("intermediate_size", self.intermediate_size),
-            ],
-        ));
         parts
     }
 
@@ -156,7 +189,12 @@ impl ModelConfig {
             let n = p.count().filter(|&n| n <= max);
             total = total.zip(n).and_then(|(t, n)| t.checked_add(n));
             // k of the E routed experts per token (k < E, so this cannot exceed `n`).
-            let n_active = if p.routed { n.map(|n| n / e * k) } else { n };
+            let n_active = match (p.routed, e) {
+                (false, _) => n,
+                // No experts: the routed part is empty.
+                (true, 0) => Some(0),
+                (true, e) => n.map(|n| n / e * k),
+            };
             active = active.zip(n_active).and_then(|(a, n)| a.checked_add(n));
             if p.embedding {
                 embedding += n.unwrap_or(0);
@@ -202,7 +240,7 @@ impl ModelConfig {
     /// The RoPE tables are built in f64 on the CPU: `max_position_embeddings` positions times
     /// `qk_rope_head_dim / 2 + 1` entries must stay within [`MAX_ELEMENTS`].
     pub(crate) fn check_rope_size(&self) -> Result<(), ModelError> {
-        let per_pos = i128::from(self.qk_rope_head_dim / 2 + 1);
+        let per_pos = i128::from(self.rope_dim() / 2 + 1);
         let n = i128::from(self.max_position_embeddings) * per_pos;
         if n > i128::from(MAX_ELEMENTS) {
             return Err(ModelError::InvalidConfig {
@@ -225,24 +263,26 @@ impl ModelConfig {
         // The embedding is a lookup (no FLOPs); the head matmul runs even when tied.
         let matmul_params =
             (p.active - p.embedding) as f64 + self.vocab_size as f64 * self.hidden_size as f64;
-        let attn = 2.0
-            * self.num_attention_heads as f64
-            * (self.qk_head_dim() as f64 + self.v_head_dim as f64)
-            * ctx as f64;
+        let attn = 2.0 * self.mha_cache_elems_per_token_per_layer() as f64 * ctx as f64;
         2.0 * matmul_params + attn * self.num_hidden_layers as f64
     }
 
-    /// Cached elements per token, summed over layers: latent + RoPE key per owning layer.
+    /// Cached elements per token, summed over layers: latent + RoPE key per owning layer
+    /// (MLA), or every key and value head per layer (GQA).
     pub fn cache_elems_per_token(&self) -> i64 {
-        self.n_latent_layers()
-            .saturating_mul(self.kv_lora_rank.saturating_add(self.qk_rope_head_dim))
+        let (w1, w2) = self.cache_widths();
+        self.n_latent_layers().saturating_mul(w1.saturating_add(w2))
     }
 
     /// Cached elements per token per layer for multi-head attention with the same head shape:
-    /// a full K (d_qk) and V (d_v) for every head.
+    /// a full K (d_qk) and V (d_v) for every query head.
     pub fn mha_cache_elems_per_token_per_layer(&self) -> i64 {
+        let (qk, v) = match self.attention {
+            Attention::Mla => (self.qk_head_dim(), self.v_head_dim),
+            Attention::Gqa { head_dim, .. } => (head_dim, head_dim),
+        };
         self.num_attention_heads
-            .saturating_mul(self.qk_head_dim().saturating_add(self.v_head_dim))
+            .saturating_mul(qk.saturating_add(v))
     }
 
     /// MHA cache bytes per token per layer over ours (CLA sharing included).
@@ -404,12 +444,19 @@ mod tests {
         };
         let shift = cfg.shift_taps() as i64 * (c + rope) * d;
         let latent_a = (c + rope) * d + c + shift;
-        let attn_common = q + q_shift + c * h * (nope + v) + d * h * v + gate + 2 * d;
+        let attn_common = match cfg.attention {
+            Attention::Mla => q + q_shift + c * h * (nope + v) + d * h * v + gate + 2 * d,
+            Attention::Gqa {
+                num_key_value_heads: g,
+                head_dim: e,
+                qk_norm,
+            } => 2 * h * e * d + 2 * g * e * d + if qk_norm { 2 * e } else { 0 } + 2 * d,
+        };
         let (mut total, mut active) = (0i64, 0i64);
         let f = cfg.moe_intermediate_size;
         for i in 0..cfg.num_hidden_layers {
             let mut layer = attn_common;
-            if cfg.owns_latent(i) {
+            if cfg.owns_latent(i) && cfg.attention == Attention::Mla {
                 layer += latent_a;
             }
             if cfg.cross_layer_residual && i > 0 {
@@ -468,6 +515,7 @@ mod tests {
                 ..ModelConfig::tiny()
             },
         ]);
+        cfgs.extend(gqa_configs());
         for cfg in cfgs {
             assert_eq!(
                 cfg.try_param_counts().unwrap(),
@@ -476,6 +524,61 @@ mod tests {
             );
             assert_eq!(cfg.param_counts(), loop_counts(&cfg));
         }
+    }
+
+    /// Grouped-query configs: Qwen3-MoE-like with dense layers picked by `mlp_only_layers`
+    /// and `decoder_sparse_step`, and a dense Qwen3-like one.
+    pub(crate) fn gqa_configs() -> Vec<ModelConfig> {
+        let gqa = ModelConfig {
+            attention: Attention::Gqa {
+                num_key_value_heads: 2,
+                head_dim: 24,
+                qk_norm: true,
+            },
+            attn_gate: AttnGate::None,
+            num_hidden_layers: 7,
+            n_shared_experts: 0,
+            mlp_only_layers: vec![2, 5, 5],
+            decoder_sparse_step: 2,
+            first_k_dense_replace: 1,
+            ..ModelConfig::tiny()
+        };
+        vec![
+            gqa.clone(),
+            ModelConfig {
+                decoder_sparse_step: 1,
+                mlp_only_layers: vec![0],
+                first_k_dense_replace: 0,
+                tie_word_embeddings: false,
+                ..gqa.clone()
+            },
+            ModelConfig {
+                n_routed_experts: 0,
+                attention: Attention::Gqa {
+                    num_key_value_heads: 4,
+                    head_dim: 16,
+                    qk_norm: false,
+                },
+                ..gqa
+            },
+        ]
+    }
+
+    #[test]
+    fn moe_layers_follow_the_sparse_step_and_the_dense_list() {
+        let [a, b, dense] = &gqa_configs()[..] else {
+            panic!("three configs")
+        };
+        // Past layer 0, layers 1, 3, 5 are on the step of 2; 5 is kept dense.
+        let moe = |c: &ModelConfig| (0..7).filter(|&i| c.is_moe_layer(i)).collect::<Vec<_>>();
+        assert_eq!(moe(a), [1, 3]);
+        assert_eq!(a.n_moe_layers(), 2);
+        assert_eq!(moe(b), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(b.n_moe_layers(), 6);
+        assert_eq!(moe(dense), Vec::<i64>::new());
+        assert_eq!(dense.n_moe_layers(), 0);
+        // GQA caches every key and value head of every layer.
+        assert_eq!(a.cache_elems_per_token(), 7 * 2 * 2 * 24);
     }
 
     /// A config whose `field` is `value` (serde, so any field by name).

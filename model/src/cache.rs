@@ -1,5 +1,8 @@
-//! The latent KV cache: per latent-owning layer, the normalised latent `c_kv [B, S, c]` and the
-//! rotated RoPE key `k_pe [B, S, r]`, plus each sequence's length.
+//! The KV cache: per cache layer two tensors, `part1 [B, S, w1]` and `part2 [B, S, w2]`, plus
+//! each sequence's length. With MLA a cache layer is a latent-owning layer, `part1` its
+//! normalised latent `c_kv` and `part2` its rotated RoPE key `k_pe`; with grouped-query
+//! attention it is every layer, `part1` its rotated keys and `part2` its values, heads
+//! flattened (`[B, S, g·e]`). [`ModelConfig::cache_widths`] gives the widths.
 //!
 //! Rows are left-aligned: row `b` holds positions `0..lens[b]`, and slots beyond are padding
 //! that the attention mask hides. So one cache serves a batch of sequences of different
@@ -11,33 +14,36 @@ use tch::{Device, Kind, Tensor};
 use super::config::ModelConfig;
 use super::ModelError;
 
-/// Latent cache for a batch of sequences.
+/// The KV cache of a batch of sequences.
 #[derive(Debug)]
 pub struct KvCache {
-    pub(crate) c_kv: Vec<Tensor>,
-    pub(crate) k_pe: Vec<Tensor>,
+    /// Per cache layer: the latent (MLA) or the keys (GQA), `[B, capacity, width1]`.
+    pub(crate) part1: Vec<Tensor>,
+    /// Per cache layer: the RoPE key (MLA) or the values (GQA), `[B, capacity, width2]`.
+    pub(crate) part2: Vec<Tensor>,
     /// `latent_token_shift` only: each row's last `latent_shift_taps` layer inputs
     /// `[B, taps, d]` (oldest first) per latent layer, the "previous tokens" of the row's next
     /// token. Empty otherwise.
     pub(crate) last_h: Vec<Tensor>,
     lens: Vec<i64>,
     capacity: i64,
-    kv_lora: i64,
-    rope: i64,
+    width1: i64,
+    width2: i64,
 }
 
 impl KvCache {
     /// An empty cache for `batch` sequences with room for `capacity` tokens each.
     pub fn new(cfg: &ModelConfig, batch: usize, capacity: i64, kind: Kind, device: Device) -> Self {
         let n = cfg.n_latent_layers() as usize;
+        let (width1, width2) = cfg.cache_widths();
         let b = batch as i64;
         let cap = capacity.max(1);
         KvCache {
-            c_kv: (0..n)
-                .map(|_| Tensor::zeros([b, cap, cfg.kv_lora_rank], (kind, device)))
+            part1: (0..n)
+                .map(|_| Tensor::zeros([b, cap, width1], (kind, device)))
                 .collect(),
-            k_pe: (0..n)
-                .map(|_| Tensor::zeros([b, cap, cfg.qk_rope_head_dim], (kind, device)))
+            part2: (0..n)
+                .map(|_| Tensor::zeros([b, cap, width2], (kind, device)))
                 .collect(),
             last_h: match cfg.shift_taps() as i64 {
                 0 => Vec::new(),
@@ -47,8 +53,8 @@ impl KvCache {
             },
             lens: vec![0; batch],
             capacity: cap,
-            kv_lora: cfg.kv_lora_rank,
-            rope: cfg.qk_rope_head_dim,
+            width1,
+            width2,
         }
     }
 
@@ -70,10 +76,10 @@ impl KvCache {
     /// Bytes cached for one token (all layers).
     pub fn bytes_per_token(&self) -> i64 {
         let elem = self
-            .c_kv
+            .part1
             .first()
             .map_or(4, |t| t.kind().elt_size_in_bytes() as i64);
-        self.c_kv.len() as i64 * (self.kv_lora + self.rope) * elem
+        self.part1.len() as i64 * (self.width1 + self.width2) * elem
     }
 
     /// Bytes holding live tokens (excluding padding and spare capacity).
@@ -92,32 +98,33 @@ impl KvCache {
             let pad = Tensor::zeros([b, new_cap - s, w], (t.kind(), t.device()));
             Tensor::cat(&[t, &pad], 1)
         };
-        self.c_kv = self.c_kv.iter().map(grow).collect();
-        self.k_pe = self.k_pe.iter().map(grow).collect();
+        self.part1 = self.part1.iter().map(grow).collect();
+        self.part2 = self.part2.iter().map(grow).collect();
         self.capacity = new_cap;
     }
 
-    /// Writes the latent of new tokens at positions `pos_bt` into layer slot `slot`.
+    /// Writes new tokens' two parts (MLA: latent and RoPE key; GQA: keys and values) at
+    /// positions `pos_bt` into layer slot `slot`.
     pub(crate) fn write(
         &mut self,
         slot: usize,
         pos_bt: &Tensor,
-        c_kv_btc: &Tensor,
-        k_pe_btr: &Tensor,
+        part1_btw: &Tensor,
+        part2_btw: &Tensor,
     ) {
         let (b, t) = pos_bt.size2().expect("positions are [B, T]");
-        let idx_c = pos_bt.unsqueeze(-1).expand([b, t, self.kv_lora], false);
-        let idx_r = pos_bt.unsqueeze(-1).expand([b, t, self.rope], false);
-        let _ = self.c_kv[slot].scatter_(1, &idx_c, c_kv_btc);
-        let _ = self.k_pe[slot].scatter_(1, &idx_r, k_pe_btr);
+        let idx_c = pos_bt.unsqueeze(-1).expand([b, t, self.width1], false);
+        let idx_r = pos_bt.unsqueeze(-1).expand([b, t, self.width2], false);
+        let _ = self.part1[slot].scatter_(1, &idx_c, part1_btw);
+        let _ = self.part2[slot].scatter_(1, &idx_r, part2_btw);
     }
 
-    /// Layer slot `slot`'s latents at positions `0..s`: `(c_kv [B, s, c], k_pe [B, s, r])`,
+    /// Layer slot `slot`'s two parts at positions `0..s`: `(part1 [B, s, w1], part2 [B, s, w2])`,
     /// views of the cache.
     pub(crate) fn read(&self, slot: usize, s: i64) -> (Tensor, Tensor) {
         (
-            self.c_kv[slot].narrow(1, 0, s),
-            self.k_pe[slot].narrow(1, 0, s),
+            self.part1[slot].narrow(1, 0, s),
+            self.part2[slot].narrow(1, 0, s),
         )
     }
 
@@ -135,7 +142,7 @@ impl KvCache {
         self.lens.iter_mut().zip(new_b).for_each(|(l, n)| *l += n);
     }
 
-    /// Fills every slot with standard-normal latents and sets row `b`'s length to `lens[b]`:
+    /// Fills every slot with standard-normal values and sets row `b`'s length to `lens[b]`:
     /// a cache shaped as a long prefill leaves it, without running one (benchmarks of decode
     /// steps at long contexts, whose cost does not depend on the values).
     pub fn fill_random(&mut self, lens: &[i64]) -> Result<(), ModelError> {
@@ -148,7 +155,7 @@ impl KvCache {
             )));
         }
         tch::no_grad(|| -> Result<(), ModelError> {
-            for t in self.c_kv.iter_mut().chain(self.k_pe.iter_mut()) {
+            for t in self.part1.iter_mut().chain(self.part2.iter_mut()) {
                 let noise = t.f_randn_like()?;
                 t.f_copy_(&noise)?;
             }
@@ -174,10 +181,10 @@ impl KvCache {
     /// back into rows `rows` of this cache.
     pub fn put(&mut self, rows: &[usize], sub: &KvCache) -> Result<(), ModelError> {
         if rows.len() != sub.batch()
-            || sub.c_kv.len() != self.c_kv.len()
+            || sub.part1.len() != self.part1.len()
             || sub.last_h.len() != self.last_h.len()
-            || sub.kv_lora != self.kv_lora
-            || sub.rope != self.rope
+            || sub.width1 != self.width1
+            || sub.width2 != self.width2
         {
             return Err(ModelError::Input(format!(
                 "put of {} cache rows into {} slots (or from another config)",
@@ -192,14 +199,14 @@ impl KvCache {
             )));
         }
         self.ensure_capacity(sub.capacity);
-        let dev = self.c_kv.first().map_or(Device::Cpu, |t| t.device());
+        let dev = self.part1.first().map_or(Device::Cpu, |t| t.device());
         let idx =
             Tensor::from_slice(&rows.iter().map(|r| *r as i64).collect::<Vec<_>>()).to_device(dev);
         let s = sub.capacity;
-        for (dst, src) in self.c_kv.iter_mut().zip(&sub.c_kv) {
+        for (dst, src) in self.part1.iter_mut().zip(&sub.part1) {
             let _ = dst.narrow(1, 0, s).index_copy_(0, &idx, src);
         }
-        for (dst, src) in self.k_pe.iter_mut().zip(&sub.k_pe) {
+        for (dst, src) in self.part2.iter_mut().zip(&sub.part2) {
             let _ = dst.narrow(1, 0, s).index_copy_(0, &idx, src);
         }
         for (dst, src) in self.last_h.iter_mut().zip(&sub.last_h) {
@@ -219,8 +226,16 @@ impl KvCache {
         let needed = self.lens[..n].iter().copied().max().unwrap_or(0) + extra;
         self.ensure_capacity(needed);
         let mut view = KvCache {
-            c_kv: self.c_kv.iter().map(|t| t.narrow(0, 0, n as i64)).collect(),
-            k_pe: self.k_pe.iter().map(|t| t.narrow(0, 0, n as i64)).collect(),
+            part1: self
+                .part1
+                .iter()
+                .map(|t| t.narrow(0, 0, n as i64))
+                .collect(),
+            part2: self
+                .part2
+                .iter()
+                .map(|t| t.narrow(0, 0, n as i64))
+                .collect(),
             last_h: self
                 .last_h
                 .iter()
@@ -228,8 +243,8 @@ impl KvCache {
                 .collect(),
             lens: self.lens[..n].to_vec(),
             capacity: self.capacity,
-            kv_lora: self.kv_lora,
-            rope: self.rope,
+            width1: self.width1,
+            width2: self.width2,
         };
         let r = f(&mut view);
         if view.capacity == self.capacity {
@@ -255,12 +270,12 @@ impl KvCache {
                 self.batch()
             )));
         }
-        let dev = self.c_kv.first().map_or(Device::Cpu, |t| t.device());
+        let dev = self.part1.first().map_or(Device::Cpu, |t| t.device());
         let idx =
             Tensor::from_slice(&rows.iter().map(|r| *r as i64).collect::<Vec<_>>()).to_device(dev);
         Ok(KvCache {
-            c_kv: self.c_kv.iter().map(|t| t.index_select(0, &idx)).collect(),
-            k_pe: self.k_pe.iter().map(|t| t.index_select(0, &idx)).collect(),
+            part1: self.part1.iter().map(|t| t.index_select(0, &idx)).collect(),
+            part2: self.part2.iter().map(|t| t.index_select(0, &idx)).collect(),
             last_h: self
                 .last_h
                 .iter()
@@ -268,8 +283,8 @@ impl KvCache {
                 .collect(),
             lens: rows.iter().map(|r| self.lens[*r]).collect(),
             capacity: self.capacity,
-            kv_lora: self.kv_lora,
-            rope: self.rope,
+            width1: self.width1,
+            width2: self.width2,
         })
     }
 
@@ -282,45 +297,45 @@ impl KvCache {
         let cap = caches.iter().map(|c| c.capacity).max().unwrap_or(1);
         let mut grown = Vec::with_capacity(caches.len());
         for c in caches {
-            if c.c_kv.len() != first.c_kv.len()
+            if c.part1.len() != first.part1.len()
                 || c.last_h.len() != first.last_h.len()
-                || c.kv_lora != first.kv_lora
-                || c.rope != first.rope
+                || c.width1 != first.width1
+                || c.width2 != first.width2
             {
                 return Err(ModelError::Input(
                     "concat of caches from different configs".into(),
                 ));
             }
             let mut c2 = KvCache {
-                c_kv: c.c_kv.iter().map(|t| t.shallow_clone()).collect(),
-                k_pe: c.k_pe.iter().map(|t| t.shallow_clone()).collect(),
+                part1: c.part1.iter().map(|t| t.shallow_clone()).collect(),
+                part2: c.part2.iter().map(|t| t.shallow_clone()).collect(),
                 last_h: c.last_h.iter().map(|t| t.shallow_clone()).collect(),
                 lens: c.lens.clone(),
                 capacity: c.capacity,
-                kv_lora: c.kv_lora,
-                rope: c.rope,
+                width1: c.width1,
+                width2: c.width2,
             };
             c2.ensure_capacity(cap);
             // ensure_capacity may double past `cap`; cut back so all agree.
-            c2.c_kv = c2.c_kv.iter().map(|t| t.narrow(1, 0, cap)).collect();
-            c2.k_pe = c2.k_pe.iter().map(|t| t.narrow(1, 0, cap)).collect();
+            c2.part1 = c2.part1.iter().map(|t| t.narrow(1, 0, cap)).collect();
+            c2.part2 = c2.part2.iter().map(|t| t.narrow(1, 0, cap)).collect();
             grown.push(c2);
         }
-        let n = first.c_kv.len();
+        let n = first.part1.len();
         Ok(KvCache {
-            c_kv: (0..n)
-                .map(|l| Tensor::cat(&grown.iter().map(|c| &c.c_kv[l]).collect::<Vec<_>>(), 0))
+            part1: (0..n)
+                .map(|l| Tensor::cat(&grown.iter().map(|c| &c.part1[l]).collect::<Vec<_>>(), 0))
                 .collect(),
-            k_pe: (0..n)
-                .map(|l| Tensor::cat(&grown.iter().map(|c| &c.k_pe[l]).collect::<Vec<_>>(), 0))
+            part2: (0..n)
+                .map(|l| Tensor::cat(&grown.iter().map(|c| &c.part2[l]).collect::<Vec<_>>(), 0))
                 .collect(),
             last_h: (0..first.last_h.len())
                 .map(|l| Tensor::cat(&grown.iter().map(|c| &c.last_h[l]).collect::<Vec<_>>(), 0))
                 .collect(),
             lens: grown.iter().flat_map(|c| c.lens.clone()).collect(),
             capacity: cap,
-            kv_lora: first.kv_lora,
-            rope: first.rope,
+            width1: first.width1,
+            width2: first.width2,
         })
     }
 }

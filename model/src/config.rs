@@ -26,6 +26,27 @@ pub enum AttnGate {
     Elementwise,
 }
 
+/// The attention of every block.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "type")]
+pub enum Attention {
+    /// Multi-head latent attention (DeepSeek-V3): `kv_lora_rank`, `q_lora_rank` and the
+    /// `qk_*_head_dim` / `v_head_dim` fields shape it; the cache holds the latent.
+    Mla,
+    /// Grouped-query attention (Qwen3): `num_attention_heads` query heads share
+    /// `num_key_value_heads` key/value heads of width `head_dim`, RoPE rotates the whole head,
+    /// and with `qk_norm` each query and key head is RMS-normalised before RoPE. The cache
+    /// holds every key/value head.
+    Gqa {
+        /// Key/value heads; divides `num_attention_heads`.
+        num_key_value_heads: i64,
+        /// Width of every query, key and value head.
+        head_dim: i64,
+        /// Per-head RMSNorm of queries and keys (`q_norm`, `k_norm`).
+        qk_norm: bool,
+    },
+}
+
 /// How the router turns logits into scores.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -149,6 +170,8 @@ pub struct ModelConfig {
     pub qk_rope_head_dim: i64,
     /// Per-head value dims.
     pub v_head_dim: i64,
+    /// MLA (the fields above) or grouped-query attention.
+    pub attention: Attention,
     /// Output gate on attention.
     pub attn_gate: AttnGate,
     /// Cross-layer attention residual: each layer after the first mixes earlier layers'
@@ -182,9 +205,14 @@ pub struct ModelConfig {
     pub max_position_embeddings: i64,
     /// Leading layers with a dense FFN instead of MoE.
     pub first_k_dense_replace: i64,
+    /// Further layers with a dense FFN, by index (Qwen3-MoE `mlp_only_layers`).
+    pub mlp_only_layers: Vec<i64>,
+    /// Past `first_k_dense_replace`, layer `i` is MoE only when `(i + 1)` is a multiple of this
+    /// (Qwen3-MoE `decoder_sparse_step`; 1: every layer).
+    pub decoder_sparse_step: i64,
     /// Width of the dense FFN in the leading dense layers.
     pub intermediate_size: i64,
-    /// Routed experts E.
+    /// Routed experts E; 0 makes every layer dense (Qwen3) and the MoE fields unused.
     pub n_routed_experts: i64,
     /// Shared experts (always on), merged into one FFN of width `n_shared · moe_intermediate`.
     pub n_shared_experts: i64,
@@ -263,25 +291,86 @@ impl ModelConfig {
                 why: why.to_string(),
             })
         };
-        let positive = [
+        let mut positive = vec![
             ("vocab_size", self.vocab_size),
             ("hidden_size", self.hidden_size),
             ("num_hidden_layers", self.num_hidden_layers),
             ("num_attention_heads", self.num_attention_heads),
-            ("kv_lora_rank", self.kv_lora_rank),
-            ("qk_nope_head_dim", self.qk_nope_head_dim),
-            ("v_head_dim", self.v_head_dim),
             ("cla_factor", self.cla_factor),
             ("max_position_embeddings", self.max_position_embeddings),
-            ("n_routed_experts", self.n_routed_experts),
-            ("num_experts_per_tok", self.num_experts_per_tok),
-            ("moe_intermediate_size", self.moe_intermediate_size),
             ("intermediate_size", self.intermediate_size),
+            ("decoder_sparse_step", self.decoder_sparse_step),
         ];
+        if self.attention == Attention::Mla {
+            positive.extend([
+                ("kv_lora_rank", self.kv_lora_rank),
+                ("qk_nope_head_dim", self.qk_nope_head_dim),
+                ("v_head_dim", self.v_head_dim),
+            ]);
+        }
+        if self.has_experts() {
+            positive.extend([
+                ("num_experts_per_tok", self.num_experts_per_tok),
+                ("moe_intermediate_size", self.moe_intermediate_size),
+            ]);
+        }
         for (field, v) in positive {
             if v <= 0 {
                 return bad(field, v.to_string(), "must be positive");
             }
+        }
+        if self.n_routed_experts < 0 {
+            return bad(
+                "n_routed_experts",
+                self.n_routed_experts.to_string(),
+                "must be >= 0 (0: a dense model)",
+            );
+        }
+        if let Attention::Gqa {
+            num_key_value_heads,
+            head_dim,
+            ..
+        } = self.attention
+        {
+            if num_key_value_heads <= 0 || self.num_attention_heads % num_key_value_heads != 0 {
+                return bad(
+                    "attention.num_key_value_heads",
+                    num_key_value_heads.to_string(),
+                    "must be positive and divide num_attention_heads",
+                );
+            }
+            if head_dim <= 0 || head_dim % 2 != 0 {
+                return bad(
+                    "attention.head_dim",
+                    head_dim.to_string(),
+                    "must be positive and even (RoPE rotates pairs)",
+                );
+            }
+            let mla_only = [
+                ("attn_gate", self.attn_gate != AttnGate::None),
+                ("cla_factor", self.cla_factor != 1),
+                ("latent_token_shift", self.latent_token_shift),
+                ("query_token_shift", self.query_token_shift),
+                ("q_lora_rank", self.q_lora_rank.is_some()),
+            ];
+            if let Some((field, _)) = mla_only.iter().find(|(_, on)| *on) {
+                return bad(
+                    field,
+                    "set".into(),
+                    "is a feature of MLA attention; grouped-query attention has none",
+                );
+            }
+        }
+        if self
+            .mlp_only_layers
+            .iter()
+            .any(|&l| !(0..self.num_hidden_layers).contains(&l))
+        {
+            return bad(
+                "mlp_only_layers",
+                format!("{:?}", self.mlp_only_layers),
+                "every entry must be a layer index in 0..num_hidden_layers",
+            );
         }
         if self.qk_rope_head_dim < 0 || self.qk_rope_head_dim % 2 != 0 {
             return bad(
@@ -317,49 +406,8 @@ impl ModelConfig {
                 "must be a multiple of 8 (grouped GEMM rows are 16-byte aligned)",
             );
         }
-        if self.moe_intermediate_size % 8 != 0 {
-            return bad(
-                "moe_intermediate_size",
-                self.moe_intermediate_size.to_string(),
-                "must be a multiple of 8 (grouped GEMM rows are 16-byte aligned)",
-            );
-        }
-        if self.num_experts_per_tok >= self.n_routed_experts {
-            return bad(
-                "num_experts_per_tok",
-                self.num_experts_per_tok.to_string(),
-                "must be below n_routed_experts (quantile balancing reads the (k+1)-th score)",
-            );
-        }
-        if self.n_group <= 0 || self.n_routed_experts % self.n_group != 0 {
-            return bad(
-                "n_group",
-                self.n_group.to_string(),
-                "must be positive and divide n_routed_experts",
-            );
-        }
-        if self.n_group > 1 && self.n_routed_experts / self.n_group < 2 {
-            return bad(
-                "n_group",
-                self.n_group.to_string(),
-                "must leave at least 2 experts per group (a group is scored by its two best)",
-            );
-        }
-        if !(1..=self.n_group).contains(&self.topk_group)
-            || self.topk_group * (self.n_routed_experts / self.n_group) < self.num_experts_per_tok
-        {
-            return bad(
-                "topk_group",
-                self.topk_group.to_string(),
-                "must be in 1..=n_group and its groups must hold num_experts_per_tok experts",
-            );
-        }
-        if self.n_shared_experts < 0 {
-            return bad(
-                "n_shared_experts",
-                self.n_shared_experts.to_string(),
-                "must be >= 0",
-            );
+        if self.has_experts() {
+            self.validate_experts()?;
         }
         if self.first_k_dense_replace < 0 || self.first_k_dense_replace > self.num_hidden_layers {
             return bad(
@@ -440,6 +488,62 @@ impl ModelConfig {
         Ok(())
     }
 
+    /// The rules of the routed experts, for a config that has them.
+    fn validate_experts(&self) -> Result<(), ModelError> {
+        let bad = |field: &'static str, value: String, why: &'static str| {
+            Err(ModelError::InvalidConfig {
+                field,
+                value,
+                why: why.to_string(),
+            })
+        };
+        if self.moe_intermediate_size % 8 != 0 {
+            return bad(
+                "moe_intermediate_size",
+                self.moe_intermediate_size.to_string(),
+                "must be a multiple of 8 (grouped GEMM rows are 16-byte aligned)",
+            );
+        }
+        if self.num_experts_per_tok >= self.n_routed_experts {
+            return bad(
+                "num_experts_per_tok",
+                self.num_experts_per_tok.to_string(),
+                "must be below n_routed_experts (quantile balancing reads the (k+1)-th score)",
+            );
+        }
+        if self.n_group <= 0 || self.n_routed_experts % self.n_group != 0 {
+            return bad(
+                "n_group",
+                self.n_group.to_string(),
+                "must be positive and divide n_routed_experts",
+            );
+        }
+        if self.n_group > 1 && self.n_routed_experts / self.n_group < 2 {
+            return bad(
+                "n_group",
+                self.n_group.to_string(),
+                "must leave at least 2 experts per group (a group is scored by its two best)",
+            );
+        }
+        if !(1..=self.n_group).contains(&self.topk_group)
+            || self.topk_group * (self.n_routed_experts / self.n_group) < self.num_experts_per_tok
+        {
+            return bad(
+                "topk_group",
+                self.topk_group.to_string(),
+                "must be in 1..=n_group and its groups must hold num_experts_per_tok experts",
+            );
+        }
+        if self.n_shared_experts < 0 {
+            return bad(
+                "n_shared_experts",
+                self.n_shared_experts.to_string(),
+                "must be >= 0",
+            );
+        }
+        Ok(())
+    }
+
     /// Epsilon of the `q_a_layernorm` and `kv_a_layernorm` RMSNorms.
     pub fn latent_eps(&self) -> f64 {
         self.latent_norm_eps.unwrap_or(self.rms_norm_eps)
@@ -450,9 +554,65 @@ impl ModelConfig {
         self.qk_nope_head_dim.saturating_add(self.qk_rope_head_dim)
     }
 
-    /// Whether layer `i` uses the MoE FFN (false: dense).
+    /// Whether the model has routed experts (false: every layer is dense).
+    pub fn has_experts(&self) -> bool {
+        self.n_routed_experts > 0
+    }
+
+    /// Whether layer `i` uses the MoE FFN (false: dense): past `first_k_dense_replace`, not
+    /// in `mlp_only_layers`, and on a `decoder_sparse_step`.
     pub fn is_moe_layer(&self, i: i64) -> bool {
-        i >= self.first_k_dense_replace
+        self.has_experts()
+            && i >= self.first_k_dense_replace
+            && !self.mlp_only_layers.contains(&i)
+            && (i + 1) % self.decoder_sparse_step.max(1) == 0
+    }
+
+    /// How many layers are MoE, in closed form (no loop over the layers).
+    pub fn n_moe_layers(&self) -> i64 {
+        if !self.has_experts() {
+            return 0;
+        }
+        let (l, step) = (
+            self.num_hidden_layers.max(0),
+            self.decoder_sparse_step.max(1),
+        );
+        let fk = self.first_k_dense_replace.clamp(0, l);
+        // Layers i in fk..l with (i + 1) % step == 0: multiples of step in fk+1..=l.
+        let on_step = l / step - fk / step;
+        let mut only = self.mlp_only_layers.clone();
+        only.sort_unstable();
+        only.dedup();
+        let kept_dense = only
+            .iter()
+            .filter(|&&i| (fk..l).contains(&i) && (i + 1) % step == 0)
+            .count() as i64;
+        on_step - kept_dense
+    }
+
+    /// Width of the rotary part of a query/key head: `qk_rope_head_dim` (MLA) or the whole
+    /// head (GQA).
+    pub fn rope_dim(&self) -> i64 {
+        match self.attention {
+            Attention::Mla => self.qk_rope_head_dim,
+            Attention::Gqa { head_dim, .. } => head_dim,
+        }
+    }
+
+    /// The widths of a cache layer's two tensors per token: the latent and the RoPE key
+    /// (MLA), or every key head and every value head (GQA).
+    pub fn cache_widths(&self) -> (i64, i64) {
+        match self.attention {
+            Attention::Mla => (self.kv_lora_rank, self.qk_rope_head_dim),
+            Attention::Gqa {
+                num_key_value_heads,
+                head_dim,
+                ..
+            } => {
+                let w = num_key_value_heads.saturating_mul(head_dim);
+                (w, w)
+            }
+        }
     }
 
     /// Taps of the latent token shift: `latent_shift_taps` with the shift on, else 0.

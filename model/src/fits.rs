@@ -43,9 +43,9 @@ impl ModelConfig {
         self.check_rope_size()?;
         let per_param = BUILD_BYTES_PER_PARAM.max(kind.elt_size_in_bytes() as u64);
         // Validated: every value below is non-negative and their products fit MAX_ELEMENTS.
-        let moe_layers = (self.num_hidden_layers - self.first_k_dense_replace) as u128;
+        let moe_layers = self.n_moe_layers() as u128;
         let positions = self.max_position_embeddings as u128;
-        let half = (self.qk_rope_head_dim / 2) as u128;
+        let half = (self.rope_dim() / 2) as u128;
         Ok(BuildBytes {
             params: p.total,
             bytes_per_param: per_param,

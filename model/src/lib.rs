@@ -1,6 +1,7 @@
 //! corvid-model: the MoE policy network on tch. Latent attention (MLA) with gating and
-//! cross-layer sharing, balanced sparse experts, cached decoding, the CPU and CUDA decode
-//! kernels, and the safetensors checkpoint format. It knows no tasks, stores, tokenizers or
+//! cross-layer sharing or grouped-query attention with q/k norms, balanced sparse experts,
+//! cached decoding, the CPU and CUDA decode kernels, the safetensors checkpoint format, and
+//! Hugging Face checkpoints of DeepSeek-V3, Qwen3-MoE and Qwen3 ([`arch`]). It knows no tasks, stores, tokenizers or
 //! networks: the actor and the learner both build it from a [`ModelConfig`].
 //!
 //! # Brief overview
@@ -14,7 +15,8 @@
 //!   `[B, T]` and returns logits `[B, T, V]`, the balance loss, per-layer [`MoeHealth`] and the
 //!   [`BalanceStats`] that [`MoePolicy::update_balance`] consumes after each optimizer step.
 //!   [`MoePolicy::token_logprobs`] gives per-token log-probs of target tokens (for RL).
-//! - [`KvCache`] holds only the latent and the RoPE key per token;
+//! - [`KvCache`] holds only the latent and the RoPE key per token (MLA), or every key and
+//!   value head (grouped-query attention, [`gqa`]);
 //!   [`MoePolicy::forward_cached`] appends tokens to every sequence of a batch (prefill, a new
 //!   turn, or one decode step) using the absorbed attention; [`MoePolicy::forward_ragged`] lets
 //!   each row append its own number of tokens (the actor's batched prefill and decode).
@@ -37,9 +39,9 @@
 //!
 //! Files, bottom-up: `config` (schema, validation) with `presets`, `accounting` (counts, the
 //! size rule) and `fits` (device memory) →
-//! `rope`, `layers` → `attention` (MLA + gate), `cross_layer` → `router`, `experts`,
+//! `rope`, `layers` → `attention` (MLA + gate), `gqa`, `cross_layer` → `router`, `experts`,
 //! `balance`, `health` → `moe` → `cache` → `policy` (blocks and the decoder) →
-//! `checkpoint`. `docs/model.md` explains the shapes.
+//! `checkpoint` → `arch` (Hugging Face configs, state-dict adapters, export). `docs/model.md` explains the shapes.
 //!
 //! ```
 //! use corvid_model::{ModelConfig, MoePolicy};
@@ -78,6 +80,7 @@ pub mod cuda;
 mod error;
 pub mod experts;
 pub mod fits;
+pub mod gqa;
 pub mod health;
 pub mod layers;
 pub mod mla_cpu;
@@ -93,7 +96,8 @@ pub use attention::DecodeCore;
 pub use cache::KvCache;
 pub use checkpoint::{load_weights_from_bytes, weights_to_bytes};
 pub use config::{
-    AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, RopeScaling, ScoreFunc,
+    Attention, AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, RopeScaling,
+    ScoreFunc,
 };
 pub use error::ModelError;
 pub use fits::BuildBytes;

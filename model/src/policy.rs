@@ -1,4 +1,5 @@
-//! The policy: embedding → blocks (MLA + cross-layer residual, dense or MoE FFN) → norm → head.
+//! The policy: embedding → blocks (MLA or grouped-query attention + cross-layer residual,
+//! dense or MoE FFN) → norm → head.
 //!
 //! Shape legend: `b` batch, `t` time, `s` cache slots in use, `k` token-shift taps, `d` hidden,
 //! `v` vocabulary.
@@ -12,8 +13,9 @@ use tch::{nn, Device, Kind, Tensor};
 use super::attention::{CacheRows, DecodeCore, Latent, LayerInput, Mla};
 use super::balance::{updated_bias, LayerBalanceStats};
 use super::cache::KvCache;
-use super::config::{ModelConfig, RopeScaling};
+use super::config::{Attention, ModelConfig, RopeScaling};
 use super::cross_layer::{CrossLayerResidual, CrossLayerState};
+use super::gqa::Gqa;
 use super::health::MoeHealth;
 use super::layers::{normal_var, Linear, Mlp, RmsNorm};
 use super::moe::{MoeAux, MoeLayer};
@@ -28,12 +30,29 @@ enum Ffn {
     Moe(MoeLayer),
 }
 
+/// The attention of a block, chosen in `new` from `cfg.attention`.
+#[derive(Debug)]
+enum Attn {
+    Mla(Mla),
+    Gqa(Gqa),
+}
+
+impl Attn {
+    /// Token-shift taps of the layer's latent (0 for GQA).
+    fn shift_taps(&self) -> usize {
+        match self {
+            Attn::Mla(m) => m.shift_taps(),
+            Attn::Gqa(_) => 0,
+        }
+    }
+}
+
 /// One transformer block: `x + mix(attn(norm(x)))`, then `x + ffn(norm(x))`, where `mix` is
 /// the cross-layer residual (the identity without one).
 #[derive(Debug)]
 struct Block {
     attn_norm: RmsNorm,
-    attn: Mla,
+    attn: Attn,
     cross: Option<CrossLayerResidual>,
     ffn_norm: RmsNorm,
     ffn: Ffn,
@@ -149,9 +168,55 @@ impl BlockCtx<'_> {
         }
     }
 
-    /// The block's latent (its own, or the CLA owner's), then its attention output
-    /// `[B, T, d]`.
+    /// The block's attention output `[B, T, d]`.
     fn attention(
+        &mut self,
+        attn: &Attn,
+        input: LayerInput<'_>,
+        cache_slot: usize,
+    ) -> Result<Tensor, ModelError> {
+        match attn {
+            Attn::Mla(mla) => self.mla_attention(mla, input, cache_slot),
+            Attn::Gqa(gqa) => Ok(self.gqa_attention(gqa, input.x_btd, cache_slot)),
+        }
+    }
+
+    /// Grouped-query attention: over this forward's tokens, or (cached) the new tokens'
+    /// keys and values written to the cache, then attention over slots `0..s`.
+    fn gqa_attention(&mut self, gqa: &Gqa, x_btd: &Tensor, cache_slot: usize) -> Tensor {
+        let (pos_bt, rope) = (&self.pos_bt, self.rope);
+        match &mut self.attend {
+            Attend::Full { mask_b1tt, .. } => gqa.forward_full(x_btd, pos_bt, rope, *mask_b1tt),
+            Attend::Cached {
+                cache,
+                slot_bt,
+                s,
+                keys,
+                ..
+            } => {
+                let p = gqa.project(x_btd, pos_bt, rope);
+                cache.write(cache_slot, slot_bt, &p.k_btw, &p.v_btw);
+                let (k_bsw, v_bsw) = cache.read(cache_slot, *s);
+                let bias_bts = match keys {
+                    CachedKeys::Matmul { bias_bts } => bias_bts.shallow_clone(),
+                    // A decode step (one token per row): row `b` sees slots `0..lens[b]`.
+                    CachedKeys::Core { lens_b, .. } => {
+                        let key_s = Tensor::arange(*s, (Kind::Int64, lens_b.device()));
+                        let hidden_bs = key_s
+                            .unsqueeze(0)
+                            .ge_tensor(&lens_b.to_kind(Kind::Int64).unsqueeze(1));
+                        Tensor::zeros(hidden_bs.size(), (Kind::Float, lens_b.device()))
+                            .masked_fill(&hidden_bs, f64::NEG_INFINITY)
+                            .unsqueeze(1)
+                    }
+                };
+                gqa.attend_cached(&p.q_bthe, &k_bsw, &v_bsw, &bias_bts)
+            }
+        }
+    }
+
+    /// The block's latent (its own, or the CLA owner's), then its MLA output `[B, T, d]`.
+    fn mla_attention(
         &mut self,
         mla: &Mla,
         input: LayerInput<'_>,
@@ -298,7 +363,10 @@ impl MoePolicy {
             };
             blocks.push(Block {
                 attn_norm: RmsNorm::new(&p / "input_layernorm", d, cfg.rms_norm_eps),
-                attn: Mla::new(&p / "self_attn", cfg, i),
+                attn: match cfg.attention {
+                    Attention::Mla => Attn::Mla(Mla::new(&p / "self_attn", cfg, i)),
+                    Attention::Gqa { .. } => Attn::Gqa(Gqa::new(&p / "self_attn", cfg)),
+                },
                 cross: (cfg.cross_layer_residual && i > 0)
                     .then(|| CrossLayerResidual::new(&p / "cross_layer", d, cfg.rms_norm_eps)),
                 ffn_norm: RmsNorm::new(&p / "post_attention_layernorm", d, cfg.rms_norm_eps),
@@ -315,7 +383,7 @@ impl MoePolicy {
             norm: RmsNorm::new(vs / "norm", d, cfg.rms_norm_eps),
             lm_head,
             rope: Rope::new(
-                cfg.qk_rope_head_dim,
+                cfg.rope_dim(),
                 cfg.rope_theta,
                 &cfg.rope_scaling,
                 cfg.max_position_embeddings,
@@ -372,7 +440,7 @@ impl MoePolicy {
         };
         cfg.check_fits(self.device, Kind::Float)?;
         self.rope = Rope::new(
-            cfg.qk_rope_head_dim,
+            cfg.rope_dim(),
             cfg.rope_theta,
             &scaling,
             max_position_embeddings,
@@ -665,7 +733,8 @@ impl MoePolicy {
         });
         let s = max_len + t;
         let keys = match self.decode_core {
-            // Decode steps through the chosen core see slots 0..=pos, as the mask does.
+            // Decode steps through the chosen core see slots 0..=pos, as the mask does. The
+            // cores are MLA's; grouped-query attention masks by the same lengths.
             Some(core) if t == 1 => CachedKeys::Core {
                 core,
                 lens_b: (pos_bt.select(1, 0) + 1).clamp_max(s),

@@ -4,7 +4,8 @@
 //! file leaves out from `tiny`.
 
 use super::config::{
-    AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, RopeScaling, ScoreFunc,
+    Attention, AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, RopeScaling,
+    ScoreFunc,
 };
 use super::ModelError;
 
@@ -29,6 +30,7 @@ impl ModelConfig {
             qk_nope_head_dim: 32,
             qk_rope_head_dim: 16,
             v_head_dim: 32,
+            attention: Attention::Mla,
             attn_gate: AttnGate::Headwise,
             cross_layer_residual: true,
             latent_token_shift: false,
@@ -39,6 +41,8 @@ impl ModelConfig {
             rope_scaling: RopeScaling::None,
             max_position_embeddings: 4096,
             first_k_dense_replace: 0,
+            mlp_only_layers: Vec::new(),
+            decoder_sparse_step: 1,
             intermediate_size: 512,
             n_routed_experts: 8,
             n_shared_experts: 1,

@@ -17,12 +17,16 @@ use corvid_model::arch::{self, Family};
 use corvid_model::{ModelError, MoePolicy};
 use tch::{nn, Device, Kind, Reduction, Tensor};
 
-/// The DeepSeek-V3 fixtures.
-const DEEPSEEK_V3: &[&str] = &[
-    "deepseek_v3_qlora",
-    "deepseek_v3_plain_yarn",
-    "deepseek_v3_bf16",
-    "deepseek_v3_fp8",
+/// Every fixture and its architecture.
+const FIXTURES: &[(&str, Family)] = &[
+    ("deepseek_v3_qlora", Family::DeepseekV3),
+    ("deepseek_v3_plain_yarn", Family::DeepseekV3),
+    ("deepseek_v3_bf16", Family::DeepseekV3),
+    ("deepseek_v3_fp8", Family::DeepseekV3),
+    ("qwen3_moe", Family::Qwen3Moe),
+    ("qwen3_moe_sparse_step", Family::Qwen3Moe),
+    ("qwen3", Family::Qwen3),
+    ("qwen3_tied_yarn", Family::Qwen3),
 ];
 
 fn fixture(name: &str) -> PathBuf {
@@ -42,7 +46,8 @@ fn load(name: &str) -> (nn::VarStore, MoePolicy) {
     tch::set_num_threads(1);
     let (vs, model, hf, _) =
         arch::load(&fixture(name), Device::Cpu).unwrap_or_else(|e| panic!("{name} loads: {e}"));
-    assert_eq!(hf.family, Family::DeepseekV3);
+    let family = FIXTURES.iter().find(|(n, _)| *n == name).map(|(_, f)| *f);
+    assert_eq!(Some(hf.family), family, "{name}");
     (vs, model)
 }
 
@@ -59,7 +64,7 @@ fn scale(t: &Tensor) -> f64 {
 
 #[test]
 fn logits_equal_transformers() {
-    for name in DEEPSEEK_V3 {
+    for (name, _) in FIXTURES {
         let (_vs, model) = load(name);
         let want = expected(name);
         let ids = &want["input_ids"];
@@ -73,7 +78,7 @@ fn logits_equal_transformers() {
 
 #[test]
 fn cached_decoding_equals_the_full_forward() {
-    for name in DEEPSEEK_V3 {
+    for (name, _) in FIXTURES {
         let (_vs, model) = load(name);
         let ids = &expected(name)["input_ids"];
         let (b, t) = ids.size2().unwrap();
@@ -124,7 +129,7 @@ fn cached_decoding_equals_the_full_forward() {
 
 #[test]
 fn greedy_generation_equals_transformers() {
-    for name in DEEPSEEK_V3 {
+    for (name, _) in FIXTURES {
         let (_vs, model) = load(name);
         let want = expected(name);
         let prompt = want["prompt_ids"].unsqueeze(0);
@@ -146,7 +151,7 @@ fn greedy_generation_equals_transformers() {
 
 #[test]
 fn a_training_step_gives_transformers_loss_and_gradient_norm() {
-    for name in DEEPSEEK_V3 {
+    for (name, _) in FIXTURES {
         let (vs, model) = load(name);
         let want = expected(name);
         let ids = &want["train_input_ids"];
@@ -303,6 +308,73 @@ fn bad_configs_are_refused_naming_the_file_and_key() {
             assert!(msg.contains(n), "{what}: `{n}` not in: {msg}");
         }
     }
+    let qwen: Vec<(&str, &str, ConfigEdit, &[&str])> = vec![
+        (
+            "sliding-window attention",
+            "qwen3",
+            Box::new(|c| {
+                c.insert("use_sliding_window".into(), true.into());
+            }),
+            &["use_sliding_window", "true"],
+        ),
+        (
+            "a sliding layer type",
+            "qwen3",
+            Box::new(|c| {
+                c["layer_types"][1] = "sliding_attention".into();
+            }),
+            &["layer_types", "sliding_attention"],
+        ),
+        (
+            "key/value heads that do not divide the query heads",
+            "qwen3",
+            Box::new(|c| {
+                c.insert("num_key_value_heads".into(), 3.into());
+            }),
+            &["num_key_value_heads", "3"],
+        ),
+        (
+            "an attention bias",
+            "qwen3_moe",
+            Box::new(|c| {
+                c.insert("attention_bias".into(), true.into());
+            }),
+            &["attention_bias", "true"],
+        ),
+        (
+            "transformers' aux loss on",
+            "qwen3_moe",
+            Box::new(|c| {
+                c.insert("output_router_logits".into(), true.into());
+            }),
+            &["output_router_logits"],
+        ),
+        (
+            "a dense layer past the model",
+            "qwen3_moe",
+            Box::new(|c| {
+                c.insert("mlp_only_layers".into(), serde_json::json!([1, 7]));
+            }),
+            &["mlp_only_layers", "7"],
+        ),
+        (
+            "expert counts that disagree",
+            "qwen3_moe",
+            Box::new(|c| {
+                c.insert("num_experts".into(), 4.into());
+            }),
+            &["num_local_experts", "num_experts is 4"],
+        ),
+    ];
+    for (what, fixture, edit, needles) in qwen {
+        let dir = copy_of(fixture);
+        edit_config(dir.path(), edit);
+        let msg = load_error(dir.path());
+        assert!(msg.contains("config.json"), "{what}: {msg}");
+        for n in needles {
+            assert!(msg.contains(n), "{what}: `{n}` not in: {msg}");
+        }
+    }
 }
 
 #[test]
@@ -428,6 +500,9 @@ fn hugging_face_to_corvid_to_hugging_face_gives_the_same_tensors() {
         ("deepseek_v3_qlora", Kind::Float, 1u64 << 40),
         ("deepseek_v3_plain_yarn", Kind::Float, 60_000),
         ("deepseek_v3_bf16", Kind::BFloat16, 1 << 40),
+        ("qwen3_moe", Kind::Float, 1 << 40),
+        ("qwen3_moe_sparse_step", Kind::Float, 20_000),
+        ("qwen3_tied_yarn", Kind::Float, 1 << 40),
     ] {
         let src = fixture(name);
         let (vs, _, hf, _) = arch::load(&src, Device::Cpu).unwrap();
@@ -483,7 +558,14 @@ fn a_corvid_trained_checkpoint_exported_loads_in_transformers_with_corvids_logit
     let Some(python) = oracle_python() else {
         panic!("no .corvid/venv/bin/python: run `make` (scripts/bootstrap.sh) first");
     };
-    let name = "deepseek_v3_qlora";
+    for name in ["deepseek_v3_qlora", "qwen3_moe", "qwen3_tied_yarn"] {
+        trained_export_loads_in_transformers(&python, name);
+    }
+}
+
+/// One plain gradient step on fixture `name`, exported, then read by transformers: its logits
+/// must be Corvid's.
+fn trained_export_loads_in_transformers(python: &Path, name: &str) {
     let src = fixture(name);
     let (vs, model, hf, _) = arch::load(&src, Device::Cpu).unwrap();
     // One plain gradient step changes every trainable weight.
@@ -507,7 +589,7 @@ fn a_corvid_trained_checkpoint_exported_loads_in_transformers_with_corvids_logit
     let corvid = model.forward(&probe, false).unwrap().logits_btv;
     assert!(
         max_abs(&corvid, &expected(name)["logits"]) > 1e-2,
-        "the step changed the model"
+        "{name}: the step changed the model"
     );
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("trained");
@@ -536,9 +618,60 @@ fn a_corvid_trained_checkpoint_exported_loads_in_transformers_with_corvids_logit
     assert!(status.success(), "transformers could not load the export");
     let theirs = Tensor::read_safetensors(&logits_path).unwrap().remove(0).1;
     let err = max_abs(&theirs, &corvid);
-    println!("exported trained checkpoint: transformers vs Corvid max |Δlogits| = {err:.3e}");
+    println!("{name}, trained and exported: transformers vs Corvid max |Δlogits| = {err:.3e}");
     assert!(
         err <= 1e-4 * scale(&corvid),
-        "transformers' logits differ by {err}"
+        "{name}: transformers' logits differ by {err}"
+    );
+}
+
+/// Writes `config` as the `config.json` of a new folder (no weights: configs only).
+fn config_folder(config: serde_json::Value) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn published_qwen3_configs_count_the_published_parameters() {
+    // Qwen3-30B-A3B's config.json (the hub's keys): 30.5B parameters, 3.3B active.
+    let moe = config_folder(serde_json::json!({
+        "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe",
+        "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+        "decoder_sparse_step": 1, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+        "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 6144,
+        "max_position_embeddings": 40960, "max_window_layers": 48, "mlp_only_layers": [],
+        "moe_intermediate_size": 768, "norm_topk_prob": true, "num_attention_heads": 32,
+        "num_experts": 128, "num_experts_per_tok": 8, "num_hidden_layers": 48,
+        "num_key_value_heads": 4, "output_router_logits": false, "rms_norm_eps": 1e-06,
+        "rope_scaling": null, "rope_theta": 1000000.0, "router_aux_loss_coef": 0.001,
+        "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+        "transformers_version": "4.51.0", "use_cache": true, "use_sliding_window": false,
+        "vocab_size": 151936
+    }));
+    let hf = arch::read_config(moe.path()).unwrap();
+    assert_eq!(hf.family, Family::Qwen3Moe);
+    let p = hf.model.param_counts();
+    assert!((30.4e9..30.6e9).contains(&(p.total as f64)), "{p:?}");
+    assert!((3.3e9..3.4e9).contains(&(p.active as f64)), "{p:?}");
+    // Qwen3-0.6B's: 0.6B parameters with tied embeddings, 0.44B without them.
+    let dense = config_folder(serde_json::json!({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "attention_bias": false, "attention_dropout": 0.0, "bos_token_id": 151643,
+        "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,
+        "initializer_range": 0.02, "intermediate_size": 3072, "max_position_embeddings": 40960,
+        "max_window_layers": 28, "num_attention_heads": 16, "num_hidden_layers": 28,
+        "num_key_value_heads": 8, "rms_norm_eps": 1e-06, "rope_scaling": null,
+        "rope_theta": 1000000, "sliding_window": null, "tie_word_embeddings": true,
+        "torch_dtype": "bfloat16", "transformers_version": "4.51.0", "use_cache": true,
+        "use_sliding_window": false, "vocab_size": 151936
+    }));
+    let hf = arch::read_config(dense.path()).unwrap();
+    assert_eq!(hf.family, Family::Qwen3);
+    let p = hf.model.param_counts();
+    assert!((0.59e9..0.61e9).contains(&(p.total as f64)), "{p:?}");
+    assert!(
+        (0.43e9..0.45e9).contains(&((p.total - p.embedding) as f64)),
+        "{p:?}"
     );
 }

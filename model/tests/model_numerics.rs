@@ -3,7 +3,8 @@
 //! f64, initialisation reaching the experts, exact parameter accounting and checkpoints.
 
 use corvid_model::{
-    checkpoint, AttnGate, ExpertAct, ExpertDispatch, KvCache, ModelConfig, MoePolicy, RopeScaling,
+    checkpoint, Attention, AttnGate, ExpertAct, ExpertDispatch, KvCache, ModelConfig, MoePolicy,
+    RopeScaling,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -163,10 +164,51 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
             "linear RoPE scaling",
             ModelConfig {
                 rope_scaling: RopeScaling::Linear { factor: 2.0 },
-                ..base
+                ..base.clone()
+            },
+        ),
+        ("GQA 4/2 heads, q/k norm, a dense layer", gqa_cfg()),
+        (
+            "GQA dense model, no q/k norm, YaRN",
+            ModelConfig {
+                n_routed_experts: 0,
+                attention: Attention::Gqa {
+                    num_key_value_heads: 1,
+                    head_dim: 8,
+                    qk_norm: false,
+                },
+                rope_scaling: RopeScaling::HfYarn {
+                    factor: 2.0,
+                    original_max_position_embeddings: 16,
+                    beta_fast: 32.0,
+                    beta_slow: 1.0,
+                    mscale: 0.0,
+                    mscale_all_dim: 0.0,
+                    attention_factor: None,
+                    truncate: true,
+                },
+                ..gqa_cfg()
             },
         ),
     ]
+}
+
+/// Grouped-query attention (4 query heads over 2 key/value heads of width 12) with q/k norms
+/// and softmax routing; layer 1 dense through `mlp_only_layers`.
+fn gqa_cfg() -> ModelConfig {
+    ModelConfig {
+        num_attention_heads: 4,
+        attention: Attention::Gqa {
+            num_key_value_heads: 2,
+            head_dim: 12,
+            qk_norm: true,
+        },
+        attn_gate: AttnGate::None,
+        mlp_only_layers: vec![1],
+        n_shared_experts: 0,
+        scoring_func: corvid_model::ScoreFunc::Softmax,
+        ..small_cfg()
+    }
 }
 
 #[test]
@@ -484,6 +526,11 @@ fn param_counts_match_created_variables() {
             query_token_shift: true,
             q_lora_rank: Some(16),
             ..small_cfg()
+        },
+        gqa_cfg(),
+        ModelConfig {
+            n_routed_experts: 0,
+            ..gqa_cfg()
         },
     ] {
         let vs = nn::VarStore::new(Device::Cpu);

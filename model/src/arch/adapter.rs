@@ -34,6 +34,9 @@ pub(crate) enum Source {
     FusedHalfTransposed(String, i64),
     /// A fused `down_proj [E, d, f]`, as `[E, f, d]`.
     FusedTransposed(String),
+    /// Nothing in the checkpoint: the variable is zero (Qwen3-MoE's routers have no selection
+    /// bias). An export checks it still is.
+    Zeros,
 }
 
 impl Source {
@@ -45,6 +48,7 @@ impl Source {
             | Source::FusedHalfTransposed(n, _)
             | Source::FusedTransposed(n) => vec![n.as_str()],
             Source::StackTransposed(ns) => ns.iter().map(String::as_str).collect(),
+            Source::Zeros => Vec::new(),
         }
     }
 }
@@ -202,6 +206,7 @@ fn produced_shape(
             [e, d, f] => Ok(vec![e, f, d]),
             ref s => Err(bad(n, format!("expected [E, d, f], got {s:?}"))),
         },
+        Source::Zeros => unreachable!("fill checks no shape for a zero source"),
     }
 }
 
@@ -238,6 +243,10 @@ fn copy_into(
             )
         }
         Source::FusedTransposed(n) => copy(var.shallow_clone(), read(views, n)?.transpose(1, 2)),
+        Source::Zeros => {
+            let _ = tch::no_grad(|| var.shallow_clone().f_zero_())?;
+            Ok(())
+        }
     }
 }
 
@@ -258,6 +267,9 @@ pub(crate) fn fill(
                 "the architecture's adapter has no source for this variable",
             )
         })?;
+        if *source == Source::Zeros {
+            continue;
+        }
         let shape = produced_shape(views, source)?;
         if shape != var.size() {
             return Err(bad(

@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use tch::{nn, Kind, Tensor};
 
 use super::adapter::Source;
-use super::{deepseek_v3, Family, HfConfig};
+use super::HfConfig;
 use crate::checkpoint::{tensors_to_bytes, CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
 use crate::ModelError;
 
@@ -79,10 +79,8 @@ fn dtype_name(kind: Kind) -> Result<&'static str, ModelError> {
 /// the variables (transposed experts, re-ordered RoPE rows), not yet cast, so the model is not
 /// copied here.
 fn hf_tensors(vs: &nn::VarStore, hf: &HfConfig) -> Result<BTreeMap<String, Tensor>, ModelError> {
-    let plan = match hf.family {
-        // No names: the plan writes the hub's per-expert layout.
-        Family::DeepseekV3 => deepseek_v3::plan(&hf.model, &hf.layout, &[]),
-    };
+    // No names: the plan writes the hub's per-expert layout.
+    let plan = hf.family.plan(hf, &[]);
     let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
     let mut out = BTreeMap::new();
     for (var_name, var) in &vars {
@@ -114,6 +112,17 @@ fn hf_tensors(vs: &nn::VarStore, hf: &HfConfig) -> Result<BTreeMap<String, Tenso
             }
             Source::FusedHalfTransposed(..) | Source::FusedTransposed(_) => {
                 unreachable!("a plan built without checkpoint names writes per-expert tensors")
+            }
+            Source::Zeros => {
+                if var.abs().max().double_value(&[]) != 0.0 {
+                    return Err(ModelError::Checkpoint {
+                        tensor: var_name.clone(),
+                        problem: format!(
+                            "is not zero, and a {} checkpoint has no tensor to hold it",
+                            hf.family.model_type()
+                        ),
+                    });
+                }
             }
         }
     }

@@ -55,6 +55,37 @@ impl Keys {
         self.map.remove(key).filter(|v| !v.is_null())
     }
 
+    /// A list of integers (e.g. `mlp_only_layers`); absent or null is empty.
+    pub(crate) fn i64_list(&mut self, key: &str) -> Result<Vec<i64>, ModelError> {
+        match self.take(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_i64()
+                        .ok_or_else(|| self.error(key, format!("expected integers, got {v}")))
+                })
+                .collect(),
+            Some(v) => Err(self.error(key, format!("expected a list of integers, got {v}"))),
+        }
+    }
+
+    /// A list of strings (e.g. `layer_types`); absent or null is empty.
+    pub(crate) fn str_list(&mut self, key: &str) -> Result<Vec<String>, ModelError> {
+        match self.take(key) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(str::to_string)
+                        .ok_or_else(|| self.error(key, format!("expected strings, got {v}")))
+                })
+                .collect(),
+            Some(v) => Err(self.error(key, format!("expected a list of strings, got {v}"))),
+        }
+    }
+
     /// Whether `key` is present with the value null.
     pub(crate) fn is_null(&self, key: &str) -> bool {
         self.map.get(key).is_some_and(Value::is_null)
@@ -184,7 +215,6 @@ pub(crate) const COMMON_METADATA: &[&str] = &[
     "bos_token_id",
     "eos_token_id",
     "pad_token_id",
-    "initializer_range",
     "output_attentions",
     "output_hidden_states",
     "return_dict",

@@ -11,12 +11,15 @@
 //! - [`read_config`] / [`load`]: dispatch on `model_type`;
 //! - [`export`]: the loading plan inverted, written in shards `from_pretrained` reads.
 //!
-//! Supported: `deepseek_v3` ([`deepseek_v3`]).
+//! Supported: `deepseek_v3` ([`deepseek_v3`]), `qwen3_moe` ([`qwen3_moe`]), `qwen3`
+//! ([`qwen3`]).
 
 mod adapter;
 pub mod deepseek_v3;
 mod export;
 mod keys;
+pub mod qwen3;
+pub mod qwen3_moe;
 
 use std::path::Path;
 
@@ -39,6 +42,10 @@ use crate::ModelError;
 pub enum Family {
     /// `deepseek_v3`.
     DeepseekV3,
+    /// `qwen3_moe`.
+    Qwen3Moe,
+    /// `qwen3`.
+    Qwen3,
 }
 
 impl Family {
@@ -46,6 +53,18 @@ impl Family {
     pub fn model_type(self) -> &'static str {
         match self {
             Family::DeepseekV3 => deepseek_v3::MODEL_TYPE,
+            Family::Qwen3Moe => qwen3_moe::MODEL_TYPE,
+            Family::Qwen3 => qwen3::MODEL_TYPE,
+        }
+    }
+
+    /// The state-dict plan of a model of this family with config `hf`; `names` are the
+    /// checkpoint's tensors (empty when exporting: the plan then writes the hub's layout).
+    pub(crate) fn plan(self, hf: &HfConfig, names: &[&str]) -> Plan {
+        match self {
+            Family::DeepseekV3 => deepseek_v3::plan(&hf.model, &hf.layout, names),
+            Family::Qwen3Moe => qwen3_moe::plan(&hf.model, names),
+            Family::Qwen3 => qwen3::plan(&hf.model),
         }
     }
 }
@@ -81,6 +100,8 @@ pub fn read_config(dir: &Path) -> Result<HfConfig, ModelError> {
     let model_type = keys.str_or("model_type", "")?;
     let (family, (model, layout)) = match model_type.as_str() {
         deepseek_v3::MODEL_TYPE => (Family::DeepseekV3, deepseek_v3::config(&mut keys)?),
+        qwen3_moe::MODEL_TYPE => (Family::Qwen3Moe, qwen3_moe::config(&mut keys)?),
+        qwen3::MODEL_TYPE => (Family::Qwen3, qwen3::config(&mut keys)?),
         "" => {
             return Err(keys.error(
                 "model_type",
@@ -90,7 +111,7 @@ pub fn read_config(dir: &Path) -> Result<HfConfig, ModelError> {
         other => {
             return Err(keys.error(
                 "model_type",
-                format!("\"{other}\" is not an architecture Corvid loads (supported: deepseek_v3)"),
+                format!("\"{other}\" is not an architecture Corvid loads (supported: deepseek_v3, qwen3_moe, qwen3)"),
             ))
         }
     };
@@ -123,9 +144,7 @@ pub fn load(
     let model = without_init(|| MoePolicy::new_in_kind(&vs, &hf.model, weight_kind_for(device)))?;
     let report = with_views(dir, |views, release| {
         let names: Vec<&str> = views.keys().map(String::as_str).collect();
-        let plan = match hf.family {
-            Family::DeepseekV3 => deepseek_v3::plan(&hf.model, &hf.layout, &names),
-        };
+        let plan = hf.family.plan(&hf, &names);
         adapter::fill(&vs, views, release, &plan)
     })?;
     Ok((vs, model, hf, report))

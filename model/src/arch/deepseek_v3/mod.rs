@@ -10,7 +10,9 @@ use serde_json::json;
 use super::adapter::{Plan, Source};
 use super::keys::{Keys, COMMON_METADATA};
 use super::{expert_sources, rope_from_keys, HfLayout};
-use crate::config::{AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, ScoreFunc};
+use crate::config::{
+    Attention, AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, ScoreFunc,
+};
 use crate::ModelError;
 
 /// `model_type` of this family.
@@ -125,6 +127,7 @@ pub(crate) fn config(keys: &mut Keys) -> Result<(ModelConfig, HfLayout), ModelEr
         qk_nope_head_dim,
         qk_rope_head_dim,
         v_head_dim: keys.i64_or("v_head_dim", default::V_HEAD_DIM)?,
+        attention: Attention::Mla,
         attn_gate: AttnGate::None,
         cross_layer_residual: false,
         latent_token_shift: false,
@@ -136,6 +139,8 @@ pub(crate) fn config(keys: &mut Keys) -> Result<(ModelConfig, HfLayout), ModelEr
         max_position_embeddings,
         first_k_dense_replace: keys
             .i64_or("first_k_dense_replace", default::FIRST_K_DENSE_REPLACE)?,
+        mlp_only_layers: Vec::new(),
+        decoder_sparse_step: 1,
         intermediate_size: keys.i64_or("intermediate_size", default::INTERMEDIATE_SIZE)?,
         n_routed_experts: keys.i64_or("n_routed_experts", default::N_ROUTED_EXPERTS)?,
         n_shared_experts: keys.i64_or("n_shared_experts", default::N_SHARED_EXPERTS)?,
