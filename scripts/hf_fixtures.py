@@ -234,6 +234,13 @@ VARIANTS = {
             rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
         ),
     ),
+    "qwen3_moe_byte_vocab": dict(
+        family="qwen3_moe",
+        seed=2031,
+        description="qwen3_moe's shapes sized for a Corvid run to start from (`[model] hf`): the byte "
+        "tokenizer's 264 ids and 1024 positions",
+        config=merged(QWEN3_MOE_BASE, vocab_size=264, max_position_embeddings=1024),
+    ),
     "qwen3": dict(
         family="qwen3",
         seed=3008,

@@ -186,6 +186,9 @@ pub struct Snapshot<'a> {
     pub curriculum: &'a Curriculum,
     /// The learner's state; its `seq` is set by `save`.
     pub state: RunState,
+    /// The Hugging Face files the run started from, copied into the checkpoint
+    /// ([`write_policy`]).
+    pub hf_origin: Option<&'a Path>,
 }
 
 /// A checkpoint read back.
@@ -229,13 +232,20 @@ pub fn sync_dir(dir: &Path) -> Result<(), CheckpointError> {
 }
 
 /// Writes a policy folder (`model.safetensors`, `config.json`), every file fsynced
-/// ([`corvid_model::checkpoint::save`]).
+/// ([`corvid_model::checkpoint::save`]); with `hf_origin` (a run started from a Hugging Face
+/// folder), also its config and tokenizer files in the policy's
+/// [`ORIGIN_DIR`](corvid_model::arch::ORIGIN_DIR), so the policy exports to that architecture.
 pub fn write_policy(
     dir: &Path,
     vs: &nn::VarStore,
     cfg: &ModelConfig,
+    hf_origin: Option<&Path>,
 ) -> Result<(), CheckpointError> {
-    Ok(save(vs, cfg, dir)?)
+    save(vs, cfg, dir)?;
+    if let Some(origin) = hf_origin {
+        corvid_model::arch::copy_origin(origin, &dir.join(corvid_model::arch::ORIGIN_DIR))?;
+    }
+    Ok(())
 }
 
 /// The learner's state of the checkpoint in `dir` (`state.json`), or `None` for a folder
@@ -354,7 +364,7 @@ impl CheckpointDir {
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(io(&tmp))?;
         }
-        write_policy(&tmp, snap.vs, snap.model_config)?;
+        write_policy(&tmp, snap.vs, snap.model_config, snap.hf_origin)?;
         let opt = tmp.join(OPTIMIZER_FILE);
         Tensor::write_safetensors(&snap.optimizer, &opt)?;
         File::open(&opt)
@@ -491,6 +501,7 @@ mod tests {
                 optimizer: vec![("step".into(), Tensor::from_slice(&[i as i64]))],
                 curriculum: &cur,
                 state: st,
+                hf_origin: None,
             })
             .unwrap();
         }
@@ -519,6 +530,7 @@ mod tests {
             optimizer: vec![("step".into(), Tensor::from_slice(&[2i64]))],
             curriculum: &cur,
             state: st,
+            hf_origin: None,
         })
         .unwrap();
         let kept: Vec<(u64, u64)> = ck

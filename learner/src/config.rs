@@ -5,7 +5,7 @@
 //! | section | what it sets |
 //! |---|---|
 //! | top level | run name, listen address, token file, run folder, seed, device |
-//! | `[model]` | a preset (`tiny`, `small`, `k3-shape`, `gpu-1b`) or a model TOML file, plus field overrides |
+//! | `[model]` | a preset (`tiny`, `small`, `k3-shape`, `gpu-1b`), a model TOML file or a Hugging Face folder (`hf`), plus field overrides |
 //! | `[tasks]` | the families trained on and the highest level of each |
 //! | `[curriculum]` | [`CurriculumConfig`]: promotion and demotion thresholds, context stages |
 //! | `[rollout]` | open-group bound, task timeout, sampling, actors' poll interval, versions kept |
@@ -134,6 +134,14 @@ pub struct ModelSection {
     /// its weights from its checkpoint and ignores this. With `[schedule] sft = false`, RL
     /// starts from these weights and they are also the KL reference. Default none.
     pub init: Option<PathBuf>,
+    /// A Hugging Face folder (`config.json` naming a `model_type` Corvid loads, safetensors
+    /// weights) the run starts from: its config is the model (`preset` and `file` are not
+    /// read; `overrides` may set training options such as `router_noise_std`, not shapes) and
+    /// its weights replace the random initialisation of a fresh run. The run keeps the
+    /// folder's config and tokenizer files in `runs/<name>/hf/` and in every policy folder it
+    /// writes, so each checkpoint exports back to this architecture with `corvid model export`.
+    /// Default none.
+    pub hf: Option<PathBuf>,
 }
 
 impl Default for ModelSection {
@@ -143,6 +151,7 @@ impl Default for ModelSection {
             file: None,
             overrides: toml::Table::new(),
             init: None,
+            hf: None,
         }
     }
 }
@@ -150,8 +159,23 @@ impl Default for ModelSection {
 impl ModelSection {
     /// The model config this section describes: preset or file, then the overrides, validated.
     pub fn resolve(&self) -> Result<ModelConfig, ConfigError> {
-        let base = match &self.file {
-            Some(path) => {
+        let base = match (&self.hf, &self.file) {
+            (Some(dir), None) if self.init.is_none() => {
+                corvid_model::arch::read_config(dir)
+                    .map_err(|e| ConfigError::Section {
+                        section: "model",
+                        message: format!("hf = {:?}: {e}", dir.display().to_string()),
+                    })?
+                    .model
+            }
+            (Some(dir), _) => {
+                return Err(invalid(
+                    "model.hf",
+                    dir.display(),
+                    "a Hugging Face folder alone (not with model.file or model.init)",
+                ))
+            }
+            (None, Some(path)) => {
                 let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
                     path: path.clone(),
                     source,
@@ -160,7 +184,7 @@ impl ModelSection {
                     ConfigError::Parse(format!("model.file {}: {e}", path.display()))
                 })?
             }
-            None => ModelConfig::preset(&self.preset)
+            (None, None) => ModelConfig::preset(&self.preset)
                 .map_err(|e| invalid("model.preset", &self.preset, &e.to_string()))?,
         };
         if self.overrides.is_empty() {

@@ -147,6 +147,9 @@ pub struct RunPaths {
     pub config: PathBuf,
     /// The shared token, and whether it may be created.
     pub token: (PathBuf, bool),
+    /// `[model] hf`: the run's copy of the Hugging Face files it started from (config,
+    /// tokenizer), which every policy folder it writes carries.
+    pub hf_origin: Option<PathBuf>,
 }
 
 impl RunPaths {
@@ -160,6 +163,11 @@ impl RunPaths {
             metrics: cfg.metrics_path(),
             config: run_dir.join("config.toml"),
             token: cfg.token_path(),
+            hf_origin: cfg
+                .model
+                .hf
+                .as_ref()
+                .map(|_| run_dir.join(corvid_model::arch::ORIGIN_DIR)),
             run_dir,
         }
     }

@@ -164,6 +164,7 @@ fn bf16_sft_checkpoints_resume_exactly_and_load_into_an_fp32_policy() {
             optimizer: t.optimizer().state_tensors(),
             curriculum: &curriculum,
             state: run_state(),
+            hf_origin: None,
         })
         .unwrap();
     let at_save = snapshot(t.var_store());

@@ -25,6 +25,7 @@ const FIXTURES: &[(&str, Family)] = &[
     ("deepseek_v3_fp8", Family::DeepseekV3),
     ("qwen3_moe", Family::Qwen3Moe),
     ("qwen3_moe_sparse_step", Family::Qwen3Moe),
+    ("qwen3_moe_byte_vocab", Family::Qwen3Moe),
     ("qwen3", Family::Qwen3),
     ("qwen3_tied_yarn", Family::Qwen3),
 ];

@@ -436,7 +436,8 @@ fn config_from_init_policy(d: &Path, seed: u64, max_updates: u32) -> String {
     let (vs, _) =
         corvid_learner::trainer::build_model(&model, tch::Device::Cpu, tch::Kind::Float, seed)
             .expect("model");
-    corvid_learner::checkpoint::write_policy(&d.join("init"), &vs, &model).expect("init policy");
+    corvid_learner::checkpoint::write_policy(&d.join("init"), &vs, &model, None)
+        .expect("init policy");
     CONFIG
         .replace("[model]\n", "[model]\ninit = \"init\"\n")
         .replace("[schedule]\n", "[schedule]\nsft = false\n")
@@ -706,4 +707,136 @@ fn model_commands_on_a_hugging_face_folder_agree_with_transformers() {
         .unwrap();
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("not empty"));
+}
+
+/// The logits `corvid model logits --json` prints for `ids` on the model folder `dir`.
+fn cli_logits(dir: &Path, ids: &str) -> Vec<Vec<f64>> {
+    let out = run_ok(&[
+        "model",
+        "logits",
+        "--model",
+        dir.to_str().unwrap(),
+        "--ids",
+        ids,
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(&out).expect("logits JSON");
+    v["logits"]
+        .as_array()
+        .expect("logits rows")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_f64().unwrap())
+                .collect()
+        })
+        .collect()
+}
+
+fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .flat_map(|(x, y)| x.iter().zip(y).map(|(p, q)| (p - q).abs()))
+        .fold(0.0, f64::max)
+}
+
+/// `[model] hf`: a run starts from a Hugging Face Qwen3-MoE folder, SFT and RL train it (the
+/// actor decodes it), and its last checkpoint exports to a folder transformers loads with the
+/// checkpoint's logits.
+#[test]
+fn a_run_from_a_hugging_face_folder_trains_and_its_checkpoint_exports_for_transformers() {
+    let hf = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../model/tests/fixtures/hf/qwen3_moe_byte_vocab")
+        .canonicalize()
+        .expect("fixture");
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let config = CONFIG
+        .replace(
+            "[model]\npreset = \"tiny\"\n[model.overrides]\nnum_hidden_layers = 2\n",
+            &format!("[model]\nhf = {:?}\n", hf.display().to_string()),
+        )
+        .replace("max_updates = 3", "max_updates = 2")
+        + r#"
+[run]
+actors = 1
+actor_concurrency = 2
+rl_minutes = 5.0
+eval_family = "hops"
+eval_levels = "1..1"
+eval_episodes = 2
+eval_concurrency = 2
+eval_max_new_tokens = 16
+eval_workers = 1
+ablation = ""
+"#;
+    assert!(config.contains("hf = "), "the [model] section was replaced");
+    std::fs::write(d.join("run.toml"), config).expect("config");
+    let out = Command::new(corvid())
+        .args(["run", "--config", "run.toml", "--name", "n"])
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .output()
+        .expect("corvid run");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "corvid run failed: {log}");
+    let r = d.join("runs/n");
+    assert!(
+        read(&r.join("learner.log")).contains("Hugging Face weights loaded"),
+        "{}",
+        read(&r.join("learner.log"))
+    );
+    assert_eq!(read(&r.join("metrics/metrics.jsonl")).lines().count(), 2);
+    // Every policy folder the run wrote carries its Hugging Face origin.
+    let last = run_checkpoints(&r).pop().expect("an RL checkpoint");
+    for policy in [&last, &r.join("ref")] {
+        let origin = read_json(&policy.join("hf/config.json"));
+        assert_eq!(origin["model_type"], "qwen3_moe", "{}", policy.display());
+    }
+    assert!(last.join("hf/generation_config.json").exists());
+    // The checkpoint exports as Qwen3-MoE; Corvid reads the export back to the same logits.
+    let exported = d.join("exported");
+    run_ok(&[
+        "model",
+        "export",
+        "--model",
+        last.to_str().unwrap(),
+        "--out",
+        exported.to_str().unwrap(),
+        "--dtype",
+        "fp32",
+    ]);
+    let ids = "3,70,101,200,7,263,0,42,42,9,128,64";
+    let trained = cli_logits(&last, ids);
+    assert!(max_abs_diff(&cli_logits(&exported, ids), &trained) <= 1e-5);
+    // Training moved the weights away from the folder it started from.
+    assert!(max_abs_diff(&cli_logits(&hf, ids), &trained) > 1e-3);
+    // transformers loads the export and computes the trained checkpoint's logits.
+    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join("../.corvid/venv/bin/python");
+    let script = format!(
+        "import json, torch\nfrom transformers import AutoModelForCausalLM\n\
+         m = AutoModelForCausalLM.from_pretrained({dir:?}, dtype=torch.float32).eval()\n\
+         ids = torch.tensor([[{ids}]])\n\
+         with torch.no_grad():\n    print(json.dumps(m(ids).logits[0].tolist()))\n",
+        dir = exported.display().to_string(),
+    );
+    let out = Command::new(python)
+        .args(["-c", &script])
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "transformers could not load the export: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let theirs: Vec<Vec<f64>> = serde_json::from_slice(&out.stdout).expect("logits JSON");
+    let err = max_abs_diff(&theirs, &trained);
+    let scale = trained.iter().flatten().fold(1.0f64, |m, x| m.max(x.abs()));
+    assert!(err <= 1e-4 * scale, "transformers vs Corvid: {err}");
 }

@@ -164,6 +164,23 @@ fn load_init(dir: &Path, model_cfg: &ModelConfig, vs: &nn::VarStore) -> Result<(
     Ok(())
 }
 
+/// Replaces the initialisation in `vs` (a model of `model_cfg`: the folder's config with the
+/// run's overrides) with the weights of the Hugging Face folder `dir` (`[model] hf`).
+fn load_hf(dir: &Path, model_cfg: &ModelConfig, vs: &nn::VarStore) -> Result<(), LearnerError> {
+    let mut hf = corvid_model::arch::read_config(dir)?;
+    hf.model = model_cfg.clone();
+    let report = corvid_model::arch::load_weights(vs, dir, &hf)?;
+    tracing::info!(
+        hf = %dir.display(),
+        family = hf.family.model_type(),
+        tensors = report.tensors_read,
+        fp8_dequantised = report.fp8_dequantised,
+        skipped = report.skipped.len(),
+        "Hugging Face weights loaded"
+    );
+    Ok(())
+}
+
 /// The state of a fresh run: step 0 of the schedule's first stage, the learner's RNG from
 /// `cfg.seed`, the dispenser as it was built.
 fn fresh_state(cfg: &LearnerConfig, dispenser: DispenserState) -> RunState {
@@ -257,7 +274,18 @@ impl Trainer {
         let device = cfg.torch_device()?;
         let ckpt = CheckpointDir::open(&paths.ckpt, cfg.schedule.keep_checkpoints)?;
         let kind = weight_kind_for(device);
-        let (vs, model) = build_model(&model_cfg, device, kind, cfg.seed)?;
+        let (vs, model) = match &cfg.model.hf {
+            // Every weight comes from the checkpoint or the Hugging Face folder.
+            Some(_) => corvid_model::layers::without_init(|| {
+                build_model(&model_cfg, device, kind, cfg.seed)
+            })?,
+            None => build_model(&model_cfg, device, kind, cfg.seed)?,
+        };
+        if let (Some(src), Some(origin)) = (&cfg.model.hf, &paths.hf_origin) {
+            if restored.is_none() || !origin.exists() {
+                corvid_model::arch::copy_origin(src, origin)?;
+            }
+        }
         tracing::info!(?device, weights = ?kind, routers = "Float", "policy built");
         let (mut state, optimizer) = match restored {
             Some(r) => {
@@ -269,12 +297,20 @@ impl Trainer {
                     load_init(dir, &model_cfg, &vs)?;
                     tracing::info!(init = %dir.display(), "initial weights loaded");
                 }
+                if let Some(dir) = &cfg.model.hf {
+                    load_hf(dir, &model_cfg, &vs)?;
+                }
                 (fresh_state(&cfg, shared.control.dispenser.state()), None)
             }
         };
         // RL without SFT before it: the starting weights are the KL reference.
         if state.stage == Stage::Rl && state.reference_policy.is_none() {
-            write_policy(&paths.reference, &vs, &model_cfg)?;
+            write_policy(
+                &paths.reference,
+                &vs,
+                &model_cfg,
+                paths.hf_origin.as_deref(),
+            )?;
             state.reference_policy = Some(paths.reference.clone());
         }
         let active = ActiveTrainer::for_stage(&cfg, &model_cfg, (vs, model), &state, optimizer)?;
@@ -355,6 +391,7 @@ impl Trainer {
             optimizer: active.optimizer_state(),
             curriculum: &curriculum,
             state,
+            hf_origin: self.paths.hf_origin.as_deref(),
         })?;
         // The checkpoint holds the group counter now: the id reservation can shrink to it.
         self.shared.control.dispenser.trim_group_ids();

@@ -264,7 +264,12 @@ impl Trainer {
         self.state.sft_tokens = t.tokens_seen();
         self.state.sft_heldout_loss = t.heldout_loss();
         let (vs, model) = t.into_parts();
-        write_policy(&self.paths.reference, &vs, &self.model_cfg)?;
+        write_policy(
+            &self.paths.reference,
+            &vs,
+            &self.model_cfg,
+            self.paths.hf_origin.as_deref(),
+        )?;
         self.state.reference_policy = Some(self.paths.reference.clone());
         self.state.stage = Stage::Rl;
         let rl = Self::rl_trainer(&self.cfg, &self.model_cfg, vs, model, &self.state)?;

@@ -221,6 +221,18 @@ pub fn export(
     let path = out.join(CONFIG_FILE);
     let text = serde_json::to_string_pretty(&config).expect("config serialises");
     replace_file(&path, text.as_bytes()).map_err(io(&path))?;
+    let copied = copy_companions(source, out)?;
+    Ok(ExportReport {
+        tensors: count,
+        shards: n,
+        bytes: total,
+        copied,
+    })
+}
+
+/// Copies the files a user loads beside the weights (generation config, tokenizer, chat
+/// template) that `source` has into `out`, each written whole; returns their names.
+pub(crate) fn copy_companions(source: &Path, out: &Path) -> Result<Vec<String>, ModelError> {
     let mut copied = Vec::new();
     for file in COPIED {
         let from = source.join(file);
@@ -231,10 +243,5 @@ pub fn export(
             copied.push(file.to_string());
         }
     }
-    Ok(ExportReport {
-        tensors: count,
-        shards: n,
-        bytes: total,
-        copied,
-    })
+    Ok(copied)
 }

@@ -27,10 +27,13 @@ use tch::{nn, Device};
 
 pub use adapter::LoadReport;
 use adapter::{Plan, Source};
+use export::copy_companions;
 pub use export::{export, ExportReport};
 use keys::Keys;
 
-use crate::checkpoint::{with_views, CONFIG_FILE};
+use corvid_durable::replace_file;
+
+use crate::checkpoint::{self, with_views, CONFIG_FILE};
 use crate::config::{ExpertDispatch, ModelConfig, RopeScaling};
 use crate::layers::without_init;
 use crate::policy::MoePolicy;
@@ -142,12 +145,105 @@ pub fn load(
     let vs = nn::VarStore::new(device);
     // Every weight is about to be overwritten: build without drawing random ones.
     let model = without_init(|| MoePolicy::new_in_kind(&vs, &hf.model, weight_kind_for(device)))?;
-    let report = with_views(dir, |views, release| {
-        let names: Vec<&str> = views.keys().map(String::as_str).collect();
-        let plan = hf.family.plan(&hf, &names);
-        adapter::fill(&vs, views, release, &plan)
-    })?;
+    let report = load_weights(&vs, dir, &hf)?;
     Ok((vs, model, hf, report))
+}
+
+/// Copies the weights of the Hugging Face folder `dir` into `vs`, which holds a model of
+/// `hf.model` (a run may set training options on top of the checkpoint's config; its shapes
+/// must be the checkpoint's). All or nothing, as [`load`].
+pub fn load_weights(
+    vs: &nn::VarStore,
+    dir: &Path,
+    hf: &HfConfig,
+) -> Result<LoadReport, ModelError> {
+    with_views(dir, |views, release| {
+        let names: Vec<&str> = views.keys().map(String::as_str).collect();
+        let plan = hf.family.plan(hf, &names);
+        adapter::fill(vs, views, release, &plan)
+    })
+}
+
+/// The folder inside a policy folder that holds the Hugging Face files of the checkpoint its
+/// run started from (`config.json`, generation config, tokenizer): with it, a run checkpoint
+/// exports as that architecture ([`open`]).
+pub const ORIGIN_DIR: &str = "hf";
+
+/// Copies what a policy folder keeps of its Hugging Face origin (`config.json` and the files
+/// loaded beside the weights, not the weights) from `src` into `dst`, each file written whole.
+pub fn copy_origin(src: &Path, dst: &Path) -> Result<(), ModelError> {
+    let from = src.join(CONFIG_FILE);
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| ModelError::Io { path, source }
+    };
+    let bytes = std::fs::read(&from).map_err(io(&from))?;
+    std::fs::create_dir_all(dst).map_err(io(dst))?;
+    let to = dst.join(CONFIG_FILE);
+    replace_file(&to, &bytes).map_err(io(&to))?;
+    copy_companions(src, dst)?;
+    Ok(())
+}
+
+/// A model opened from a folder by [`open`].
+#[derive(Debug)]
+pub struct Opened {
+    /// Its variables.
+    pub vs: nn::VarStore,
+    /// The model.
+    pub model: MoePolicy,
+    /// Its Hugging Face architecture and the folder of its Hugging Face files, when it has
+    /// one: a Hugging Face checkpoint, or a policy folder whose run started from one.
+    pub hf: Option<(HfConfig, std::path::PathBuf)>,
+}
+
+/// Opens any model folder on `device`: a Hugging Face checkpoint (`config.json` with a
+/// `model_type`), a policy folder written by a run that started from one (with its origin in
+/// [`ORIGIN_DIR`]), or a Corvid policy folder.
+pub fn open(dir: &Path, device: Device) -> Result<Opened, ModelError> {
+    let origin = dir.join(ORIGIN_DIR);
+    if origin.join(CONFIG_FILE).is_file() {
+        let (vs, model) = checkpoint::load(dir, device)?;
+        let mut hf = read_config(&origin)?;
+        // The run's config: the checkpoint's shapes with the run's training options.
+        hf.model = model.config().clone();
+        return Ok(Opened {
+            vs,
+            model,
+            hf: Some((hf, origin)),
+        });
+    }
+    if is_hf_config(dir)? {
+        let (vs, model, hf, _) = load(dir, device)?;
+        return Ok(Opened {
+            vs,
+            model,
+            hf: Some((hf, dir.to_path_buf())),
+        });
+    }
+    let (vs, model) = checkpoint::load(dir, device)?;
+    Ok(Opened {
+        vs,
+        model,
+        hf: None,
+    })
+}
+
+/// Whether `dir/config.json` is a Hugging Face config (it names a `model_type`) rather than a
+/// Corvid policy folder's.
+fn is_hf_config(dir: &Path) -> Result<bool, ModelError> {
+    let path = dir.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+        path: path.display().to_string(),
+        source,
+    })?;
+    let value: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| ModelError::HfConfig {
+            file: path.display().to_string(),
+            key: "<file>".into(),
+            problem: format!("not valid JSON: {e}"),
+        })?;
+    Ok(value.get("model_type").is_some())
 }
 
 /// The rotary settings of a config: `rope_theta` and the scaling, from transformers v5's

@@ -1,5 +1,6 @@
-//! `corvid model logits | generate | export` on a Hugging Face folder: what a user runs to
-//! check a checkpoint against transformers, and to hand a trained one back to the ecosystem.
+//! `corvid model logits | generate | export` on a model folder (a Hugging Face checkpoint, or
+//! a policy folder a run wrote): what a user runs to check a checkpoint against transformers,
+//! and to hand a trained one back to the ecosystem.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -33,10 +34,10 @@ fn parse_ids(text: &str) -> anyhow::Result<Vec<i64>> {
 /// Loads the folder on the CPU (fp32), one thread per forward unless `threads` says more.
 fn load(dir: &ModelDir, threads: i32) -> anyhow::Result<MoePolicy> {
     tch::set_num_threads(threads);
-    let (_vs, model, _, _) = arch::load(&dir.model, Device::Cpu)
-        .with_context(|| format!("loading the Hugging Face folder {}", dir.model.display()))?;
+    let opened = arch::open(&dir.model, Device::Cpu)
+        .with_context(|| format!("loading the model folder {}", dir.model.display()))?;
     // The variables live in the graph the model holds; the store itself is not needed.
-    Ok(model)
+    Ok(opened.model)
 }
 
 /// Refuses a generation that would run past the model's position table before it starts (the
@@ -230,9 +231,16 @@ pub(super) fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
         other => bail!("--dtype `{other}`: expected fp32, bf16 or fp16"),
     };
     let max_shard = parse_size(&a.max_shard_size)?;
-    let (vs, _, hf, _) = arch::load(&a.dir.model, Device::Cpu)
-        .with_context(|| format!("loading the Hugging Face folder {}", a.dir.model.display()))?;
-    let report = arch::export(&vs, &hf, &a.dir.model, &a.out, kind, max_shard)
+    let opened = arch::open(&a.dir.model, Device::Cpu)
+        .with_context(|| format!("loading the model folder {}", a.dir.model.display()))?;
+    let Some((hf, source)) = &opened.hf else {
+        bail!(
+            "{} is a Corvid policy folder without a Hugging Face origin (its run did not start \
+             from `[model] hf`): there is no architecture to export it as",
+            a.dir.model.display()
+        );
+    };
+    let report = arch::export(&opened.vs, hf, source, &a.out, kind, max_shard)
         .with_context(|| format!("exporting to {}", a.out.display()))?;
     println!(
         "wrote {} ({}): {} tensors, {:.1} MB in {} file(s); copied {}",

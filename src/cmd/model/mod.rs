@@ -36,10 +36,11 @@ enum ModelCommand {
     Export(hf::ExportArgs),
 }
 
-/// A Hugging Face checkpoint folder (`config.json` with a `model_type`, safetensors weights).
+/// A model folder: a Hugging Face checkpoint (`config.json` with a `model_type`, safetensors
+/// weights) or a policy folder a run wrote (a checkpoint, `ref/`).
 #[derive(Args, Debug)]
 struct ModelDir {
-    /// The Hugging Face folder.
+    /// The Hugging Face folder or policy folder.
     #[arg(long, value_name = "DIR")]
     model: PathBuf,
 }
