@@ -715,6 +715,38 @@ mod tests {
     }
 
     #[test]
+    fn a_hugging_face_folder_is_the_model_and_overrides_set_training_options() {
+        let fixture = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../model/tests/fixtures/hf/qwen3_moe_byte_vocab")
+            .display()
+            .to_string();
+        let cfg = LearnerConfig::from_toml(&format!(
+            "[model]\nhf = {fixture:?}\n[model.overrides]\nrouter_noise_std = 0.5\n"
+        ))
+        .unwrap();
+        let model = cfg.model.resolve().unwrap();
+        assert!(matches!(
+            model.attention,
+            corvid_model::Attention::Gqa {
+                num_key_value_heads: 2,
+                ..
+            }
+        ));
+        assert_eq!((model.vocab_size, model.router_noise_std), (264, 0.5));
+        // Not with a model file or an init policy; a folder that is not one is named.
+        for extra in ["file = \"m.toml\"", "init = \"runs/x/ref\""] {
+            let e = LearnerConfig::from_toml(&format!("[model]\nhf = {fixture:?}\n{extra}\n"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("model.hf"), "{e}");
+        }
+        let e = LearnerConfig::from_toml("[model]\nhf = \"no/such/folder\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("no/such/folder") && e.contains("config.json"), "{e}");
+    }
+
+    #[test]
     fn empty_file_gives_the_documented_defaults() {
         let cfg = LearnerConfig::from_toml("").unwrap();
         assert_eq!(cfg, LearnerConfig::default());
