@@ -743,7 +743,10 @@ mod tests {
         let e = LearnerConfig::from_toml("[model]\nhf = \"no/such/folder\"\n")
             .unwrap_err()
             .to_string();
-        assert!(e.contains("no/such/folder") && e.contains("config.json"), "{e}");
+        assert!(
+            e.contains("no/such/folder") && e.contains("config.json"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use corvid_model::arch::{self, Family};
-use corvid_model::{ModelError, MoePolicy};
+use corvid_model::{AttnGate, ModelConfig, ModelError, MoePolicy};
 use tch::{nn, Device, Kind, Reduction, Tensor};
 
 /// Every fixture and its architecture.
@@ -595,8 +595,21 @@ fn trained_export_loads_in_transformers(python: &Path, name: &str) {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("trained");
     arch::export(&vs, &hf, &src, &dir, Kind::Float, 1 << 30).unwrap();
+    let theirs = transformers_logits(python, &dir, &probe);
+    let err = max_abs(&theirs, &corvid);
+    println!("{name}, trained and exported: transformers vs Corvid max |Δlogits| = {err:.3e}");
+    assert!(
+        err <= 1e-4 * scale(&corvid),
+        "{name}: transformers' logits differ by {err}"
+    );
+}
+
+/// The logits transformers computes for `ids [B, T]` with the checkpoint in `dir` (fp32,
+/// eager attention), through the virtualenv's `python`.
+fn transformers_logits(python: &Path, dir: &Path, ids: &Tensor) -> Tensor {
+    let tmp = tempfile::tempdir().unwrap();
     let ids_path = tmp.path().join("ids.safetensors");
-    Tensor::write_safetensors(&[("input_ids", &probe)], &ids_path).unwrap();
+    Tensor::write_safetensors(&[("input_ids", ids)], &ids_path).unwrap();
     let logits_path = tmp.path().join("logits.safetensors");
     let script = format!(
         "import torch\nfrom safetensors.torch import load_file, save_file\n\
@@ -616,14 +629,87 @@ fn trained_export_loads_in_transformers(python: &Path, name: &str) {
         .env("OMP_NUM_THREADS", "1")
         .status()
         .unwrap();
-    assert!(status.success(), "transformers could not load the export");
-    let theirs = Tensor::read_safetensors(&logits_path).unwrap().remove(0).1;
-    let err = max_abs(&theirs, &corvid);
-    println!("{name}, trained and exported: transformers vs Corvid max |Δlogits| = {err:.3e}");
     assert!(
-        err <= 1e-4 * scale(&corvid),
-        "{name}: transformers' logits differ by {err}"
+        status.success(),
+        "transformers could not load {}",
+        dir.display()
     );
+    Tensor::read_safetensors(&logits_path).unwrap().remove(0).1
+}
+
+#[test]
+fn a_corvid_native_model_exports_as_corvid_and_as_deepseek_v3() {
+    let Some(python) = oracle_python() else {
+        panic!("no .corvid/venv/bin/python: run `make` (scripts/bootstrap.sh) first");
+    };
+    tch::set_num_threads(1);
+    tch::manual_seed(5);
+    // Corvid's own model with its extras off: a DeepSeek-V3 with group limits, a leading dense
+    // layer, a low-rank query and un-interleaved RoPE rows.
+    let cfg = ModelConfig {
+        vocab_size: 96,
+        num_hidden_layers: 3,
+        first_k_dense_replace: 1,
+        q_lora_rank: Some(24),
+        attn_gate: AttnGate::None,
+        cross_layer_residual: false,
+        n_group: 2,
+        topk_group: 1,
+        routed_scaling_factor: 2.0,
+        latent_norm_eps: Some(1e-6),
+        tie_word_embeddings: false,
+        // Logits of order one, so that a wrong tensor shows.
+        initializer_range: 0.2,
+        expert_init_std: 0.2,
+        ..ModelConfig::tiny()
+    };
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = MoePolicy::new(&vs.root(), &cfg).unwrap();
+    // Norms of one and a zero selection bias would hide a misplaced tensor.
+    tch::no_grad(|| {
+        for (name, mut t) in vs.variables() {
+            if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
+                let _ = t.f_copy_(&(t.rand_like() + 0.5)).unwrap();
+            }
+            if name.ends_with("e_score_correction_bias") {
+                let _ = t.f_copy_(&(t.randn_like() * 0.1)).unwrap();
+            }
+        }
+    });
+    let ids = Tensor::randint(cfg.vocab_size, [2, 12], (Kind::Int64, Device::Cpu));
+    let corvid = model.forward(&ids, false).unwrap().logits_btv;
+    let tmp = tempfile::tempdir().unwrap();
+    for family in [Family::Corvid, Family::DeepseekV3] {
+        let out = tmp.path().join(family.model_type());
+        arch::export_native(&vs, &cfg, family, &out, Kind::Float, 1 << 30).unwrap();
+        let (_, back, hf, _) = arch::load(&out, Device::Cpu).unwrap();
+        assert_eq!(hf.family, family);
+        let err = max_abs(&back.forward(&ids, false).unwrap().logits_btv, &corvid);
+        assert!(err <= 1e-6 * scale(&corvid), "{family:?} reloaded: {err}");
+    }
+    // transformers runs the DeepSeek-V3 export to Corvid's logits.
+    let theirs = transformers_logits(&python, &tmp.path().join("deepseek_v3"), &ids);
+    let err = max_abs(&theirs, &corvid);
+    println!(
+        "Corvid-native model as DeepSeek-V3: transformers vs Corvid max |Δlogits| = {err:.3e}"
+    );
+    assert!(err <= 1e-4 * scale(&corvid), "transformers: {err}");
+    // The tiny preset's gate and cross-layer residual are Corvid's own: refused as DeepSeek-V3,
+    // each named; as `corvid` it exports.
+    let tiny = ModelConfig::tiny();
+    let vs = nn::VarStore::new(Device::Cpu);
+    let _ = MoePolicy::new(&vs.root(), &tiny).unwrap();
+    let out = tmp.path().join("tiny");
+    let err = arch::export_native(&vs, &tiny, Family::DeepseekV3, &out, Kind::Float, 1 << 30)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("attn_gate") && err.contains("cross_layer_residual"),
+        "{err}"
+    );
+    assert!(!out.exists(), "a refused export writes nothing");
+    arch::export_native(&vs, &tiny, Family::Corvid, &out, Kind::Float, 1 << 30).unwrap();
+    assert_eq!(arch::read_config(&out).unwrap().model, tiny);
 }
 
 /// Writes `config` as the `config.json` of a new folder (no weights: configs only).

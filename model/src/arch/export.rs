@@ -18,8 +18,9 @@ use serde_json::{json, Value};
 use tch::{nn, Kind, Tensor};
 
 use super::adapter::Source;
-use super::HfConfig;
+use super::{corvid, deepseek_v3, Family, HfConfig, HfLayout};
 use crate::checkpoint::{tensors_to_bytes, CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE};
+use crate::config::ModelConfig;
 use crate::ModelError;
 
 /// Files copied from the source folder when present: what a user loads beside the weights.
@@ -79,9 +80,10 @@ fn dtype_name(kind: Kind) -> Result<&'static str, ModelError> {
 /// the variables (transposed experts, re-ordered RoPE rows), not yet cast, so the model is not
 /// copied here.
 fn hf_tensors(vs: &nn::VarStore, hf: &HfConfig) -> Result<BTreeMap<String, Tensor>, ModelError> {
-    // No names: the plan writes the hub's per-expert layout.
-    let plan = hf.family.plan(hf, &[]);
     let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+    let var_names: Vec<&str> = vars.keys().map(String::as_str).collect();
+    // No checkpoint names: the plan writes the hub's per-expert layout.
+    let plan = hf.family.plan(hf, &[], &var_names);
     let mut out = BTreeMap::new();
     for (var_name, var) in &vars {
         let source = plan
@@ -139,6 +141,61 @@ pub fn export(
     dtype: Kind,
     max_shard_bytes: u64,
 ) -> Result<ExportReport, ModelError> {
+    let config_path = source.join(CONFIG_FILE);
+    let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
+    let config: Value = serde_json::from_str(&text).map_err(|e| ModelError::HfConfig {
+        file: config_path.display().to_string(),
+        key: "<file>".into(),
+        problem: format!("not valid JSON: {e}"),
+    })?;
+    write(vs, hf, config, Some(source), out, (dtype, max_shard_bytes))
+}
+
+/// Writes a Corvid-native model (`vs` holding a model of `cfg`) as a Hugging Face checkpoint of
+/// `family` in `out`: [`Family::Corvid`] for any model, [`Family::DeepseekV3`] for one without
+/// Corvid's own features (the error names each one it has).
+pub fn export_native(
+    vs: &nn::VarStore,
+    cfg: &ModelConfig,
+    family: Family,
+    out: &Path,
+    dtype: Kind,
+    max_shard_bytes: u64,
+) -> Result<ExportReport, ModelError> {
+    let (config, layout) = match family {
+        Family::Corvid => (
+            corvid::config_json(cfg),
+            HfLayout {
+                rope_interleave: false,
+            },
+        ),
+        Family::DeepseekV3 => deepseek_v3::from_corvid(cfg)?,
+        other => {
+            return Err(ModelError::Input(format!(
+                "a Corvid-native model exports as corvid or deepseek_v3, not {}",
+                other.model_type()
+            )))
+        }
+    };
+    let hf = HfConfig {
+        family,
+        model: cfg.clone(),
+        layout,
+    };
+    write(vs, &hf, config, None, out, (dtype, max_shard_bytes))
+}
+
+/// The body of [`export`] and [`export_native`]: `config` becomes `config.json` (its dtype
+/// set, an FP8 `quantization_config` dropped), the files a user loads beside the weights are
+/// copied from `companions`.
+fn write(
+    vs: &nn::VarStore,
+    hf: &HfConfig,
+    mut config: Value,
+    companions: Option<&Path>,
+    out: &Path,
+    (dtype, max_shard_bytes): (Kind, u64),
+) -> Result<ExportReport, ModelError> {
     let dtype_str = dtype_name(dtype)?;
     if max_shard_bytes == 0 {
         return Err(ModelError::Input("max shard size must be positive".into()));
@@ -152,13 +209,6 @@ pub fn export(
             )));
         }
     }
-    let config_path = source.join(CONFIG_FILE);
-    let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
-    let mut config: Value = serde_json::from_str(&text).map_err(|e| ModelError::HfConfig {
-        file: config_path.display().to_string(),
-        key: "<file>".into(),
-        problem: format!("not valid JSON: {e}"),
-    })?;
     let tensors = hf_tensors(vs, hf)?;
     let kind_of = |name: &str| if keeps_fp32(name) { Kind::Float } else { dtype };
     // Shards in name order, each closed before it would pass the limit.
@@ -221,7 +271,10 @@ pub fn export(
     let path = out.join(CONFIG_FILE);
     let text = serde_json::to_string_pretty(&config).expect("config serialises");
     replace_file(&path, text.as_bytes()).map_err(io(&path))?;
-    let copied = copy_companions(source, out)?;
+    let copied = match companions {
+        Some(source) => copy_companions(source, out)?,
+        None => Vec::new(),
+    };
     Ok(ExportReport {
         tensors: count,
         shards: n,

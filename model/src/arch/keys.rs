@@ -86,6 +86,16 @@ impl Keys {
         }
     }
 
+    /// Takes every key left, e.g. for a config that serde reads whole.
+    pub(crate) fn take_all(&mut self) -> Map<String, Value> {
+        std::mem::take(&mut self.map)
+    }
+
+    /// The config file's path, for errors that do not concern one key.
+    pub(crate) fn file(&self) -> &str {
+        &self.file
+    }
+
     /// Whether `key` is present with the value null.
     pub(crate) fn is_null(&self, key: &str) -> bool {
         self.map.get(key).is_some_and(Value::is_null)

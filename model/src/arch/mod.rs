@@ -12,9 +12,10 @@
 //! - [`export`]: the loading plan inverted, written in shards `from_pretrained` reads.
 //!
 //! Supported: `deepseek_v3` ([`deepseek_v3`]), `qwen3_moe` ([`qwen3_moe`]), `qwen3`
-//! ([`qwen3`]).
+//! ([`qwen3`]), and Corvid's own models in this layout, `corvid` ([`corvid`]).
 
 mod adapter;
+pub mod corvid;
 pub mod deepseek_v3;
 mod export;
 mod keys;
@@ -28,7 +29,7 @@ use tch::{nn, Device};
 pub use adapter::LoadReport;
 use adapter::{Plan, Source};
 use export::copy_companions;
-pub use export::{export, ExportReport};
+pub use export::{export, export_native, ExportReport};
 use keys::Keys;
 
 use corvid_durable::replace_file;
@@ -49,6 +50,8 @@ pub enum Family {
     Qwen3Moe,
     /// `qwen3`.
     Qwen3,
+    /// `corvid`: a Corvid-native model.
+    Corvid,
 }
 
 impl Family {
@@ -58,16 +61,19 @@ impl Family {
             Family::DeepseekV3 => deepseek_v3::MODEL_TYPE,
             Family::Qwen3Moe => qwen3_moe::MODEL_TYPE,
             Family::Qwen3 => qwen3::MODEL_TYPE,
+            Family::Corvid => corvid::MODEL_TYPE,
         }
     }
 
-    /// The state-dict plan of a model of this family with config `hf`; `names` are the
-    /// checkpoint's tensors (empty when exporting: the plan then writes the hub's layout).
-    pub(crate) fn plan(self, hf: &HfConfig, names: &[&str]) -> Plan {
+    /// The state-dict plan of a model of this family with config `hf` whose variables are
+    /// `vars`; `names` are the checkpoint's tensors (empty when exporting: the plan then
+    /// writes the hub's layout).
+    pub(crate) fn plan(self, hf: &HfConfig, names: &[&str], vars: &[&str]) -> Plan {
         match self {
             Family::DeepseekV3 => deepseek_v3::plan(&hf.model, &hf.layout, names),
             Family::Qwen3Moe => qwen3_moe::plan(&hf.model, names),
             Family::Qwen3 => qwen3::plan(&hf.model),
+            Family::Corvid => corvid::plan(vars),
         }
     }
 }
@@ -105,6 +111,7 @@ pub fn read_config(dir: &Path) -> Result<HfConfig, ModelError> {
         deepseek_v3::MODEL_TYPE => (Family::DeepseekV3, deepseek_v3::config(&mut keys)?),
         qwen3_moe::MODEL_TYPE => (Family::Qwen3Moe, qwen3_moe::config(&mut keys)?),
         qwen3::MODEL_TYPE => (Family::Qwen3, qwen3::config(&mut keys)?),
+        corvid::MODEL_TYPE => (Family::Corvid, corvid::config(&mut keys)?),
         "" => {
             return Err(keys.error(
                 "model_type",
@@ -114,7 +121,7 @@ pub fn read_config(dir: &Path) -> Result<HfConfig, ModelError> {
         other => {
             return Err(keys.error(
                 "model_type",
-                format!("\"{other}\" is not an architecture Corvid loads (supported: deepseek_v3, qwen3_moe, qwen3)"),
+                format!("\"{other}\" is not an architecture Corvid loads (supported: deepseek_v3, qwen3_moe, qwen3, corvid)"),
             ))
         }
     };
@@ -157,9 +164,11 @@ pub fn load_weights(
     dir: &Path,
     hf: &HfConfig,
 ) -> Result<LoadReport, ModelError> {
+    let var_names: Vec<String> = vs.variables().into_keys().collect();
+    let vars: Vec<&str> = var_names.iter().map(String::as_str).collect();
     with_views(dir, |views, release| {
         let names: Vec<&str> = views.keys().map(String::as_str).collect();
-        let plan = hf.family.plan(hf, &names);
+        let plan = hf.family.plan(hf, &names, &vars);
         adapter::fill(vs, views, release, &plan)
     })
 }

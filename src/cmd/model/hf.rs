@@ -191,6 +191,11 @@ pub(super) struct ExportArgs {
     /// Weight dtype on disk: fp32, bf16 or fp16 (routers stay fp32).
     #[arg(long, default_value = "bf16")]
     dtype: String,
+    /// The architecture to write a Corvid-native policy folder as: `corvid` (any model) or
+    /// `deepseek_v3` (one without Corvid's own features). A Hugging Face folder, or a policy
+    /// whose run started from one, exports as its own architecture.
+    #[arg(long = "as", value_name = "MODEL_TYPE")]
+    as_type: Option<String>,
 }
 
 /// `5GB`, `500MB`, `2GiB`, `1000` (bytes), as transformers' `max_shard_size` reads them.
@@ -233,19 +238,40 @@ pub(super) fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
     let max_shard = parse_size(&a.max_shard_size)?;
     let opened = arch::open(&a.dir.model, Device::Cpu)
         .with_context(|| format!("loading the model folder {}", a.dir.model.display()))?;
-    let Some((hf, source)) = &opened.hf else {
-        bail!(
-            "{} is a Corvid policy folder without a Hugging Face origin (its run did not start \
-             from `[model] hf`): there is no architecture to export it as",
-            a.dir.model.display()
-        );
+    let (family, report) = match &opened.hf {
+        Some((hf, source)) => {
+            if let Some(t) = a
+                .as_type
+                .as_deref()
+                .filter(|t| *t != hf.family.model_type())
+            {
+                bail!(
+                    "--as {t}: {} is a {} model and exports as one",
+                    a.dir.model.display(),
+                    hf.family.model_type()
+                );
+            }
+            let report = arch::export(&opened.vs, hf, source, &a.out, kind, max_shard);
+            (hf.family, report)
+        }
+        None => {
+            let family = match a.as_type.as_deref().unwrap_or(arch::corvid::MODEL_TYPE) {
+                arch::corvid::MODEL_TYPE => arch::Family::Corvid,
+                arch::deepseek_v3::MODEL_TYPE => arch::Family::DeepseekV3,
+                other => {
+                    bail!("--as {other}: a Corvid-native model exports as corvid or deepseek_v3")
+                }
+            };
+            let cfg = opened.model.config();
+            let report = arch::export_native(&opened.vs, cfg, family, &a.out, kind, max_shard);
+            (family, report)
+        }
     };
-    let report = arch::export(&opened.vs, hf, source, &a.out, kind, max_shard)
-        .with_context(|| format!("exporting to {}", a.out.display()))?;
+    let report = report.with_context(|| format!("exporting to {}", a.out.display()))?;
     println!(
         "wrote {} ({}): {} tensors, {:.1} MB in {} file(s); copied {}",
         a.out.display(),
-        hf.family.model_type(),
+        family.model_type(),
         report.tensors,
         report.bytes as f64 / 1e6,
         report.shards,

@@ -11,7 +11,8 @@ use super::adapter::{Plan, Source};
 use super::keys::{Keys, COMMON_METADATA};
 use super::{expert_sources, rope_from_keys, HfLayout};
 use crate::config::{
-    Attention, AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, ScoreFunc,
+    Attention, AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, RopeScaling,
+    ScoreFunc,
 };
 use crate::ModelError;
 
@@ -278,4 +279,124 @@ pub(crate) fn plan(cfg: &ModelConfig, layout: &HfLayout, names: &[&str]) -> Plan
         ));
     }
     plan
+}
+
+/// The DeepSeek-V3 `config.json` of a Corvid-native model (without the dtype, which the export
+/// sets), with its RoPE rows as Corvid holds them (`rope_interleave: false`). A model using
+/// something DeepSeek-V3 has not (Corvid's output gate, cross-layer residual, token shifts,
+/// CLA, grouped-query attention, softmax routing, soft-clipped experts, its own RoPE scalings,
+/// dense layers other than the leading ones) is refused, every such feature named.
+pub(crate) fn from_corvid(cfg: &ModelConfig) -> Result<(serde_json::Value, HfLayout), ModelError> {
+    let mut own = Vec::new();
+    let mut refuse = |on: bool, what: &str| {
+        if on {
+            own.push(what.to_string());
+        }
+    };
+    refuse(cfg.attention != Attention::Mla, "grouped-query attention");
+    refuse(
+        cfg.attn_gate != AttnGate::None,
+        "attn_gate (the output gate)",
+    );
+    refuse(cfg.cross_layer_residual, "cross_layer_residual");
+    refuse(cfg.latent_token_shift, "latent_token_shift");
+    refuse(cfg.query_token_shift, "query_token_shift");
+    refuse(cfg.cla_factor != 1, "cla_factor (shared latents)");
+    refuse(
+        cfg.scoring_func != ScoreFunc::Sigmoid,
+        "scoring_func softmax",
+    );
+    refuse(
+        cfg.expert_act != ExpertAct::Swiglu,
+        "expert_act soft_clip_glu",
+    );
+    refuse(cfg.expert_gate_scale != 1.0, "expert_gate_scale");
+    refuse(
+        !cfg.mlp_only_layers.is_empty() || cfg.decoder_sparse_step != 1,
+        "dense layers after the first MoE layer (mlp_only_layers, decoder_sparse_step)",
+    );
+    refuse(!cfg.has_experts(), "no routed experts");
+    refuse(
+        cfg.latent_eps() != LATENT_NORM_EPS,
+        "latent_norm_eps other than 1e-6 (transformers fixes the latent norms' epsilon)",
+    );
+    let rope = match cfg.rope_scaling {
+        RopeScaling::None => Some(json!({"rope_type": "default", "rope_theta": cfg.rope_theta})),
+        RopeScaling::HfYarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+            attention_factor,
+            truncate,
+        } => {
+            let mut p = json!({
+                "rope_type": "yarn",
+                "rope_theta": cfg.rope_theta,
+                "factor": factor,
+                "original_max_position_embeddings": original_max_position_embeddings,
+                "beta_fast": beta_fast,
+                "beta_slow": beta_slow,
+                "mscale": mscale,
+                "mscale_all_dim": mscale_all_dim,
+                "truncate": truncate,
+            });
+            if let Some(a) = attention_factor {
+                p["attention_factor"] = json!(a);
+            }
+            Some(p)
+        }
+        RopeScaling::Linear { .. } | RopeScaling::Yarn { .. } => None,
+    };
+    refuse(
+        rope.is_none(),
+        "rope_scaling linear or Corvid's yarn (use hf_yarn)",
+    );
+    if !own.is_empty() {
+        return Err(ModelError::Input(format!(
+            "the model uses {}, which DeepSeek-V3 has not: export it as `corvid`",
+            own.join(", ")
+        )));
+    }
+    let config = json!({
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": MODEL_TYPE,
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "moe_intermediate_size": cfg.moe_intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_attention_heads,
+        "n_shared_experts": cfg.n_shared_experts,
+        "n_routed_experts": cfg.n_routed_experts,
+        "routed_scaling_factor": cfg.routed_scaling_factor,
+        "kv_lora_rank": cfg.kv_lora_rank,
+        "q_lora_rank": cfg.q_lora_rank,
+        "qk_rope_head_dim": cfg.qk_rope_head_dim,
+        "v_head_dim": cfg.v_head_dim,
+        "qk_nope_head_dim": cfg.qk_nope_head_dim,
+        "n_group": cfg.n_group,
+        "topk_group": cfg.topk_group,
+        "num_experts_per_tok": cfg.num_experts_per_tok,
+        "first_k_dense_replace": cfg.first_k_dense_replace,
+        "norm_topk_prob": cfg.norm_topk_prob,
+        "hidden_act": "silu",
+        "max_position_embeddings": cfg.max_position_embeddings,
+        "initializer_range": cfg.initializer_range,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "rope_interleave": false,
+        "rope_parameters": rope,
+        "attention_bias": false,
+        "attention_dropout": 0.0,
+    });
+    Ok((
+        config,
+        HfLayout {
+            rope_interleave: false,
+        },
+    ))
 }
