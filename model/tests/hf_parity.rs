@@ -669,10 +669,10 @@ fn a_corvid_native_model_exports_as_corvid_and_as_deepseek_v3() {
     tch::no_grad(|| {
         for (name, mut t) in vs.variables() {
             if name.ends_with("norm.weight") || name.ends_with("layernorm.weight") {
-                let _ = t.f_copy_(&(t.rand_like() + 0.5)).unwrap();
+                t.f_copy_(&(t.rand_like() + 0.5)).unwrap();
             }
             if name.ends_with("e_score_correction_bias") {
-                let _ = t.f_copy_(&(t.randn_like() * 0.1)).unwrap();
+                t.f_copy_(&(t.randn_like() * 0.1)).unwrap();
             }
         }
     });
