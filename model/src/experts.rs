@@ -139,40 +139,41 @@ impl Experts {
         self.w_gate_edf.size()[0]
     }
 
-    /// Reference path, for tests, f64 and CPU: a loop of plain matmuls, one per expert for the
-    /// fused gate|up projection (`[d, 2f]`, split afterwards) and one for down, then a single
-    /// weighted `index_add` of all experts' rows (not one out-of-place add per expert, which
-    /// copied the whole `[T, d]` output E times).
+    /// Reference path, for tests, f64 and CPU: the grouped path's sort by expert, then a loop
+    /// of plain matmuls over the experts that got rows (each on its slice of the sorted rows,
+    /// with that expert's weights as views from `unbind`, whose backward writes each weight's
+    /// gradient once), and one weighted `index_add` back to tokens.
     pub fn forward_loop(&self, x_td: &Tensor, idx_tk: &Tensor, w_tk: &Tensor) -> Tensor {
         let k = idx_tk.size()[1];
         let n_experts = self.w_gate_edf.size()[0];
-        let f = self.w_gate_edf.size()[2];
         let expert_r = idx_tk.reshape([-1]);
-        let w_r = w_tk.reshape([-1]);
-        let w_gu_ed2f = Tensor::cat(&[&self.w_gate_edf, &self.w_up_edf], 2);
-        let (mut ys, mut tokens, mut rows_all) = (Vec::new(), Vec::new(), Vec::new());
-        for e in 0..n_experts {
-            let rows = expert_r.eq(e).nonzero().squeeze_dim(1);
-            if rows.size()[0] == 0 {
+        let order_r = expert_r.argsort_stable(true, 0, false);
+        let token_r = order_r.divide_scalar_mode(k, "floor");
+        let counts_e = Vec::<i64>::try_from(expert_r.bincount(None::<Tensor>, n_experts))
+            .expect("expert counts are int64");
+        let x_rd = x_td.index_select(0, &token_r);
+        let (w_gate, w_up, w_down) = (
+            self.w_gate_edf.unbind(0),
+            self.w_up_edf.unbind(0),
+            self.w_down_efd.unbind(0),
+        );
+        let mut ys = Vec::new();
+        let mut start = 0;
+        for (e, &n) in counts_e.iter().enumerate() {
+            if n == 0 {
                 continue;
             }
-            let token = rows.divide_scalar_mode(k, "floor");
-            let x_ed = x_td.index_select(0, &token);
-            let gu = x_ed.matmul(&w_gu_ed2f.get(e)).split(f, 1);
-            ys.push(
-                self.activate(&gu[0], &gu[1])
-                    .matmul(&self.w_down_efd.get(e)),
-            );
-            tokens.push(token);
-            rows_all.push(rows);
+            let x_nd = x_rd.narrow(0, start, n);
+            let a_nf = self.activate(&x_nd.matmul(&w_gate[e]), &x_nd.matmul(&w_up[e]));
+            ys.push(a_nf.matmul(&w_down[e]));
+            start += n;
         }
         if ys.is_empty() {
             return x_td.zeros_like();
         }
-        let rows_r = Tensor::cat(&rows_all, 0);
-        let y_rd = Tensor::cat(&ys, 0) * w_r.index_select(0, &rows_r).unsqueeze(1);
+        let wt_r1 = w_tk.reshape([-1]).index_select(0, &order_r).unsqueeze(1);
         x_td.zeros_like()
-            .index_add(0, &Tensor::cat(&tokens, 0), &y_rd)
+            .index_add(0, &token_r, &(Tensor::cat(&ys, 0) * wt_r1))
     }
 
     /// Zeroes every expert weight (for the "initialisation reaches the experts" test).

@@ -153,7 +153,9 @@ impl Gqa {
 
     /// Decoding path: the new tokens' queries `q [B, T, H, e]` attend to cached keys and
     /// values `[B, S, g·e]` (the new tokens' own already written), where `bias_bts` is 0 for
-    /// visible keys and −inf otherwise. Scores and softmax in fp32.
+    /// visible keys and −inf otherwise. Each key/value head serves its `r = H / g` query heads
+    /// in one batched matmul over the cache as it lies (no per-query-head copy of the cache).
+    /// Scores and softmax in fp32.
     pub fn attend_cached(
         &self,
         q_bthe: &Tensor,
@@ -161,14 +163,28 @@ impl Gqa {
         v_bsw: &Tensor,
         bias_bts: &Tensor,
     ) -> Tensor {
+        let (b, t, h, e) = q_bthe.size4().expect("queries are [B, T, H, e]");
+        let s = k_bsw.size()[1];
+        let g = self.n_kv_heads;
+        let r = h / g;
         let kind = q_bthe.kind();
         let work = work_kind(kind);
-        let q_bhte = q_bthe.transpose(1, 2).to_kind(work);
-        let k_bhse = self.heads_bhse(k_bsw).to_kind(work);
-        let v_bhse = self.heads_bhse(v_bsw);
-        let scores_bhts = q_bhte.matmul(&k_bhse.transpose(2, 3)) * self.scale()
-            + bias_bts.unsqueeze(1).to_kind(work);
-        let attn_bhts = scores_bhts.softmax(-1, work).to_kind(kind);
-        self.project_out(&attn_bhts.matmul(&v_bhse))
+        // Query head `j·r + i` reads key/value head `j`: [B, g, r·T, e].
+        let q_bgqe = q_bthe
+            .view([b, t, g, r, e])
+            .permute([0, 2, 3, 1, 4])
+            .reshape([b, g, r * t, e])
+            .to_kind(work);
+        let k_bges = k_bsw.view([b, s, g, e]).permute([0, 2, 3, 1]).to_kind(work);
+        let v_bgse = v_bsw.view([b, s, g, e]).permute([0, 2, 1, 3]);
+        let scores_bgrts = q_bgqe.matmul(&k_bges).view([b, g, r, t, s]) * self.scale()
+            + bias_bts.view([b, 1, 1, t, s]).to_kind(work);
+        let attn_bgqs = scores_bgrts
+            .softmax(-1, work)
+            .to_kind(kind)
+            .view([b, g, r * t, s]);
+        // [B, g, r·T, e] → [B, H, T, e] (head `j·r + i`).
+        let o_bhte = attn_bgqs.matmul(&v_bgse).view([b, h, t, e]);
+        self.project_out(&o_bhte)
     }
 }

@@ -9,6 +9,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 
 pub mod gpu;
+pub mod hf;
 pub mod ingest;
 pub mod model;
 pub mod rollout;
@@ -20,6 +21,7 @@ pub mod sandbox;
   corvid bench ingest --tokens 1000000 --json
   corvid bench sandbox --json
   corvid bench model --json
+  corvid bench hf --model path/to/hf-folder --json
   corvid bench gpu --json --out gpu.json")]
 pub struct BenchArgs {
     #[command(subcommand)]
@@ -34,6 +36,9 @@ enum Bench {
     Sandbox(sandbox::SandboxBenchArgs),
     /// Model cache size, cached decode and training throughput, against PyTorch eager.
     Model(model::ModelBenchArgs),
+    /// Training and greedy-decoding throughput of a Hugging Face folder (beside transformers:
+    /// scripts/bench_hf.py).
+    Hf(hf::HfBenchArgs),
     /// Actor rollout throughput at several concurrencies.
     Rollout(rollout::RolloutBenchArgs),
     /// CUDA kernels' correctness, attention / MoE / decode / train-step speed on one GPU.
@@ -46,6 +51,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Bench::Ingest(a) => ingest::run(a),
         Bench::Sandbox(a) => sandbox::run(a),
         Bench::Model(a) => model::run(a),
+        Bench::Hf(a) => hf::run(a),
         Bench::Rollout(a) => rollout::run(a),
         Bench::Gpu(a) => gpu::run(a),
     }

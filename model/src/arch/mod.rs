@@ -35,7 +35,7 @@ use keys::Keys;
 use corvid_durable::replace_file;
 
 use crate::checkpoint::{self, with_views, CONFIG_FILE};
-use crate::config::{ExpertDispatch, ModelConfig, RopeScaling};
+use crate::config::{ModelConfig, RopeScaling};
 use crate::layers::without_init;
 use crate::policy::MoePolicy;
 use crate::precision::weight_kind_for;
@@ -145,10 +145,7 @@ pub fn load(
     dir: &Path,
     device: Device,
 ) -> Result<(nn::VarStore, MoePolicy, HfConfig, LoadReport), ModelError> {
-    let mut hf = read_config(dir)?;
-    if device != Device::Cpu {
-        hf.model.expert_dispatch = ExpertDispatch::GroupedMm;
-    }
+    let hf = read_config(dir)?;
     let vs = nn::VarStore::new(device);
     // Every weight is about to be overwritten: build without drawing random ones.
     let model = without_init(|| MoePolicy::new_in_kind(&vs, &hf.model, weight_kind_for(device)))?;
