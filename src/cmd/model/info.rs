@@ -92,11 +92,18 @@ pub(super) fn run(a: InfoArgs) -> anyhow::Result<ExitCode> {
         3.0 * cfg.flops_per_token(a.context),
         a.context
     );
+    let (w1, w2) = cfg.cache_widths();
+    let per_layer = match cfg.attention {
+        corvid_model::Attention::Mla => format!(
+            "latent {w1} + rope {w2} x {} latent layers",
+            cfg.n_latent_layers()
+        ),
+        corvid_model::Attention::Gqa { .. } => {
+            format!("keys {w1} + values {w2} x {} layers", cfg.n_latent_layers())
+        }
+    };
     println!(
-        "  cache/token     {cache} B bf16 (latent {} + rope {} x {} latent layers); MHA same heads: {mha} B; ratio {:.1}x",
-        cfg.kv_lora_rank,
-        cfg.qk_rope_head_dim,
-        cfg.n_latent_layers(),
+        "  cache/token     {cache} B bf16 ({per_layer}); MHA same heads: {mha} B; ratio {:.1}x",
         cfg.kv_ratio_vs_mha()
     );
     Ok(ExitCode::SUCCESS)
