@@ -4,7 +4,7 @@
 //! `PretrainedConfig` keys that do not change the forward, and each variable is stored under its
 //! own name with `model.` in front (`lm_head.weight` as it is), experts stacked as Corvid holds
 //! them. transformers has no class for it; a Corvid-native model that uses none of Corvid's own
-//! features also exports as DeepSeek-V3 ([`super::deepseek_v3::from_corvid`]).
+//! features also exports as DeepSeek-V3 (`deepseek_v3::from_corvid`).
 
 use serde_json::{json, Value};
 

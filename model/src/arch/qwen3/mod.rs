@@ -1,7 +1,7 @@
 //! Qwen3 (`Qwen3ForCausalLM`, 0.6B–32B): translation only. Grouped-query attention with
 //! per-head q/k RMSNorm ([`Attention::Gqa`], the shared `gqa` layer) and a dense SwiGLU MLP in
-//! every layer. Qwen3-MoE ([`super::qwen3_moe`]) shares this attention: [`attention_config`]
-//! reads its keys and [`attention_plan`] names its tensors for both. The keys, defaults and
+//! every layer. Qwen3-MoE ([`super::qwen3_moe`]) shares this attention: `attention_config`
+//! reads its keys and `attention_plan` names its tensors for both. The keys, defaults and
 //! parity figures are in this folder's README.
 
 use serde_json::json;
