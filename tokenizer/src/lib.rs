@@ -35,10 +35,12 @@
 mod byte;
 mod chat;
 mod hf;
+mod template;
 
 pub use byte::{ByteTokenizer, Special};
 pub use chat::{render_chat, Message, RenderedChat, Role};
 pub use hf::HfTokenizer;
+pub use template::{special_tokens, ChatInput, ChatTemplate};
 
 /// What an episode format needs of a tokenizer: ids for text, with and without special
 /// tokens, text for ids, and the id of a special token by its text.
@@ -66,5 +68,23 @@ pub enum TokenizerError {
         what: String,
         /// The library's message.
         message: String,
+    },
+    /// A chat template failed to compile or render.
+    #[error("chat template {template}{}: {message}", line.map(|l| format!(", line {l}")).unwrap_or_default())]
+    Template {
+        /// Where the template came from.
+        template: String,
+        /// The template line, when known.
+        line: Option<usize>,
+        /// What went wrong.
+        message: String,
+    },
+    /// A tokenizer folder's file is missing or wrong.
+    #[error("{file}: {problem}")]
+    Config {
+        /// The file.
+        file: String,
+        /// What is wrong with it.
+        problem: String,
     },
 }
