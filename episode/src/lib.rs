@@ -10,6 +10,8 @@
 //!   special id a consumer needs: the pad id the packer fills with, the call marker the
 //!   evaluator counts, the tool-result span `replay` shows. Nobody else reads the
 //!   tokenizer's specials.
+//! - [`ToolCallSyntax`] ([`tool_syntax`]): the tool-call text of each model family (Hermes /
+//!   Qwen3, DeepSeek-V3.1, Kimi K2, Corvid's own), written and read back.
 //! - [`transcript`]: an episode read back as an OpenAI-style chat ([`ChatMessage`]) and a
 //!   chat laid out as an episode's exact tokens (`replay export --format chat`, SFT imports).
 //! - [`demonstration`]: a task's oracle plan run in the real sandbox and laid out in the
@@ -29,10 +31,12 @@
 
 pub mod demonstration;
 pub mod format;
+pub mod tool_syntax;
 pub mod transcript;
 
 pub use demonstration::{
     invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, Mistakes,
 };
 pub use format::{CallParseError, EpisodeFormat, ToolPrompt};
+pub use tool_syntax::ToolCallSyntax;
 pub use transcript::{ChatFunction, ChatMessage, ChatToolCall, TranscriptError};

@@ -8,7 +8,9 @@
 //!   [`ByteTokenizer::encode_bytes`] (specials included, since their text is reserved).
 //! - [`render_chat`] renders messages to token ids plus a per-token [`Role`] and loss mask, so
 //!   the trainer masks everything but assistant output.
-//! - [`HfTokenizer`] wraps the `tokenizers` crate for a `tokenizer.json`.
+//! - [`HfTokenizer`] wraps the `tokenizers` crate for a `tokenizer.json`; [`ChatTemplate`]
+//!   renders its folder's Jinja `chat_template` as transformers' `apply_chat_template` does
+//!   (same text, so the same ids), with the folder's [`special_tokens`] in the context.
 //! - [`Tokenizer`] is what an episode format asks of either: plain text (never a special),
 //!   text with specials, decoding, and a special token's id by its text.
 //!
@@ -40,7 +42,7 @@ mod template;
 pub use byte::{ByteTokenizer, Special};
 pub use chat::{render_chat, Message, RenderedChat, Role};
 pub use hf::HfTokenizer;
-pub use template::{special_tokens, ChatInput, ChatTemplate};
+pub use template::{python_json, special_tokens, ChatInput, ChatTemplate};
 
 /// What an episode format needs of a tokenizer: ids for text, with and without special
 /// tokens, text for ids, and the id of a special token by its text.

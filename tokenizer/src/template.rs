@@ -242,6 +242,21 @@ fn tojson(value: Value, kwargs: Kwargs) -> Result<Value, Error> {
     Ok(Value::from_safe_string(out))
 }
 
+/// `value` as Python's `json.dumps(value, ensure_ascii=False)` writes it (what a template's
+/// `tojson` writes): `", "` and `": "` separators, maps in their order, strings unescaped
+/// beyond JSON's needs.
+pub fn python_json(value: &serde_json::Value) -> String {
+    let mut out = String::new();
+    PyJson {
+        indent: None,
+        item: ", ".into(),
+        key: ": ".into(),
+        sort_keys: false,
+    }
+    .write(value, 0, &mut out);
+    out
+}
+
 /// Python's `json.dumps` layout.
 struct PyJson {
     indent: Option<String>,
