@@ -10,7 +10,9 @@
 //!   the trainer masks everything but assistant output.
 //! - [`HfTokenizer`] wraps the `tokenizers` crate for a `tokenizer.json`; [`ChatTemplate`]
 //!   renders its folder's Jinja `chat_template` as transformers' `apply_chat_template` does
-//!   (same text, so the same ids), with the folder's [`special_tokens`] in the context.
+//!   (same text, so the same ids), with the folder's [`special_tokens`] in the context;
+//!   [`TurnRenderer`] gives an episode's prompt and the segments between generated turns
+//!   without re-rendering history.
 //! - [`Tokenizer`] is what an episode format asks of either: plain text (never a special),
 //!   text with specials, decoding, and a special token's id by its text.
 //!
@@ -38,11 +40,13 @@ mod byte;
 mod chat;
 mod hf;
 mod template;
+mod turns;
 
 pub use byte::{ByteTokenizer, Special};
 pub use chat::{render_chat, Message, RenderedChat, Role};
 pub use hf::HfTokenizer;
 pub use template::{python_json, special_tokens, ChatInput, ChatTemplate};
+pub use turns::TurnRenderer;
 
 /// What an episode format needs of a tokenizer: ids for text, with and without special
 /// tokens, text for ids, and the id of a special token by its text.

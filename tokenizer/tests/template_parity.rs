@@ -104,3 +104,102 @@ fn a_folder_without_a_template_or_with_a_broken_one_is_named() {
         "{e}"
     );
 }
+
+/// An episode built turn by turn (the prompt, each assistant turn as the model would generate
+/// it, the segment after it) against the tokenisation of transformers' full rendering.
+#[test]
+fn turn_by_turn_ids_equal_the_full_rendering_unless_the_template_rewrites_history() {
+    use corvid_tokenizer::TurnRenderer;
+    let dir = fixture("chatml_tools");
+    let tok = HfTokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    let expected: Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let eot = "<|im_end|>";
+    let (mut extended, mut rewritten) = (0, 0);
+    for case in expected["cases"].as_array().unwrap() {
+        let Some(full_text) = case["text"].as_str() else {
+            continue;
+        };
+        let what = case["name"].as_str().unwrap();
+        let messages = case["messages"].as_array().unwrap();
+        let tools = case["tools"].as_array().cloned();
+        let mut extra = special_tokens(&dir).unwrap();
+        for (k, v) in case["kwargs"].as_object().unwrap() {
+            extra.insert(k.clone(), v.clone());
+        }
+        let template = ChatTemplate::from_folder(&dir, tools.is_some()).unwrap();
+        // What the model would generate for assistant message `i`: the template's text for it.
+        let render = |msgs: &[Value], gen: bool| {
+            template
+                .render(&ChatInput {
+                    messages: msgs,
+                    tools: tools.as_deref(),
+                    add_generation_prompt: gen,
+                    extra: extra.clone(),
+                })
+                .unwrap()
+        };
+        let generated = |i: usize| {
+            let with = render(&messages[..=i], false);
+            let before = render(&messages[..i], false);
+            let turn = with[before.len()..]
+                .strip_prefix("<|im_start|>assistant\n")
+                .unwrap();
+            turn[..turn.find(eot).unwrap() + eot.len()].to_string()
+        };
+        let turns = TurnRenderer::new(
+            ChatTemplate::from_folder(&dir, tools.is_some()).unwrap(),
+            tools.clone(),
+            extra.clone(),
+            eot,
+        );
+        let assistant: Vec<usize> = (0..messages.len())
+            .filter(|&i| messages[i]["role"] == "assistant")
+            .collect();
+        let first = assistant.first().copied().unwrap_or(messages.len());
+        let mut ids = tok
+            .encode(&turns.prompt(&messages[..first]).unwrap())
+            .unwrap();
+        for (n, &i) in assistant.iter().enumerate() {
+            ids.extend(tok.encode(&generated(i)).unwrap());
+            let next = assistant.get(n + 1).copied().unwrap_or(messages.len());
+            if next > i + 1 {
+                let segment = turns.segment_after_turn(&messages[i + 1..next]).unwrap();
+                ids.extend(tok.encode(&segment).unwrap());
+            }
+        }
+        // A conversation ending with an assistant turn ends at its end-of-turn token.
+        let want_text = match messages.last().map(|m| m["role"] == "assistant") {
+            Some(true) => &full_text[..full_text.rfind(eot).unwrap() + eot.len()],
+            _ => full_text,
+        };
+        let want = tok.encode(want_text).unwrap();
+        let ours = tok.decode(&ids).unwrap();
+        if what == "two calls, two results, thinking off" {
+            // With thinking off the generation prompt holds an empty think block, which the
+            // template leaves out of the assistant turns of history; the episode keeps it.
+            assert_ne!(ids, want, "{what}");
+            assert_eq!(
+                ours.replacen("<think>\n\n</think>\n\n", "", 1),
+                want_text,
+                "{what}: the only difference is the empty block"
+            );
+            rewritten += 1;
+        } else if what == "reasoning is dropped before the last query" {
+            // The template drops the first turn's reasoning once a later query exists; the
+            // episode keeps the tokens the model generated.
+            assert_ne!(ids, want, "{what}");
+            assert!(ours.contains("early thought") && !want_text.contains("early thought"));
+            assert_eq!(
+                ours.replace("<think>\nearly thought\n</think>\n\n", ""),
+                want_text,
+                "{what}: the only difference is the dropped block"
+            );
+            rewritten += 1;
+        } else {
+            assert_eq!(ids, want, "{what}");
+            extended += 1;
+        }
+    }
+    assert_eq!((extended, rewritten), (4, 2));
+}
