@@ -10,6 +10,9 @@
 //!   special id a consumer needs: the pad id the packer fills with, the call marker the
 //!   evaluator counts, the tool-result span `replay` shows. Nobody else reads the
 //!   tokenizer's specials.
+//! - [`ChatFormat`] ([`chat_format`]): the same operations for a Hugging Face model, in its
+//!   own tokenizer, chat template and tool-call syntax, never re-rendering history. Not yet
+//!   behind `EpisodeFormat`: the actor, trainers, eval and replay use the byte layout.
 //! - [`ToolCallSyntax`] ([`tool_syntax`]): the tool-call text of each model family (Hermes /
 //!   Qwen3, DeepSeek-V3.1, Kimi K2, Corvid's own), written and read back.
 //! - [`transcript`]: an episode read back as an OpenAI-style chat ([`ChatMessage`]) and a
@@ -29,11 +32,13 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod chat_format;
 pub mod demonstration;
 pub mod format;
 pub mod tool_syntax;
 pub mod transcript;
 
+pub use chat_format::ChatFormat;
 pub use demonstration::{
     invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, Mistakes,
 };

@@ -22,7 +22,6 @@ use crate::TokenizerError;
 #[derive(Debug)]
 pub struct TurnRenderer {
     template: ChatTemplate,
-    tools: Option<Vec<Value>>,
     extra: Map<String, Value>,
     end_of_turn: String,
 }
@@ -32,49 +31,61 @@ const STAND_IN_REPLY: &str = "ok";
 
 impl TurnRenderer {
     /// `end_of_turn` is the token text a generated assistant turn ends with (the tokenizer's
-    /// `eos_token` for ChatML templates, `<|im_end|>`); `tools` and `extra` (special tokens,
-    /// `enable_thinking`, ...) go into every rendering.
+    /// `eos_token` for ChatML templates, `<|im_end|>`); `extra` (special tokens,
+    /// `enable_thinking`, ...) goes into every rendering.
     pub fn new(
         template: ChatTemplate,
-        tools: Option<Vec<Value>>,
         extra: Map<String, Value>,
         end_of_turn: impl Into<String>,
     ) -> Self {
         TurnRenderer {
             template,
-            tools,
             extra,
             end_of_turn: end_of_turn.into(),
         }
     }
 
+    /// The token text that ends a generated assistant turn.
+    pub fn end_of_turn(&self) -> &str {
+        &self.end_of_turn
+    }
+
     fn render(
         &self,
         messages: &[Value],
+        tools: Option<&[Value]>,
         add_generation_prompt: bool,
     ) -> Result<String, TokenizerError> {
         self.template.render(&ChatInput {
             messages,
-            tools: self.tools.as_deref(),
+            tools,
             add_generation_prompt,
             extra: self.extra.clone(),
         })
     }
 
-    /// The text that opens the conversation: `messages` (system, user) and the generation
-    /// prompt.
-    pub fn prompt(&self, messages: &[Value]) -> Result<String, TokenizerError> {
-        self.render(messages, true)
+    /// The text that opens the conversation: `messages` (system, user) with `tools` declared,
+    /// and the generation prompt.
+    pub fn prompt(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+    ) -> Result<String, TokenizerError> {
+        self.render(messages, tools, true)
     }
 
     /// The text after a generated assistant turn (which ended with the end-of-turn token) when
-    /// `messages` follow it, through the next generation prompt.
-    pub fn segment_after_turn(&self, messages: &[Value]) -> Result<String, TokenizerError> {
+    /// `messages` follow it, through the next generation prompt; `tools` as in the prompt.
+    pub fn segment_after_turn(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+    ) -> Result<String, TokenizerError> {
         let base = [
             json!({"role": "user", "content": "stand-in"}),
             json!({"role": "assistant", "content": STAND_IN_REPLY}),
         ];
-        let before = self.render(&base, false)?;
+        let before = self.render(&base, tools, false)?;
         let reply_end = format!("{STAND_IN_REPLY}{}", self.end_of_turn);
         let cut = before
             .rfind(&reply_end)
@@ -89,7 +100,7 @@ impl TurnRenderer {
             })?;
         let mut all = base.to_vec();
         all.extend_from_slice(messages);
-        let after = self.render(&all, true)?;
+        let after = self.render(&all, tools, true)?;
         if !after.starts_with(&before[..cut]) {
             return Err(TokenizerError::Template {
                 template: self.template.origin().to_string(),

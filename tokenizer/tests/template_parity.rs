@@ -149,7 +149,6 @@ fn turn_by_turn_ids_equal_the_full_rendering_unless_the_template_rewrites_histor
         };
         let turns = TurnRenderer::new(
             ChatTemplate::from_folder(&dir, tools.is_some()).unwrap(),
-            tools.clone(),
             extra.clone(),
             eot,
         );
@@ -158,13 +157,15 @@ fn turn_by_turn_ids_equal_the_full_rendering_unless_the_template_rewrites_histor
             .collect();
         let first = assistant.first().copied().unwrap_or(messages.len());
         let mut ids = tok
-            .encode(&turns.prompt(&messages[..first]).unwrap())
+            .encode(&turns.prompt(&messages[..first], tools.as_deref()).unwrap())
             .unwrap();
         for (n, &i) in assistant.iter().enumerate() {
             ids.extend(tok.encode(&generated(i)).unwrap());
             let next = assistant.get(n + 1).copied().unwrap_or(messages.len());
             if next > i + 1 {
-                let segment = turns.segment_after_turn(&messages[i + 1..next]).unwrap();
+                let segment = turns
+                    .segment_after_turn(&messages[i + 1..next], tools.as_deref())
+                    .unwrap();
                 ids.extend(tok.encode(&segment).unwrap());
             }
         }
