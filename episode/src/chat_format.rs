@@ -6,7 +6,7 @@
 //! tools declared in OpenAI function format, the generation prompt), then per turn the ids the
 //! model generated, verbatim, and the segment the template writes after an assistant turn for
 //! the tool's result through the next generation prompt
-//! ([`TurnRenderer`](corvid_tokenizer::TurnRenderer): rendered against a stand-in history,
+//! ([`TurnRenderer`]: rendered against a stand-in history,
 //! so tokens already seen are never re-rendered). A generated turn ends with the tokenizer's
 //! `eos_token` (ChatML's `<|im_end|>`); one cut short by the token budget gets it at the start
 //! of the next segment, so every turn in the history is closed.
