@@ -427,6 +427,22 @@ eval_workers = 1
     assert!(stdout.trim_end().ends_with("report.html"), "{stdout}");
 }
 
+/// The `[run]` table of the short `corvid run` tests: one actor, a two-episode evaluation of
+/// level 1, no ablation.
+const ONE_ACTOR_RUN: &str = r#"
+[run]
+actors = 1
+actor_concurrency = 2
+rl_minutes = 5.0
+eval_family = "hops"
+eval_levels = "1..1"
+eval_episodes = 2
+eval_concurrency = 2
+eval_max_new_tokens = 16
+eval_workers = 1
+ablation = ""
+"#;
+
 /// Writes `d/init`, a policy folder of [`CONFIG`]'s model with weights drawn from `seed`, and
 /// returns [`CONFIG`] starting from it without SFT (`[model] init = "init"`, `[schedule] sft =
 /// false`), stopping after `max_updates` RL updates (0 = never).
@@ -450,20 +466,7 @@ fn corvid_run_without_sft_starts_rl_from_model_init_and_evaluates_it_as_the_sft_
     let d = dir.path();
     // The policy to start from: the run's model with weights drawn from another seed.
     let init = d.join("init");
-    let config = config_from_init_policy(d, 77, 2)
-        + r#"
-[run]
-actors = 1
-actor_concurrency = 2
-rl_minutes = 5.0
-eval_family = "hops"
-eval_levels = "1..1"
-eval_episodes = 2
-eval_concurrency = 2
-eval_max_new_tokens = 16
-eval_workers = 1
-ablation = ""
-"#;
+    let config = config_from_init_policy(d, 77, 2) + ONE_ACTOR_RUN;
     std::fs::write(d.join("run.toml"), config).expect("config");
     let out = Command::new(corvid())
         .args(["run", "--config", "run.toml", "--name", "n"])
@@ -760,19 +763,7 @@ fn a_run_from_a_hugging_face_folder_trains_and_its_checkpoint_exports_for_transf
             &format!("[model]\nhf = {:?}\n", hf.display().to_string()),
         )
         .replace("max_updates = 3", "max_updates = 2")
-        + r#"
-[run]
-actors = 1
-actor_concurrency = 2
-rl_minutes = 5.0
-eval_family = "hops"
-eval_levels = "1..1"
-eval_episodes = 2
-eval_concurrency = 2
-eval_max_new_tokens = 16
-eval_workers = 1
-ablation = ""
-"#;
+        + ONE_ACTOR_RUN;
     assert!(config.contains("hf = "), "the [model] section was replaced");
     std::fs::write(d.join("run.toml"), config).expect("config");
     let out = Command::new(corvid())
