@@ -225,25 +225,7 @@ impl EpisodeFormat {
             .position(|&t| t == close)
             .ok_or(CallParseError::Unclosed)?;
         let text = String::from_utf8_lossy(&self.tok.decode_bytes(&body[..end])).into_owned();
-        let v: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| CallParseError::Json(e.to_string()))?;
-        let name = v
-            .get("name")
-            .and_then(|n| n.as_str())
-            .ok_or(CallParseError::MissingName)?;
-        let arguments_json = match v.get("arguments") {
-            None | Some(serde_json::Value::Null) => "{}".to_string(),
-            Some(a @ serde_json::Value::Object(_)) => a.to_string(),
-            Some(serde_json::Value::String(s)) => match serde_json::from_str(s) {
-                Ok(serde_json::Value::Object(_)) => s.clone(),
-                _ => return Err(CallParseError::ArgumentsNotObject),
-            },
-            Some(_) => return Err(CallParseError::ArgumentsNotObject),
-        };
-        Ok(ToolCall {
-            name: name.to_string(),
-            arguments_json,
-        })
+        crate::tool_syntax::json_call(&text)
     }
 
     /// The text the policy reads back for a malformed turn.

@@ -222,8 +222,9 @@ fn arguments_object(text: &str) -> Result<String, CallParseError> {
     }
 }
 
-/// A `{"name": ..., "arguments": ...}` body.
-fn json_call(body: &str) -> Result<ToolCall, CallParseError> {
+/// A `{"name": ..., "arguments": ...}` body, where `arguments` may also be a string holding
+/// the object, or absent (`{}`). The byte layout's calls read through it too.
+pub(crate) fn json_call(body: &str) -> Result<ToolCall, CallParseError> {
     let v: serde_json::Value =
         serde_json::from_str(body).map_err(|e| CallParseError::Json(e.to_string()))?;
     let name = v
@@ -233,7 +234,10 @@ fn json_call(body: &str) -> Result<ToolCall, CallParseError> {
     let arguments_json = match v.get("arguments") {
         None | Some(serde_json::Value::Null) => "{}".to_string(),
         Some(a @ serde_json::Value::Object(_)) => a.to_string(),
-        Some(serde_json::Value::String(s)) => arguments_object(s)?,
+        Some(serde_json::Value::String(s)) => match serde_json::from_str(s) {
+            Ok(serde_json::Value::Object(_)) => s.clone(),
+            _ => return Err(CallParseError::ArgumentsNotObject),
+        },
         Some(_) => return Err(CallParseError::ArgumentsNotObject),
     };
     Ok(ToolCall {

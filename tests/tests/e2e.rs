@@ -443,6 +443,21 @@ eval_workers = 1
 ablation = ""
 "#;
 
+/// Writes `config` as `d/run.toml` and runs `corvid run` on it in `d` (run name `n`) until it
+/// ends, which must be a success; returns what it printed on stderr.
+fn run_to_the_end(d: &Path, config: &str) -> String {
+    std::fs::write(d.join("run.toml"), config).expect("config");
+    let out = Command::new(corvid())
+        .args(["run", "--config", "run.toml", "--name", "n"])
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .output()
+        .expect("corvid run");
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "corvid run failed: {log}");
+    log
+}
+
 /// Writes `d/init`, a policy folder of [`CONFIG`]'s model with weights drawn from `seed`, and
 /// returns [`CONFIG`] starting from it without SFT (`[model] init = "init"`, `[schedule] sft =
 /// false`), stopping after `max_updates` RL updates (0 = never).
@@ -467,15 +482,7 @@ fn corvid_run_without_sft_starts_rl_from_model_init_and_evaluates_it_as_the_sft_
     // The policy to start from: the run's model with weights drawn from another seed.
     let init = d.join("init");
     let config = config_from_init_policy(d, 77, 2) + ONE_ACTOR_RUN;
-    std::fs::write(d.join("run.toml"), config).expect("config");
-    let out = Command::new(corvid())
-        .args(["run", "--config", "run.toml", "--name", "n"])
-        .current_dir(d)
-        .stdin(Stdio::null())
-        .output()
-        .expect("corvid run");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "corvid run failed: {log}");
+    let log = run_to_the_end(d, &config);
     let r = d.join("runs/n");
     // No SFT ran; the learner started fresh from the init, which is also the reference.
     assert!(log.contains("sft = false: RL starts from init"), "{log}");
@@ -765,15 +772,7 @@ fn a_run_from_a_hugging_face_folder_trains_and_its_checkpoint_exports_for_transf
         .replace("max_updates = 3", "max_updates = 2")
         + ONE_ACTOR_RUN;
     assert!(config.contains("hf = "), "the [model] section was replaced");
-    std::fs::write(d.join("run.toml"), config).expect("config");
-    let out = Command::new(corvid())
-        .args(["run", "--config", "run.toml", "--name", "n"])
-        .current_dir(d)
-        .stdin(Stdio::null())
-        .output()
-        .expect("corvid run");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "corvid run failed: {log}");
+    run_to_the_end(d, &config);
     let r = d.join("runs/n");
     assert!(
         read(&r.join("learner.log")).contains("Hugging Face weights loaded"),
