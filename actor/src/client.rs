@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use corvid_episode::FormatDescription;
 use corvid_model::ModelConfig;
 use corvid_proto::client::{connect, AuthedClient, ConnectError};
 use corvid_proto::{pb, Assignment, SamplingParams};
@@ -102,6 +103,8 @@ pub struct Registration {
     pub model_config: ModelConfig,
     /// Latest policy version at registration (0: none yet).
     pub policy_version: u64,
+    /// The run's episode format, which this actor's own must equal.
+    pub episode_format: FormatDescription,
 }
 
 /// `PolicyInfo`'s answer.
@@ -407,7 +410,12 @@ impl LearnerLink {
             model_config
                 .validate()
                 .map_err(|e| ActorError::Learner(format!("the run's model config: {e}")))?;
+            let episode_format: FormatDescription = serde_json::from_str(&s.episode_format_json)
+                .map_err(|e| {
+                    ActorError::Learner(format!("the run's episode format does not parse: {e}"))
+                })?;
             Ok(Registration {
+                episode_format,
                 actor_id: resp.actor_id,
                 run_name: s.run_name,
                 sampling,

@@ -156,6 +156,11 @@ pub(crate) struct EpisodeRun {
     pub generated_out: u64,
     /// Deadline of the running tool or checker.
     pub deadline: Option<Instant>,
+    /// The task's tools as the format declares them (a template may render them again
+    /// around tool results).
+    pub tools: Vec<serde_json::Value>,
+    /// Why the episode could not start (the format could not lay out its prompt).
+    pub start_error: Option<String>,
 }
 
 impl EpisodeRun {
@@ -168,7 +173,11 @@ impl EpisodeRun {
         max_positions: usize,
     ) -> Self {
         let header = spec.header(version);
-        let prompt = format.prompt_ids(env, &spec.task);
+        let tools = format.tools(env, &spec.task);
+        let (prompt, start_error) = match format.prompt_ids(env, &spec.task) {
+            Ok(ids) => (ids, None),
+            Err(e) => (Vec::new(), Some(format!("laying out the prompt: {e}"))),
+        };
         let budget = (spec.context_budget as usize).min(max_positions);
         Self {
             rng: SplitMix64::new(spec.sampling.seed),
@@ -191,6 +200,8 @@ impl EpisodeRun {
             tokens_out: 0,
             generated_out: 0,
             deadline: None,
+            tools,
+            start_error,
             spec,
         }
     }
@@ -296,14 +307,25 @@ impl EpisodeRun {
         steps
     }
 
-    /// Queues the next turn's context (the tool message) and advances the turn counter.
-    fn queue_context(&mut self, format: &EpisodeFormat, closed_by_call: bool, text: &str) {
-        let ids = format.result_ids(closed_by_call, text);
+    /// Queues the next turn's context (the tool message, after the turn `after` just
+    /// generated) and advances the turn counter. A format that cannot lay the message out
+    /// (its template fails on this text) ends the episode as an infrastructure error.
+    fn queue_context(
+        &mut self,
+        format: &EpisodeFormat,
+        after: &[u32],
+        text: &str,
+    ) -> Result<(), Termination> {
+        let ids = format.result_ids(after, text, &self.tools).map_err(|e| {
+            tracing::warn!(episode = %self.header.trajectory_id, "laying out a tool result: {e}");
+            Termination::InfraError
+        })?;
         self.history.extend_from_slice(&ids);
         self.context = ids;
         self.turn += 1;
         self.turn_started = Instant::now();
         self.generate_us = 0;
+        Ok(())
     }
 
     /// What follows a turn whose tool message is queued: the answer, the turn limit, or
@@ -327,10 +349,12 @@ impl EpisodeRun {
         format: &EpisodeFormat,
         err: &CallParseError,
     ) -> (Vec<Step>, Next) {
-        let closed = format.closed_by_call(&self.generated);
+        let after = self.generated.clone();
         let reward = invalid_call_reward(&self.spec.task);
         let steps = self.take_turn_steps(None, None, reward as f32, 0);
-        self.queue_context(format, closed, &format.parse_error_text(err));
+        if let Err(end) = self.queue_context(format, &after, &format.parse_error_text(err)) {
+            return (steps, Next::End(end));
+        }
         (steps, self.decide(false))
     }
 
@@ -350,7 +374,7 @@ impl EpisodeRun {
         process_reward: f64,
         wall: Duration,
     ) -> (Vec<Step>, Next) {
-        let closed = format.closed_by_call(&self.generated);
+        let after = self.generated.clone();
         let status = out.result.status;
         let answered = call.name == "answer" && status.is_success();
         let steps = self.take_turn_steps(
@@ -362,7 +386,9 @@ impl EpisodeRun {
         if status == ToolStatus::InfraError {
             return (steps, Next::End(Termination::InfraError));
         }
-        self.queue_context(format, closed, &out.text);
+        if let Err(end) = self.queue_context(format, &after, &out.text) {
+            return (steps, Next::End(end));
+        }
         (steps, self.decide(answered))
     }
 

@@ -411,6 +411,11 @@ impl<'p> RolloutEngine<'p> {
                 max_pos,
             );
             sink.header(&run.header);
+            if let Some(why) = run.start_error.take() {
+                tracing::error!(episode = %run.header.trajectory_id, "{why}");
+                self.end(run, Termination::InfraError, None, sink);
+                continue;
+            }
             let tx = self.tx.clone();
             let worker = Worker::spawn(self.env.clone(), run.spec.task.clone(), tx, move |ev| {
                 Msg::Tool(key, ev)

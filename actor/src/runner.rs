@@ -24,11 +24,12 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use corvid_episode::{ChatFormat, EpisodeFormat, FormatDescription, ToolCallSyntax};
 use corvid_proto::{Termination, TrajectoryFooter, TrajectoryHeader};
 use corvid_sandbox::Sandbox;
 use corvid_tasks::TaskEnv;
@@ -81,6 +82,10 @@ pub struct ActorConfig {
     pub task_packs: Vec<PathBuf>,
     /// Parent folder for episode workspaces (default: the system temp folder).
     pub workspace_dir: Option<PathBuf>,
+    /// The model's tokenizer folder (`tokenizer.json`, `tokenizer_config.json`, its chat
+    /// template) for a run in a model's own format; none for Corvid's byte layout. Its files
+    /// must be the run's (same SHA-256), or the actor refuses to start.
+    pub tokenizer_dir: Option<PathBuf>,
 }
 
 impl ActorConfig {
@@ -101,6 +106,7 @@ impl ActorConfig {
             engine: EngineConfig::default(),
             task_packs: Vec::new(),
             workspace_dir: None,
+            tokenizer_dir: None,
         }
     }
 }
@@ -148,6 +154,38 @@ pub struct ActorReport {
     pub policy_updates: u64,
     /// The engine's counters.
     pub engine: RolloutStats,
+}
+
+/// This actor's episode format: the byte layout, or the model's own from `tokenizer_dir`
+/// with the run's tool-call syntax; refused, naming both hashes, unless it is the run's.
+pub fn episode_format(
+    tokenizer_dir: Option<&Path>,
+    run: &FormatDescription,
+) -> Result<EpisodeFormat, ActorError> {
+    let format = match tokenizer_dir {
+        None => EpisodeFormat::default(),
+        Some(dir) => {
+            let syntax = ToolCallSyntax::from_name(&run.tool_call_format)
+                .map_err(|e| ActorError::invalid("the run's episode format", e))?;
+            let chat = ChatFormat::from_folder(dir, syntax)
+                .map_err(|e| ActorError::invalid("--tokenizer", e.to_string()))?;
+            EpisodeFormat::chat(chat)
+        }
+    };
+    match run.mismatch(&format.description()) {
+        None => Ok(format),
+        Some(why) => Err(ActorError::invalid(
+            "episode format",
+            format!(
+                "{why}; start the actor with {}",
+                if run.layout == "byte" {
+                    "no --tokenizer".to_string()
+                } else {
+                    "--tokenizer naming the run's tokenizer folder (runs/<name>/hf)".to_string()
+                }
+            ),
+        )),
+    }
 }
 
 /// Forwards the engine's output to the router without blocking the engine thread.
@@ -563,6 +601,7 @@ pub async fn run_actor(
     }
     let engine_cfg = EngineConfig {
         max_concurrency: cfg.concurrency.max(1),
+        format: episode_format(cfg.tokenizer_dir.as_deref(), &reg.episode_format)?,
         ..cfg.engine.clone()
     };
     let (model_cfg, device, threads) = (reg.model_config.clone(), cfg.device, cfg.threads);

@@ -65,7 +65,7 @@ fn random_policy_trajectories_are_valid_and_their_logprobs_exact() {
                 .filter(|(_, m)| !**m)
                 .map(|(t, _)| *t)
                 .collect();
-            let text = format.tokenizer().decode(&ctx);
+            let text = format.decode(&ctx);
             assert!(text.contains("<|tool|>"), "{text}");
         }
         let err = max_logprob_error(policy.model(), t, 1.0);
@@ -90,7 +90,8 @@ fn an_oracle_driven_through_the_engine_answers_and_passes() {
         .cloned()
         .chain(std::iter::once(task.oracle.answer_step()))
         .map(|s| format.call_ids(&s.name, &s.arguments))
-        .collect();
+        .collect::<Result<_, _>>()
+        .unwrap();
     let longest = turns.iter().map(Vec::len).max().unwrap() as u32;
     let mut spec = EpisodeSpec::new("oracle-1", task.clone(), sampling(longest + 4, 1));
     spec.max_turns = turns.len() as u32 + 2;
@@ -228,7 +229,7 @@ fn a_turn_cut_by_the_context_budget_uses_the_room_left_and_ends_context_full() {
     let env = env();
     let task = task("hops", 1, 2);
     let format = EpisodeFormat::default();
-    let prompt = format.prompt_ids(&env, &task).len();
+    let prompt = format.prompt_ids(&env, &task).unwrap().len();
     let mut spec = EpisodeSpec::new("cut", task, sampling(48, 1));
     spec.context_budget = (prompt + 30) as u32;
     // A turn that never stops on its own: 100 plain bytes.

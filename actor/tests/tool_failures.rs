@@ -28,7 +28,7 @@ struct Case {
 #[test]
 fn each_tool_failure_class_becomes_a_tool_message_and_the_episode_goes_on() {
     let format = EpisodeFormat::default();
-    let tok = format.tokenizer();
+    let tok = corvid_tokenizer::ByteTokenizer::new();
     // Seed 5: the `count` kind (seed mod 5 = 0), judged on the answer alone.
     let mut inst = (*task("shell", 1, 5)).clone();
     // Cut shell output for display at 120 bytes so truncation is cheap to provoke.
@@ -42,7 +42,7 @@ fn each_tool_failure_class_becomes_a_tool_message_and_the_episode_goes_on() {
     }
     let inst = Arc::new(inst.seal());
     let answer = inst.oracle.answer.clone();
-    let call = |name: &str, args: serde_json::Value| format.call_ids(name, &args);
+    let call = |name: &str, args: serde_json::Value| format.call_ids(name, &args).unwrap();
     let mut malformed = vec![Special::ToolCallOpen.id()];
     malformed.extend(tok.encode_plain(r#"{"name": "shell", "arguments": {"command": "#));
     malformed.push(Special::ToolCallClose.id());

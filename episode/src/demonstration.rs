@@ -4,14 +4,23 @@
 
 use std::collections::BTreeMap;
 
+use crate::format::{EpisodeFormat, FormatError};
 use corvid_proto::{Step, ToolCall, ToolStatus};
 use corvid_tasks::{
     score_turns, Episode, OracleStep, ScoredTurn, SplitMix64, TaskEnv, TaskInstance, TasksError,
     Verdict,
 };
-use corvid_tokenizer::Special;
 
-use crate::format::EpisodeFormat;
+/// Why a demonstration could not be made.
+#[derive(Debug, thiserror::Error)]
+pub enum DemonstrationError {
+    /// The task could not start or run.
+    #[error(transparent)]
+    Tasks(#[from] TasksError),
+    /// The episode format could not lay it out (a model's template or tokenizer failed).
+    #[error("laying out the demonstration: {0}")]
+    Format(#[from] FormatError),
+}
 
 /// A demonstration: the oracle episode in the token format, and whether it passed.
 #[derive(Debug, Clone)]
@@ -91,7 +100,7 @@ pub fn oracle_steps(
     format: &EpisodeFormat,
     env: &TaskEnv,
     task: &TaskInstance,
-) -> Result<Demonstration, TasksError> {
+) -> Result<Demonstration, DemonstrationError> {
     oracle_steps_with(format, env, task, Mistakes::NONE)
 }
 
@@ -101,7 +110,7 @@ pub fn oracle_steps_with(
     env: &TaskEnv,
     task: &TaskInstance,
     mistakes: Mistakes,
-) -> Result<Demonstration, TasksError> {
+) -> Result<Demonstration, DemonstrationError> {
     let mut ep = Episode::start(env, task)?;
     let calls: Vec<OracleStep> = task
         .oracle
@@ -122,7 +131,8 @@ pub fn oracle_steps_with(
     }
     let mut rng = SplitMix64::derive(mistakes.seed, &format!("mistakes/{}", task.id));
     let mut steps = Vec::with_capacity(calls.len() + 1);
-    let mut context = format.prompt_ids(env, task);
+    let tools = format.tools(env, task);
+    let mut context = format.prompt_ids(env, task)?;
     // The oracle's latest `read_file`: where the next path was copied from.
     let mut source: Option<&OracleStep> = None;
     for call in &calls {
@@ -135,21 +145,28 @@ pub fn oracle_steps_with(
                     Some(call_step(
                         format,
                         &mut ep,
-                        steps.len(),
+                        (steps.len(), &tools),
                         &mut context,
                         &wrong,
                         false,
-                    ))
+                    )?)
                 }
                 _ => {
-                    let generated = broken(format, call, &mut rng);
+                    let generated = broken(format, call, &mut rng)?;
                     // A strict prefix of a JSON object never parses; were it to, no mistake.
-                    format.parse_call(&generated).err().map(|err| {
-                        let mut step = demo_step(steps.len(), &mut context, &generated, false);
-                        step.process_reward = invalid_call_reward(task) as f32;
-                        context = format.result_ids(true, &format.parse_error_text(&err));
-                        step
-                    })
+                    match format.parse_call(&generated) {
+                        Ok(_) => None,
+                        Err(err) => {
+                            let mut step = demo_step(steps.len(), &mut context, &generated, false);
+                            step.process_reward = invalid_call_reward(task) as f32;
+                            context = format.result_ids(
+                                &generated,
+                                &format.parse_error_text(&err),
+                                &tools,
+                            )?;
+                            Some(step)
+                        }
+                    }
                 }
             };
             if let Some(step) = mistake {
@@ -167,12 +184,26 @@ pub fn oracle_steps_with(
                 }) {
                     take_spare(&mut spare_calls, "read_file");
                     spare_turns -= 1;
-                    let step = call_step(format, &mut ep, steps.len(), &mut context, src, true);
+                    let step = call_step(
+                        format,
+                        &mut ep,
+                        (steps.len(), &tools),
+                        &mut context,
+                        src,
+                        true,
+                    )?;
                     steps.push(step);
                 }
             }
         }
-        let step = call_step(format, &mut ep, steps.len(), &mut context, call, true);
+        let step = call_step(
+            format,
+            &mut ep,
+            (steps.len(), &tools),
+            &mut context,
+            call,
+            true,
+        )?;
         let read_ok = step
             .tool_result
             .as_ref()
@@ -204,24 +235,24 @@ fn take_spare(spare_calls: &mut BTreeMap<&str, u32>, tool: &str) {
     }
 }
 
-/// Demonstration turn `turn` that writes `call` and runs it in `ep`, learnt from iff
-/// `learn`; `context` becomes the next turn's (the call's result).
+/// Demonstration turn `turn` (of a task declaring `tools`) that writes `call` and runs it in
+/// `ep`, learnt from iff `learn`; `context` becomes the next turn's (the call's result).
 fn call_step(
     format: &EpisodeFormat,
     ep: &mut Episode<'_>,
-    turn: usize,
+    (turn, tools): (usize, &[serde_json::Value]),
     context: &mut Vec<u32>,
     call: &OracleStep,
     learn: bool,
-) -> Step {
-    let generated = format.call_ids(&call.name, &call.arguments);
+) -> Result<Step, FormatError> {
+    let generated = format.call_ids(&call.name, &call.arguments)?;
     let out = ep.call(&call.tool_call());
     let mut step = demo_step(turn, context, &generated, learn);
     step.tool_call = Some(call.tool_call());
     step.tool_result = Some(out.result);
     step.process_reward = ep.last_process_reward() as f32;
-    *context = format.result_ids(true, &out.text);
-    step
+    *context = format.result_ids(&generated, &out.text, tools)?;
+    Ok(step)
 }
 
 /// Demonstration turn `turn`: `context` (taken) then `generated`, learnt from iff `learn`.
@@ -301,15 +332,14 @@ fn mistyped(task: &TaskInstance, call: &OracleStep, rng: &mut SplitMix64) -> Opt
     })
 }
 
-/// `call`'s generated tokens cut somewhere inside its JSON body and closed with
-/// `</tool_call>`: a call that does not parse.
-fn broken(format: &EpisodeFormat, call: &OracleStep, rng: &mut SplitMix64) -> Vec<u32> {
-    let whole = format.call_ids(&call.name, &call.arguments);
-    // [<tool_call>, body..., </tool_call>]: keep the open tag and 1..len(body)-1 body tokens,
-    // so the body is a strict, non-empty prefix of a JSON object and never parses.
-    let body = whole.len() - 2;
-    let keep = 1 + rng.below(body.saturating_sub(1).max(1) as u64) as usize;
-    let mut ids = whole[..1 + keep].to_vec();
-    ids.push(Special::ToolCallClose.id());
-    ids
+/// `call`'s generated tokens cut somewhere inside its JSON body and closed as a call is: a
+/// call that does not parse (the body is a strict, non-empty prefix of a JSON object).
+fn broken(
+    format: &EpisodeFormat,
+    call: &OracleStep,
+    rng: &mut SplitMix64,
+) -> Result<Vec<u32>, FormatError> {
+    format.broken_call_ids(&call.name, &call.arguments, |n| {
+        1 + rng.below(n.saturating_sub(1).max(1) as u64) as usize
+    })
 }

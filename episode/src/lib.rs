@@ -11,8 +11,10 @@
 //!   evaluator counts, the tool-result span `replay` shows. Nobody else reads the
 //!   tokenizer's specials.
 //! - [`ChatFormat`] ([`chat_format`]): the same operations for a Hugging Face model, in its
-//!   own tokenizer, chat template and tool-call syntax, never re-rendering history. Not yet
-//!   behind `EpisodeFormat`: the actor, trainers, eval and replay use the byte layout.
+//!   own tokenizer, chat template and tool-call syntax, never re-rendering history; an
+//!   `EpisodeFormat` holds one for a run in the model's own format
+//!   ([`EpisodeFormat::for_model_folder`]), and its [`FormatDescription`] (tokenizer hash,
+//!   syntax) is what actors must match.
 //! - [`ToolCallSyntax`] ([`tool_syntax`]): the tool-call text of each model family (Hermes /
 //!   Qwen3, DeepSeek-V3.1, Kimi K2, Corvid's own), written and read back.
 //! - [`transcript`]: an episode read back as an OpenAI-style chat ([`ChatMessage`]) and a
@@ -24,11 +26,13 @@
 //! ```
 //! use corvid_episode::EpisodeFormat;
 //! let format = EpisodeFormat::default();
-//! let call = format.call_ids("read_file", &serde_json::json!({"path": "a.txt"}));
+//! let call = format.call_ids("read_file", &serde_json::json!({"path": "a.txt"})).unwrap();
 //! let parsed = format.parse_call(&call).unwrap();
 //! assert_eq!(parsed.name, "read_file");
 //! assert_eq!(parsed.arguments_json, r#"{"path":"a.txt"}"#);
-//! assert!(format.closed_by_call(&call));
+//! // The tool's answer closes the assistant turn and opens the next one.
+//! let next = format.result_ids(&call, "hello", &[]).unwrap();
+//! assert_eq!(format.decode(&next), "<|end|><|tool|>hello<|end|><|assistant|>");
 //! ```
 #![deny(missing_docs)]
 
@@ -38,10 +42,11 @@ pub mod format;
 pub mod tool_syntax;
 pub mod transcript;
 
-pub use chat_format::ChatFormat;
+pub use chat_format::{ChatFormat, TOKENIZER_FILES};
 pub use demonstration::{
-    invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, Mistakes,
+    invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, DemonstrationError,
+    Mistakes,
 };
-pub use format::{CallParseError, EpisodeFormat, ToolPrompt};
+pub use format::{CallParseError, EpisodeFormat, FormatDescription, FormatError, ToolPrompt};
 pub use tool_syntax::ToolCallSyntax;
 pub use transcript::{ChatFunction, ChatMessage, ChatToolCall, TranscriptError};

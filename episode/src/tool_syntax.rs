@@ -63,6 +63,23 @@ impl ToolCallSyntax {
         ("corvid", ToolCallSyntax::Corvid),
     ];
 
+    /// The syntax's configuration name (`[model] tool_call_format`).
+    pub fn name(self) -> &'static str {
+        Self::ALL
+            .iter()
+            .find(|(_, s)| *s == self)
+            .map_or("", |(n, _)| n)
+    }
+
+    /// The text that opens a call (or the section of calls): a turn holding it attempts one.
+    pub fn call_marker(self) -> &'static str {
+        match self {
+            ToolCallSyntax::Hermes | ToolCallSyntax::Corvid => "<tool_call>",
+            ToolCallSyntax::DeepseekV31 => DEEPSEEK.call.0,
+            ToolCallSyntax::KimiK2 => KIMI.call.0,
+        }
+    }
+
     /// The syntax of a Hugging Face `model_type`, when its family has one.
     pub fn for_model_type(model_type: &str) -> Option<Self> {
         match model_type {
@@ -95,12 +112,10 @@ impl ToolCallSyntax {
             ToolCallSyntax::Hermes => calls
                 .iter()
                 .map(|c| {
-                    let args = serde_json::from_str::<serde_json::Value>(&c.arguments_json)
-                        .map(|v| python_json(&v))
-                        .unwrap_or_else(|_| c.arguments_json.clone());
                     format!(
-                        "<tool_call>\n{{\"name\": {}, \"arguments\": {args}}}\n</tool_call>",
-                        python_json(&serde_json::Value::String(c.name.clone()))
+                        "<tool_call>\n{{\"name\": {}, \"arguments\": {}}}\n</tool_call>",
+                        python_json(&serde_json::Value::String(c.name.clone())),
+                        self.written_arguments(c)
                     )
                 })
                 .collect::<Vec<_>>()
@@ -119,6 +134,20 @@ impl ToolCallSyntax {
             ToolCallSyntax::KimiK2 => {
                 sectioned(&KIMI, calls, |i, c| format!("functions.{}:{i}", c.name))
             }
+        }
+    }
+
+    /// The arguments of `call` as this syntax writes them: Hermes as Python's `json.dumps`
+    /// (what the templates' `tojson` writes), the others as the call holds them. A chat
+    /// export carries this text, which a template writes back verbatim.
+    pub fn written_arguments(self, call: &ToolCall) -> String {
+        match self {
+            ToolCallSyntax::Hermes => {
+                serde_json::from_str::<serde_json::Value>(&call.arguments_json)
+                    .map(|v| python_json(&v))
+                    .unwrap_or_else(|_| call.arguments_json.clone())
+            }
+            _ => call.arguments_json.clone(),
         }
     }
 

@@ -1,8 +1,8 @@
 //! Chat transcripts: an episode's steps read back as an OpenAI-style chat, and a chat laid out
 //! as an episode's exact tokens (`corvid replay export --format chat`, SFT imports).
 
-use corvid_proto::Step;
-use corvid_tokenizer::Special;
+use corvid_proto::{Step, ToolCall};
+use corvid_tokenizer::{ByteTokenizer, Special};
 use serde::{Deserialize, Serialize};
 
 use crate::format::EpisodeFormat;
@@ -40,6 +40,32 @@ pub struct ChatToolCall {
 
 fn function_type() -> String {
     "function".into()
+}
+
+impl ChatMessage {
+    /// A message of `role` holding `content` only.
+    pub fn text(role: &str, content: impl Into<String>) -> Self {
+        ChatMessage {
+            role: role.into(),
+            content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+        }
+    }
+}
+
+impl ChatToolCall {
+    /// The call `call` with the id `id`.
+    pub fn new(id: String, call: ToolCall) -> Self {
+        ChatToolCall {
+            id: Some(id),
+            kind: function_type(),
+            function: ChatFunction {
+                name: call.name,
+                arguments: call.arguments_json,
+            },
+        }
+    }
 }
 
 /// Name and JSON-string arguments of a call, as OpenAI writes them.
@@ -81,6 +107,14 @@ pub enum TranscriptError {
     /// No assistant turn: nothing to train on.
     #[error("the transcript has no assistant message")]
     NoAssistant,
+    /// The model's chat template or tokenizer could not lay the messages out.
+    #[error("message {index}: the chat template cannot lay it out: {message}")]
+    Render {
+        /// Index of the message whose turn failed.
+        index: usize,
+        /// What went wrong.
+        message: String,
+    },
 }
 
 impl EpisodeFormat {
@@ -111,7 +145,17 @@ impl EpisodeFormat {
     /// [`from_messages`](Self::from_messages) lays a transcript of well-formed turns out as
     /// the episode's exact tokens; one with a malformed turn comes back different (its error
     /// is a user turn, and the special tokens it wrote are gone): `--format raw` keeps those.
+    ///
+    /// In a model's own layout the prompt gives the `user` message (the tools are the
+    /// template's, not a message), and a generated turn that is exactly one call in the
+    /// model's syntax carries it in `tool_calls` with empty `content`, which the template
+    /// writes back as the same text; any other turn is verbatim `content`, and the error it
+    /// got stays a `tool` message (without `tool_call_id`), as it was laid out. Rendered
+    /// with the task's tools, such a transcript is the episode's ids.
     pub fn to_messages(&self, steps: &[Step]) -> Vec<ChatMessage> {
+        if let Some(chat) = self.chat_format() {
+            return chat.to_messages(&joined_turns(steps));
+        }
         let mut out = Vec::new();
         // The call of the latest assistant message, until the tool message answering it.
         let mut unanswered: Option<String> = None;
@@ -179,7 +223,7 @@ impl EpisodeFormat {
             .copied()
             .filter(|&t| Special::from_id(t).is_none())
             .collect();
-        self.tokenizer().decode(&plain)
+        self.decode(&plain)
     }
 
     fn context_messages(&self, ids: &[u32], out: &mut Vec<ChatMessage>) {
@@ -224,11 +268,18 @@ impl EpisodeFormat {
 
     /// Lays out a chat transcript (for example an imported SFT file) in the episode format:
     /// token ids and the loss mask, true on exactly what the assistant writes — its text,
-    /// its call, and `<|end|>` when it ends a turn without a call.
+    /// its call, and the end of its turn (`<|end|>` when the byte layout's turn makes no
+    /// call). A model's own layout declares `tools` in its template; the byte layout reads
+    /// them from a system message.
     pub fn from_messages(
         &self,
         messages: &[ChatMessage],
+        tools: &[serde_json::Value],
     ) -> Result<(Vec<u32>, Vec<bool>), TranscriptError> {
+        if let Some(chat) = self.chat_format() {
+            return chat.messages_to_ids(messages, tools);
+        }
+        let tokenizer = ByteTokenizer::new();
         let mut ids = Vec::new();
         let mut mask = Vec::new();
         let mut push = |t: &[u32], m: bool, ids: &mut Vec<u32>| {
@@ -251,7 +302,7 @@ impl EpisodeFormat {
             };
             push(&[header.id()], false, &mut ids);
             if header != Special::Assistant {
-                push(&self.tokenizer().encode_plain(&m.content), false, &mut ids);
+                push(&tokenizer.encode_plain(&m.content), false, &mut ids);
                 push(&[Special::End.id()], false, &mut ids);
                 continue;
             }
@@ -262,7 +313,7 @@ impl EpisodeFormat {
                     n: m.tool_calls.len(),
                 });
             }
-            push(&self.tokenizer().encode_plain(&m.content), true, &mut ids);
+            push(&tokenizer.encode_plain(&m.content), true, &mut ids);
             match m.tool_calls.first() {
                 Some(c) => {
                     let args: serde_json::Value = serde_json::from_str(&c.function.arguments)
@@ -272,7 +323,13 @@ impl EpisodeFormat {
                             index,
                             message: format!("{:?}", c.function.arguments),
                         })?;
-                    push(&self.call_ids(&c.function.name, &args), true, &mut ids);
+                    let call = self.call_ids(&c.function.name, &args).map_err(|e| {
+                        TranscriptError::Render {
+                            index,
+                            message: e.to_string(),
+                        }
+                    })?;
+                    push(&call, true, &mut ids);
                     // The `<|end|>` after a call opens the next turn's context.
                     if index + 1 < messages.len() {
                         push(&[Special::End.id()], false, &mut ids);
@@ -315,8 +372,8 @@ mod tests {
         demo_step(turn, &mut context, generated, true)
     }
 
-    fn prompt(f: &EpisodeFormat) -> Vec<u32> {
-        let tok = f.tokenizer();
+    fn prompt(_f: &EpisodeFormat) -> Vec<u32> {
+        let tok = ByteTokenizer::new();
         let mut ids = vec![Special::System.id()];
         ids.extend(tok.encode_plain("tools: read_file(path) answer(answer)"));
         ids.extend([Special::End.id(), Special::User.id()]);
@@ -377,11 +434,16 @@ mod tests {
     #[test]
     fn a_well_formed_episode_exports_as_valid_chat_and_imports_back_exactly() {
         let f = EpisodeFormat::default();
-        let read = f.call_ids("read_file", &json!({"path": "a.txt"}));
-        let answer = f.call_ids("answer", &json!({"answer": "42"}));
+        let read = f.call_ids("read_file", &json!({"path": "a.txt"})).unwrap();
+        let answer = f.call_ids("answer", &json!({"answer": "42"})).unwrap();
         let steps = vec![
             step(0, prompt(&f), &read),
-            step(1, f.result_ids(true, "value: 42"), &answer),
+            step(
+                1,
+                f.result_ids(&[Special::ToolCallClose.id()], "value: 42", &[])
+                    .unwrap(),
+                &answer,
+            ),
         ];
         let m = f.to_messages(&steps);
         assert_openai_chat(&m);
@@ -400,7 +462,7 @@ mod tests {
         assert_eq!(v[3]["tool_call_id"], "call_0");
         assert!(v[2].get("tool_call_id").is_none());
         // Back to tokens: the same ids and the same trained positions.
-        let (ids, mask) = f.from_messages(&m).expect("lays out");
+        let (ids, mask) = f.from_messages(&m, &[]).expect("lays out");
         let want_ids: Vec<u32> = steps.iter().flat_map(|s| s.token_ids.clone()).collect();
         let want_mask: Vec<bool> = steps.iter().flat_map(|s| s.loss_mask.clone()).collect();
         assert_eq!(ids, want_ids);
@@ -410,11 +472,16 @@ mod tests {
     #[test]
     fn a_turn_split_over_steps_exports_as_one_turn() {
         let f = EpisodeFormat::default();
-        let read = f.call_ids("read_file", &json!({"path": "a.txt"}));
-        let answer = f.call_ids("answer", &json!({"answer": "42"}));
+        let read = f.call_ids("read_file", &json!({"path": "a.txt"})).unwrap();
+        let answer = f.call_ids("answer", &json!({"answer": "42"})).unwrap();
         let whole = vec![
             step(0, prompt(&f), &read),
-            step(1, f.result_ids(true, "value: 42"), &answer),
+            step(
+                1,
+                f.result_ids(&[Special::ToolCallClose.id()], "value: 42", &[])
+                    .unwrap(),
+                &answer,
+            ),
         ];
         // Turn 1 split as an actor splits a long turn: part of the tool output in one step,
         // the rest, and the call, in the next (same turn index).
@@ -434,9 +501,9 @@ mod tests {
     #[test]
     fn malformed_turns_export_as_text_answered_by_a_user_message() {
         let f = EpisodeFormat::default();
-        let tok = f.tokenizer();
-        let read = f.call_ids("read_file", &json!({"path": "a.txt"}));
-        let answer = f.call_ids("answer", &json!({"answer": "42"}));
+        let tok = ByteTokenizer::new();
+        let read = f.call_ids("read_file", &json!({"path": "a.txt"})).unwrap();
+        let answer = f.call_ids("answer", &json!({"answer": "42"})).unwrap();
         // A call cut short, closed with </tool_call>: bad JSON.
         let mut cut = read[..8].to_vec();
         cut.push(Special::ToolCallClose.id());
@@ -449,13 +516,28 @@ mod tests {
         assert_eq!(chat_err, CallParseError::NoCall);
         let steps = vec![
             step(0, prompt(&f), &cut),
-            step(1, f.result_ids(true, &f.parse_error_text(&cut_err)), &chat),
+            step(
+                1,
+                f.result_ids(
+                    &[Special::ToolCallClose.id()],
+                    &f.parse_error_text(&cut_err),
+                    &[],
+                )
+                .unwrap(),
+                &chat,
+            ),
             step(
                 2,
-                f.result_ids(false, &f.parse_error_text(&chat_err)),
+                f.result_ids(&[], &f.parse_error_text(&chat_err), &[])
+                    .unwrap(),
                 &read,
             ),
-            step(3, f.result_ids(true, "value: 42"), &answer),
+            step(
+                3,
+                f.result_ids(&[Special::ToolCallClose.id()], "value: 42", &[])
+                    .unwrap(),
+                &answer,
+            ),
         ];
         let m = f.to_messages(&steps);
         assert_openai_chat(&m);
@@ -492,6 +574,6 @@ mod tests {
         assert_eq!(m[6].tool_calls[0].id.as_deref(), Some("call_2"));
         assert_eq!(m[7].tool_call_id.as_deref(), Some("call_2"));
         // The transcript imports (its malformed turns as plain assistant text).
-        f.from_messages(&m).expect("lays out");
+        f.from_messages(&m, &[]).expect("lays out");
     }
 }

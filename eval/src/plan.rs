@@ -8,6 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
+use corvid_episode::EpisodeFormat;
 use corvid_proto::SamplingParams;
 use corvid_tasks::TaskFamily;
 
@@ -23,6 +24,9 @@ use crate::policy::{EvalPolicy, PolicySource};
 pub struct EvalOptions {
     /// The weights to evaluate.
     pub policy: PolicySource,
+    /// The tool-call syntax of a policy in a model's own format (`hermes`, ...); default the
+    /// model family's. A policy folder without a tokenizer is in the byte layout.
+    pub tool_call_format: Option<String>,
     /// Task family (built-in) or the name of the family `pack` defines.
     pub family: String,
     /// A task pack file providing the family.
@@ -63,6 +67,8 @@ pub struct Plan {
     pub(crate) label: String,
     /// Sampling of every episode; each episode's seed is set from its instance and sample.
     pub(crate) sampling: SamplingParams,
+    /// How the policy's episodes become ids: its folder's own tokenizer, or the byte layout.
+    pub(crate) format: EpisodeFormat,
 }
 
 impl Plan {
@@ -75,13 +81,28 @@ impl Plan {
         if opts.threads > 0 {
             tch::set_num_threads(opts.threads);
         }
+        let format = match &opts.policy {
+            PolicySource::Checkpoint { dir, .. } => {
+                EpisodeFormat::for_model_folder(dir, opts.tool_call_format.as_deref())
+                    .with_context(|| format!("the episode format of {}", dir.display()))?
+            }
+            PolicySource::RandomInit { .. } => EpisodeFormat::default(),
+        };
         let policy = EvalPolicy::load(&opts.policy)?;
+        let vocab = policy.loaded.model().config().vocab_size;
+        if vocab < i64::from(format.vocab_size()) {
+            bail!(
+                "the policy's vocabulary ({vocab} ids) is smaller than its episode format's ({} ids)",
+                format.vocab_size()
+            );
+        }
         Ok(Self {
             opts,
             family,
             policy,
             label,
             sampling,
+            format,
         })
     }
 

@@ -34,6 +34,7 @@ impl Plan {
             policy,
             label,
             sampling,
+            format,
         } = self;
         let EvalPolicy {
             loaded: mut policy,
@@ -46,8 +47,7 @@ impl Plan {
             label: &label,
             sampling,
             actor_id,
-            // The byte policies' format; a policy folder names no other.
-            format: EpisodeFormat::default(),
+            format,
             env,
             store,
         };

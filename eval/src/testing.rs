@@ -14,6 +14,7 @@ use crate::{open_store, EvalOptions, EvalResult, Plan, PolicySource};
 pub fn options(policy: PolicySource) -> EvalOptions {
     EvalOptions {
         policy,
+        tool_call_format: None,
         family: "hops".into(),
         pack: None,
         levels: (1, 1),

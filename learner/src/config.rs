@@ -25,7 +25,7 @@ use corvid_tasks::CurriculumConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::train::config::{RlConfig, SftConfig};
-use corvid_episode::EpisodeFormat;
+use corvid_episode::{ChatFormat, EpisodeFormat, ToolCallSyntax};
 use corvid_model::ModelConfig;
 
 /// A configuration that does not parse or breaks a rule.
@@ -141,7 +141,15 @@ pub struct ModelSection {
     /// folder's config and tokenizer files in `runs/<name>/hf/` and in every policy folder it
     /// writes, so each checkpoint exports back to this architecture with `corvid model export`.
     /// Default none.
+    ///
+    /// When the folder holds a `tokenizer.json`, episodes are in the model's own format: its
+    /// tokenizer, its chat template (which must lay out a prompt with tools, a call and a tool
+    /// result) and its tool-call syntax. Without one, Corvid's byte layout (the model's
+    /// vocabulary must cover its 264 ids).
     pub hf: Option<PathBuf>,
+    /// The tool-call syntax of a run in the model's own format: `hermes` (Qwen3),
+    /// `deepseek_v31`, `kimi_k2` or `corvid`. Default: the model family's (`model_type`).
+    pub tool_call_format: Option<String>,
 }
 
 impl Default for ModelSection {
@@ -152,11 +160,57 @@ impl Default for ModelSection {
             overrides: toml::Table::new(),
             init: None,
             hf: None,
+            tool_call_format: None,
         }
     }
 }
 
 impl ModelSection {
+    /// The run's episode format: the `hf` folder's own tokenizer, template and tool-call
+    /// syntax when it holds a `tokenizer.json`, else Corvid's byte layout.
+    pub fn episode_format(&self) -> Result<EpisodeFormat, ConfigError> {
+        let dir = match &self.hf {
+            Some(dir) if dir.join("tokenizer.json").is_file() => dir,
+            _ => {
+                if let Some(name) = &self.tool_call_format {
+                    return Err(invalid(
+                        "model.tool_call_format",
+                        name,
+                        "none: it applies to a model's own tokenizer ([model] hf naming a folder with tokenizer.json), and this run uses Corvid's byte layout",
+                    ));
+                }
+                return Ok(EpisodeFormat::default());
+            }
+        };
+        let syntax = match &self.tool_call_format {
+            Some(name) => ToolCallSyntax::from_name(name)
+                .map_err(|e| invalid("model.tool_call_format", name, &e))?,
+            None => {
+                let family = corvid_model::arch::read_config(dir)
+                    .map_err(|e| ConfigError::Section {
+                        section: "model",
+                        message: format!("hf = {:?}: {e}", dir.display().to_string()),
+                    })?
+                    .family;
+                ToolCallSyntax::for_model_type(family.model_type()).ok_or_else(|| {
+                    invalid(
+                        "model.tool_call_format",
+                        "(none)",
+                        &format!(
+                            "a tool-call syntax: model_type {} has no default",
+                            family.model_type()
+                        ),
+                    )
+                })?
+            }
+        };
+        let chat = ChatFormat::from_folder(dir, syntax).map_err(|e| ConfigError::Section {
+            section: "model",
+            message: format!("hf = {:?}: {e}", dir.display().to_string()),
+        })?;
+        Ok(EpisodeFormat::chat(chat))
+    }
+
     /// The model config this section describes: preset or file, then the overrides, validated.
     pub fn resolve(&self) -> Result<ModelConfig, ConfigError> {
         let base = match (&self.hf, &self.file) {
@@ -547,8 +601,8 @@ impl LearnerConfig {
 
     /// The episode format of the run: how its episodes become token ids, for the
     /// demonstrations, the trainers' packing and what actors generate.
-    pub fn episode_format(&self) -> EpisodeFormat {
-        EpisodeFormat::default()
+    pub fn episode_format(&self) -> Result<EpisodeFormat, ConfigError> {
+        self.model.episode_format()
     }
 
     /// Checks every field, naming the offending one.
@@ -557,7 +611,7 @@ impl LearnerConfig {
         self.listen_addr()?;
         self.torch_device()?;
         let model = self.model.resolve()?;
-        let vocab = i64::from(self.episode_format().vocab_size());
+        let vocab = i64::from(self.episode_format()?.vocab_size());
         if model.vocab_size < vocab {
             return Err(invalid(
                 "model vocab_size",

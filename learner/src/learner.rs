@@ -364,7 +364,7 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
         }
     }
     let control = Arc::new(Control {
-        settings: RunSettings::new(&cfg, &model_config),
+        settings: RunSettings::new(&cfg, &model_config, &cfg.episode_format()?.description()),
         dispenser: Arc::new(dispenser),
         policies: Arc::new(PolicyStore::new(cfg.rollout.keep_policy_versions)),
         actors: Arc::new(ActorRegistry::default()),

@@ -36,7 +36,7 @@ use crate::train::config::{SftConfig, SftLayout};
 use crate::train::pack::PackedRow;
 use crate::train::sft::{concat, pack, Example};
 use crate::train::TrainError;
-use corvid_episode::{oracle_steps_with, EpisodeFormat, Mistakes};
+use corvid_episode::{oracle_steps_with, DemonstrationError, EpisodeFormat, Mistakes};
 
 /// Most demonstrations drawn for one step, as a multiple of the rows it needs: a guard
 /// against a configuration where nothing fits `seq_len`.
@@ -48,6 +48,9 @@ pub enum SftDataError {
     /// A family, level or oracle failed.
     #[error("SFT demonstrations: {0}")]
     Tasks(#[from] TasksError),
+    /// A demonstration could not be made or laid out.
+    #[error("SFT demonstrations: {0}")]
+    Demonstration(#[from] DemonstrationError),
     /// The sandbox could not be built.
     #[error("SFT demonstrations: sandbox: {0}")]
     Sandbox(String),
@@ -277,6 +280,10 @@ fn import_transcripts(
     #[derive(serde::Deserialize)]
     struct Line {
         messages: Vec<corvid_episode::ChatMessage>,
+        /// The tools the conversation may call, in OpenAI function format: a model's own
+        /// template declares them in the prompt.
+        #[serde(default)]
+        tools: Vec<serde_json::Value>,
     }
     let err = |line: usize, message: String| SftDataError::Import {
         path: path.display().to_string(),
@@ -291,7 +298,7 @@ fn import_transcripts(
         }
         let line: Line = serde_json::from_str(l).map_err(|e| err(i + 1, e.to_string()))?;
         let (ids, mask) = format
-            .from_messages(&line.messages)
+            .from_messages(&line.messages, &line.tools)
             .map_err(|e| err(i + 1, e.to_string()))?;
         out.push(Example { ids, mask });
     }
@@ -376,7 +383,7 @@ mod tests {
         };
         // `<tool_call>` targets of a step's rows: (trained, not trained).
         let calls = |rows: &[PackedRow]| {
-            let open = i64::from(EpisodeFormat::default().call_open_id());
+            let open = i64::from(corvid_tokenizer::Special::ToolCallOpen.id());
             let mut n = (0, 0);
             for r in rows {
                 for (t, m) in r.targets.iter().zip(&r.loss_mask) {
@@ -531,7 +538,7 @@ mod tests {
         };
         // Calls per demonstration (`<tool_call>` targets in a row: one demonstration each).
         let calls = |rows: &[PackedRow]| -> Vec<usize> {
-            let open = i64::from(EpisodeFormat::default().call_open_id());
+            let open = i64::from(corvid_tokenizer::Special::ToolCallOpen.id());
             (rows.iter())
                 .map(|r| r.targets.iter().filter(|t| **t == open).count())
                 .collect()

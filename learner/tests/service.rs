@@ -88,7 +88,11 @@ async fn start_configured(publish: bool, edit: impl FnOnce(&mut LearnerConfig)) 
         policies.publish(1, weights.clone()).unwrap();
     }
     let control = Arc::new(Control {
-        settings: RunSettings::new(&cfg, &model_cfg),
+        settings: RunSettings::new(
+            &cfg,
+            &model_cfg,
+            &cfg.episode_format().unwrap().description(),
+        ),
         dispenser: Arc::new(dispenser),
         policies,
         actors: Arc::new(ActorRegistry::default()),

@@ -169,7 +169,8 @@ fn oracle_script(specs: &[EpisodeSpec]) -> (ScriptedTokens, u32) {
             .cloned()
             .chain(std::iter::once(s.task.oracle.answer_step()))
             .map(|c| format.call_ids(&c.name, &c.arguments))
-            .collect();
+            .collect::<Result<_, _>>()
+            .expect("the byte layout lays out every call");
         longest = longest.max(turns.iter().map(Vec::len).max().unwrap_or(1) as u32);
         script = script.with_episode(s.trajectory_id.clone(), turns);
     }

@@ -61,6 +61,12 @@ pub struct ActorArgs {
     /// Parent folder for episode workspaces (default: the system temp folder).
     #[arg(long, value_name = "DIR")]
     workspace_dir: Option<PathBuf>,
+    /// The model's tokenizer folder (tokenizer.json, tokenizer_config.json, chat template)
+    /// for a run in a Hugging Face model's own format: `corvid run` passes the run's
+    /// `[model] hf`. Its files must be the learner's (same SHA-256) or the actor refuses to
+    /// start; without it the actor writes Corvid's byte layout.
+    #[arg(long, value_name = "DIR")]
+    tokenizer: Option<PathBuf>,
     /// Print the final report as one JSON object on stdout.
     #[arg(long)]
     json: bool,
@@ -142,6 +148,7 @@ fn config(a: &ActorArgs) -> Result<ActorConfig> {
     };
     cfg.task_packs = a.task_packs.clone();
     cfg.workspace_dir = a.workspace_dir.clone();
+    cfg.tokenizer_dir = a.tokenizer.clone();
     Ok(cfg)
 }
 

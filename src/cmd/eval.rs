@@ -51,6 +51,11 @@ pub struct EvalArgs {
     /// Model config JSON for --random-init (overrides --model-preset).
     #[arg(long, value_name = "FILE", conflicts_with = "checkpoint")]
     pub model_config: Option<PathBuf>,
+    /// Tool-call syntax of a checkpoint in its model's own format (hermes, deepseek_v31,
+    /// kimi_k2, corvid); default the model family's. A checkpoint whose folder (or its hf/)
+    /// holds a tokenizer.json is evaluated in that tokenizer and chat template.
+    #[arg(long, value_name = "NAME")]
+    pub tool_call_format: Option<String>,
     /// Task family (built-in) or the name of a pack given with --pack.
     #[arg(long)]
     pub family: String,
@@ -144,6 +149,7 @@ impl EvalArgs {
         };
         Ok(EvalOptions {
             policy,
+            tool_call_format: self.tool_call_format.clone(),
             family: self.family.clone(),
             pack: self.pack.clone(),
             levels: self.levels,

@@ -15,6 +15,7 @@ use corvid_proto::{pb, SamplingParams};
 use tonic::Status;
 
 use crate::config::LearnerConfig;
+use corvid_episode::FormatDescription;
 use corvid_model::ModelConfig;
 
 /// Longest actor name or hostname kept, bytes.
@@ -33,11 +34,13 @@ pub struct RunSettings {
     pub policy_poll_interval_ms: u32,
     /// The policy's model config as JSON, so actors build the same model.
     pub model_config_json: String,
+    /// The run's episode format, which every actor's must equal.
+    pub episode_format: FormatDescription,
 }
 
 impl RunSettings {
-    /// The settings of a learner with `cfg` training `model`.
-    pub fn new(cfg: &LearnerConfig, model: &ModelConfig) -> Self {
+    /// The settings of a learner with `cfg` training `model` in episodes of `format`.
+    pub fn new(cfg: &LearnerConfig, model: &ModelConfig, format: &FormatDescription) -> Self {
         let s = cfg.rollout.sampling;
         Self {
             run_name: cfg.run_name.clone(),
@@ -50,6 +53,7 @@ impl RunSettings {
             max_context: u32::try_from(model.max_position_embeddings).unwrap_or(u32::MAX),
             policy_poll_interval_ms: cfg.rollout.policy_poll_interval_ms,
             model_config_json: serde_json::to_string(model).unwrap_or_default(),
+            episode_format: format.clone(),
         }
     }
 }
@@ -62,6 +66,7 @@ impl From<RunSettings> for pb::RunSettings {
             max_context: s.max_context,
             policy_poll_interval_ms: s.policy_poll_interval_ms,
             model_config_json: s.model_config_json,
+            episode_format_json: serde_json::to_string(&s.episode_format).unwrap_or_default(),
         }
     }
 }

@@ -31,7 +31,7 @@ use crate::checkpoint::{
     write_policy, CheckpointDir, Restored, RunState, Snapshot, Stage, Totals, STATE_FORMAT,
 };
 use crate::collect::Collector;
-use crate::config::LearnerConfig;
+use crate::config::{ConfigError, LearnerConfig};
 use crate::dispenser::DispenserState;
 use crate::learner::{io_err, LearnerError, RunPaths, Shared, StopReason, Summary};
 use crate::metrics::{MetricsSink, SpikeDetector, UpdateRecord};
@@ -284,6 +284,8 @@ impl Trainer {
         if let (Some(src), Some(origin)) = (&cfg.model.hf, &paths.hf_origin) {
             if restored.is_none() || !origin.exists() {
                 corvid_model::arch::copy_origin(src, origin)?;
+            } else {
+                same_tokenizer_files(src, origin)?;
             }
         }
         tracing::info!(?device, weights = ?kind, routers = "Float", "policy built");
@@ -463,4 +465,26 @@ impl Trainer {
             }
         }
     }
+}
+
+/// A resumed run's `[model] hf` folder must hold the tokenizer files the run started with
+/// (its copy in `origin`): episodes already stored are in those ids.
+fn same_tokenizer_files(src: &Path, origin: &Path) -> Result<(), LearnerError> {
+    for name in corvid_episode::TOKENIZER_FILES {
+        let (a, b) = (
+            std::fs::read(src.join(name)).ok(),
+            std::fs::read(origin.join(name)).ok(),
+        );
+        if a != b {
+            return Err(LearnerError::Config(ConfigError::Invalid {
+                field: "model.hf".into(),
+                value: src.display().to_string(),
+                why: format!(
+                    "its {name} differs from the one this run started with ({}): the stored episodes are in that tokenizer; restore the folder or start a new run",
+                    origin.join(name).display()
+                ),
+            }));
+        }
+    }
+    Ok(())
 }

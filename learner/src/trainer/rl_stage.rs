@@ -76,7 +76,7 @@ impl Trainer {
             model,
             reference,
             cfg.rl.clone(),
-            cfg.episode_format().pad_id(),
+            cfg.episode_format()?.pad_id(),
         )?)
     }
 
@@ -252,7 +252,7 @@ impl Trainer {
                 sft.concat_from_step = None;
                 let families = self.cfg.families()?;
                 self.ptx_data
-                    .insert(SftData::new(&sft, &families, self.cfg.episode_format()).map_err(err)?)
+                    .insert(SftData::new(&sft, &families, self.cfg.episode_format()?).map_err(err)?)
             }
         };
         data.step_rows(PTX_STEP_BASE + self.state.rl_step)

@@ -118,7 +118,7 @@ impl Trainer {
         };
         let tokens_at_start = t.tokens_seen();
         let families = self.cfg.families()?;
-        let data = SftData::new(&self.cfg.sft, &families, self.cfg.episode_format())
+        let data = SftData::new(&self.cfg.sft, &families, self.cfg.episode_format()?)
             .map_err(|e| LearnerError::Sft(e.to_string()))?;
         let path = self.paths.metrics.with_file_name(SFT_METRICS_FILE);
         // Lines of steps after the checkpoint a run resumes from are cut, as for RL.

@@ -132,6 +132,39 @@ struct StoreArg {
     /// The store directory (a run's `store/`).
     #[arg(long, value_name = "PATH")]
     store: PathBuf,
+    /// The folder whose tokenizer the episodes are in (a Hugging Face folder, or a policy
+    /// folder with `hf/`). Default: the run the store belongs to (its `hf/`, found beside
+    /// the store or one folder up, as for `runs/<name>/eval/store`), else the byte layout.
+    #[arg(long, value_name = "DIR")]
+    model: Option<PathBuf>,
+}
+
+impl StoreArg {
+    /// The format the store's episodes are in (see `--model`), with the run's
+    /// `[model] tool_call_format` when its `config.toml` names one.
+    fn format(&self) -> Result<EpisodeFormat> {
+        let run_dir = self.store.ancestors().skip(1).take(2).find(|d| {
+            d.join(corvid_model::arch::ORIGIN_DIR)
+                .join("tokenizer.json")
+                .is_file()
+        });
+        let dir = match (&self.model, run_dir) {
+            (Some(dir), _) => dir.as_path(),
+            (None, Some(dir)) => dir,
+            (None, None) => return Ok(EpisodeFormat::default()),
+        };
+        let tool_call_format = run_dir
+            .and_then(|d| std::fs::read_to_string(d.join("config.toml")).ok())
+            .and_then(|text| text.parse::<toml::Table>().ok())
+            .and_then(|t| {
+                t.get("model")?
+                    .get("tool_call_format")?
+                    .as_str()
+                    .map(str::to_string)
+            });
+        EpisodeFormat::for_model_folder(dir, tool_call_format.as_deref())
+            .with_context(|| format!("reading the episode format of {}", dir.display()))
+    }
 }
 
 #[derive(Args, Debug, Default)]
@@ -215,8 +248,6 @@ fn run_to(args: ReplayArgs, out: &mut dyn Write) -> Result<ExitCode> {
 }
 
 fn run_command(args: ReplayArgs, out: &mut dyn Write) -> Result<ExitCode> {
-    // How every subcommand reads tokens back as text and messages: the run's own format.
-    let format = EpisodeFormat::default();
     let status = match args.command {
         ReplayCommand::List {
             store,
@@ -235,7 +266,7 @@ fn run_command(args: ReplayArgs, out: &mut dyn Write) -> Result<ExitCode> {
             json,
             full,
             config.as_deref(),
-            &format,
+            &store.format()?,
             out,
         )?,
         ReplayCommand::Export {
@@ -248,7 +279,7 @@ fn run_command(args: ReplayArgs, out: &mut dyn Write) -> Result<ExitCode> {
             &filter.into(),
             &kind,
             path.as_deref(),
-            &format,
+            &store.format()?,
             out,
         )?,
         ReplayCommand::Rescore {
@@ -256,7 +287,14 @@ fn run_command(args: ReplayArgs, out: &mut dyn Write) -> Result<ExitCode> {
             filter,
             packs,
             id,
-        } => rescore::run(&store.store, filter.into(), &packs, id, &format, out)?,
+        } => rescore::run(
+            &store.store,
+            filter.into(),
+            &packs,
+            id,
+            &store.format()?,
+            out,
+        )?,
         ReplayCommand::Stats { store } => {
             let stats = open(&store.store)?.stats()?;
             writeln!(out, "{}", serde_json::to_string_pretty(&stats)?)?;

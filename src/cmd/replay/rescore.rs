@@ -214,6 +214,7 @@ pub(super) fn rescore(
     }
     let steps = stored_steps(store, &rec.header.trajectory_id)?;
     let mut ep = Episode::start(env, &task)?;
+    let tools = format.tools(env, &task);
     // Both texts are printed for the first call whose output text differs; later ones in a
     // trajectory usually follow from it.
     let mut texts_shown = false;
@@ -252,7 +253,9 @@ pub(super) fn rescore(
         // never read back: nothing to compare.
         let read = read_back(&steps[i + 1..]);
         if !read.is_empty() {
-            let expected = format.result_ids(format.closed_by_call(&step.token_ids), &now.text);
+            let expected = format
+                .result_ids(&step.token_ids, &now.text, &tools)
+                .context("laying out the tool's output in the run's format")?;
             if read != expected {
                 differs.push(text_differs(format, &read, &expected, !texts_shown));
                 texts_shown = true;

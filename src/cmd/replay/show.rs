@@ -72,7 +72,6 @@ pub(super) fn write_transcript(
     full: bool,
 ) -> Result<()> {
     let h = &rec.header;
-    let tok = format.tokenizer();
     writeln!(out, "trajectory {}", h.trajectory_id)?;
     writeln!(
         out,
@@ -120,13 +119,13 @@ pub(super) fn write_transcript(
             Some(a) => writeln!(out, ", advantage {a:+.3}")?,
             None => writeln!(out)?,
         }
-        let context = tok.decode(&s.token_ids[..first_gen]);
+        let context = format.decode(&s.token_ids[..first_gen]);
         writeln!(
             out,
             "    read  | {}",
             clip_text(&context, full).replace('\n', "\n          | ")
         )?;
-        let wrote = tok.decode(&s.token_ids[first_gen..]);
+        let wrote = format.decode(&s.token_ids[first_gen..]);
         writeln!(
             out,
             "    wrote | {}",

@@ -275,6 +275,9 @@ pub(super) struct Arm {
     pub port: u16,
     /// The arm's run folder.
     pub dir: PathBuf,
+    /// The tokenizer folder its actors read (`--tokenizer`): the `[model] hf` folder of a
+    /// run in the model's own format; none for the byte layout.
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// Everything read and checked before the first phase; the main arm's run folder exists and
@@ -350,11 +353,16 @@ impl RunPlan {
         std::fs::write(&model_json, serde_json::to_string_pretty(&model)?)
             .with_context(|| format!("writing {}", model_json.display()))?;
         eprintln!("[run] {name}: run folder {}", run_dir.display());
+        let tokenizer = cfg
+            .episode_format()?
+            .chat_format()
+            .and(cfg.model.hf.clone());
         let main = Arm {
             label: "rl",
             learner_cfg,
             port,
             dir: run_dir,
+            tokenizer,
         };
         Ok(Self {
             name,

@@ -74,7 +74,13 @@ pub(super) fn evaluate(
                 let Some(job) = queue.lock().expect("eval queue").next() else {
                     break;
                 };
-                let r = eval_job(&job, run_dir, run, eval_pack.cloned(), store.clone());
+                let r = eval_job(
+                    &job,
+                    (run_dir, run),
+                    eval_pack.cloned(),
+                    plan.cfg.model.tool_call_format.clone(),
+                    store.clone(),
+                );
                 results.lock().expect("eval results").push((job.stage, r));
             });
         }
@@ -100,7 +106,11 @@ pub(super) fn evaluate(
 fn stages(plan: &RunPlan, ablation: Option<&Arm>) -> Result<Vec<(String, PathBuf)>> {
     let run_dir = plan.run_dir();
     let random_dir = run_dir.join("eval").join("random-init");
-    save_random_init(&plan.model, plan.cfg.seed, &random_dir)?;
+    match &plan.cfg.model.hf {
+        // A run from a Hugging Face model starts from its weights: they are the baseline.
+        Some(hf) => save_starting_weights(hf, &random_dir)?,
+        None => save_random_init(&plan.model, plan.cfg.seed, &random_dir)?,
+    }
     let mut stages: Vec<(String, PathBuf)> = vec![
         (RANDOM_STAGE.into(), random_dir),
         ("sft".into(), run_dir.join("ref")),
@@ -168,9 +178,9 @@ pub(super) fn eval_jobs(stages: &[(String, PathBuf)], (first, last): (u32, u32))
 /// Evaluates one stage's policy on one level (one job of the evaluation queue).
 fn eval_job(
     job: &EvalJob,
-    run_dir: &Path,
-    run: &RunSection,
+    (run_dir, run): (&Path, &RunSection),
     pack: Option<PathBuf>,
+    run_tool_call_format: Option<String>,
     store: Arc<TrajectoryStore>,
 ) -> Result<EvalResult> {
     let args = EvalArgs {
@@ -178,6 +188,7 @@ fn eval_job(
         checkpoint: Some(job.checkpoint.clone()),
         model_preset: "tiny".into(),
         model_config: None,
+        tool_call_format: run_tool_call_format,
         family: run.eval_family.clone(),
         pack,
         levels: (job.level, job.level),
@@ -222,6 +233,17 @@ fn save_random_init(model: &ModelConfig, seed: u64, dir: &Path) -> Result<()> {
         .context("initialising the random baseline")?;
     checkpoint::save(&vs, model, dir)
         .with_context(|| format!("saving the random baseline to {}", dir.display()))
+}
+
+/// Saves the Hugging Face model `hf` a run started from as a policy folder in `dir` (its
+/// Hugging Face files in `hf/`, so it is evaluated in the model's own format).
+fn save_starting_weights(hf: &Path, dir: &Path) -> Result<()> {
+    let opened = corvid_model::arch::open(hf, tch::Device::Cpu)
+        .with_context(|| format!("loading the starting model {}", hf.display()))?;
+    checkpoint::save(&opened.vs, opened.model.config(), dir)
+        .with_context(|| format!("saving the starting weights to {}", dir.display()))?;
+    corvid_model::arch::copy_origin(hf, &dir.join(corvid_model::arch::ORIGIN_DIR))
+        .with_context(|| format!("copying {}'s files into {}", hf.display(), dir.display()))
 }
 
 /// One stage's result from its per-level parts: levels in order; `wall_s` is the sum of the

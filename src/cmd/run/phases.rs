@@ -146,6 +146,7 @@ pub(super) fn copy_for_ablation(plan: &RunPlan) -> Result<Option<Arm>> {
         learner_cfg,
         port,
         dir: dir.clone(),
+        tokenizer: plan.main.tokenizer.clone(),
     }))
 }
 
@@ -316,6 +317,9 @@ fn spawn_actors(
             "--name".into(),
             format!("{label}-actor-{i}"),
         ]);
+        if let Some(dir) = &arm.tokenizer {
+            args.extend(["--tokenizer".into(), dir.display().to_string()]);
+        }
         args.rotate_left(2 * packs.len());
         actors.push(ChildProcess::spawn(
             &format!("actor {i}"),

@@ -91,7 +91,11 @@ impl TestLearner {
         let policies = Arc::new(PolicyStore::new(4));
         policies.publish(1, policy.to_bytes().unwrap()).unwrap();
         let control = Arc::new(Control {
-            settings: RunSettings::new(&cfg, &model_cfg),
+            settings: RunSettings::new(
+                &cfg,
+                &model_cfg,
+                &cfg.episode_format().unwrap().description(),
+            ),
             dispenser: Arc::new(dispenser),
             policies,
             actors: Arc::new(ActorRegistry::default()),
