@@ -745,3 +745,59 @@ pub async fn run_actor(
     }
     Ok(report)
 }
+
+#[cfg(test)]
+mod format_tests {
+    use super::*;
+
+    fn chatml() -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/chatml_tools")
+    }
+
+    #[test]
+    fn an_actor_takes_the_runs_format_and_refuses_other_tokenizer_files() {
+        let run = EpisodeFormat::chat(
+            ChatFormat::from_folder(&chatml(), ToolCallSyntax::Hermes).unwrap(),
+        )
+        .description();
+        let same = episode_format(Some(&chatml()), &run).unwrap();
+        assert_eq!(same.description(), run);
+        // The same folder with one more added token: another tokenizer.
+        let tmp = tempfile::tempdir().unwrap();
+        for f in [
+            "tokenizer.json",
+            "tokenizer_config.json",
+            "chat_template.jinja",
+        ] {
+            std::fs::copy(chatml().join(f), tmp.path().join(f)).unwrap();
+        }
+        let config = std::fs::read_to_string(tmp.path().join("tokenizer_config.json")).unwrap();
+        std::fs::write(
+            tmp.path().join("tokenizer_config.json"),
+            format!("{config}\n"),
+        )
+        .unwrap();
+        let mine = EpisodeFormat::chat(
+            ChatFormat::from_folder(tmp.path(), ToolCallSyntax::Hermes).unwrap(),
+        )
+        .description();
+        let err = episode_format(Some(tmp.path()), &run)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(&run.tokenizer_sha256) && err.contains(&mine.tokenizer_sha256),
+            "{err}"
+        );
+        // A byte actor for a chat run, and the other way round.
+        let err = episode_format(None, &run).unwrap_err().to_string();
+        assert!(
+            err.contains("--tokenizer naming the run's tokenizer folder"),
+            "{err}"
+        );
+        let byte = EpisodeFormat::default().description();
+        let err = episode_format(Some(&chatml()), &byte)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("no --tokenizer"), "{err}");
+    }
+}

@@ -387,3 +387,26 @@ fn a_call_to_a_learner_that_went_away_names_its_url_and_what_failed() {
         "{text}"
     );
 }
+
+/// The run's episode format travels with its settings: an actor given a model's tokenizer for
+/// a run in Corvid's byte layout refuses to start, naming both formats' hashes, before it
+/// rolls out a single episode.
+#[test]
+fn an_actor_with_another_tokenizer_refuses_to_start() {
+    let l = TestLearner::start(LearnerOpts::default());
+    let spool = tempfile::tempdir().unwrap();
+    let mut cfg = actor_cfg(&l, spool.path(), 2, Some(2));
+    cfg.tokenizer_dir = Some(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/chatml_tools"),
+    );
+    let run = corvid_episode::EpisodeFormat::default().description();
+    let err = actor_runtime()
+        .block_on(run_actor(cfg, std::future::pending()))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains(&run.tokenizer_sha256) && err.contains("chat layout, tokenizer sha256"),
+        "{err}"
+    );
+    assert!(l.trajectories().is_empty());
+}
