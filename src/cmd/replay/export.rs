@@ -133,12 +133,19 @@ pub(super) fn export_chat(
     out: &mut dyn Write,
 ) -> Result<ExportSummary> {
     let mut summary = ExportSummary::default();
+    // In a model's own format the tools are declared by its template, not in a message:
+    // each line carries the task's, so that `apply_chat_template(messages, tools=tools)`
+    // renders the episode's ids.
+    let env = match format.chat_format() {
+        Some(_) => Some(crate::cmd::task_env()?),
+        None => None,
+    };
     for rec in store.list(filter) {
         let rec = rec?;
         let steps = stored_steps(store, &rec.header.trajectory_id)?;
         summary.steps += steps.len() as u64;
         summary.tokens += steps.iter().map(|s| s.token_ids.len() as u64).sum::<u64>();
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "trajectory_id": rec.header.trajectory_id,
             "task": rec.header.task,
             "policy_version": rec.header.policy_version,
@@ -147,6 +154,18 @@ pub(super) fn export_chat(
             "termination": rec.footer.map(|f| f.termination.as_str()),
             "messages": format.to_messages(&steps),
         });
+        if let Some(env) = &env {
+            let t = &rec.header.task;
+            let task = corvid_tasks::builtin_family(&t.family)
+                .and_then(|f| f.instance(t.level, t.seed))
+                .with_context(|| {
+                    format!(
+                        "the tools of {}'s task {}/{} seed {} (a task pack's tasks are not exported in a model's format)",
+                        rec.header.trajectory_id, t.family, t.level, t.seed
+                    )
+                })?;
+            line["tools"] = serde_json::Value::from(format.tools(env, &task));
+        }
         writeln!(out, "{line}")?;
         summary.trajectories += 1;
     }
