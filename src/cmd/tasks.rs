@@ -19,6 +19,7 @@ use corvid_tasks::{
 #[command(after_help = "Examples:
   corvid tasks list
   corvid tasks sample --family hops --level 8 --seed 1 --oracle
+  corvid tasks sample --family hops --level 2 --seed 7 --chat >> demos.jsonl
   corvid tasks show --pack tasks/packs/config-lookup.toml --level 2 --seed 3 --oracle
   corvid tasks validate tasks/packs/")]
 pub struct TasksArgs {
@@ -52,7 +53,7 @@ enum TasksCommand {
     },
 }
 
-#[derive(Args, Debug)]
+#[derive(Args, Debug, Clone)]
 struct ShowArgs {
     /// A built-in family (`corvid tasks list` names them: hops, search, shell, ...).
     #[arg(long, required_unless_present = "pack", conflicts_with = "pack")]
@@ -70,8 +71,17 @@ struct ShowArgs {
     #[arg(long)]
     oracle: bool,
     /// Print the whole instance as JSON instead.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "chat")]
     json: bool,
+    /// Print the oracle episode as one line of chat JSON instead: `{"messages": [...],
+    /// "tools": [...]}`, tool schemas in OpenAI function format and each result as the
+    /// sandbox returned it (the line format of `[sft] import`, and of what transformers'
+    /// `apply_chat_template(messages, tools=tools)` takes). Exits 1 when the oracle fails.
+    #[arg(long, conflicts_with = "oracle")]
+    chat: bool,
+    /// With --chat: print this many instances, one line each, of seeds `--seed` upwards.
+    #[arg(long, default_value_t = 1, requires = "chat")]
+    count: u64,
 }
 
 /// Runs the command.
@@ -188,6 +198,15 @@ fn instance(a: &ShowArgs) -> anyhow::Result<TaskInstance> {
 }
 
 fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
+    if a.chat {
+        let env = super::task_env()?;
+        let mut failed = false;
+        for seed in a.seed..a.seed.saturating_add(a.count) {
+            let t = instance(&ShowArgs { seed, ..a.clone() })?;
+            failed |= !chat_line(&env, &t)?;
+        }
+        return Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS });
+    }
     let t = instance(a)?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&t)?);
@@ -306,6 +325,43 @@ fn oracle_episode(t: &TaskInstance, out: &mut impl std::io::Write) -> anyhow::Re
     Ok(OracleRun {
         verdict: ep.check(),
         unexpected: unexpected_calls,
+    })
+}
+
+/// Prints `t`'s oracle episode, run in the sandbox, as one chat line: the user prompt, then
+/// per call an assistant message calling it and a `tool` message with what it returned, the
+/// last call being `answer`. Returns whether the checker passed it (saying why not).
+fn chat_line(env: &corvid_tasks::TaskEnv, t: &TaskInstance) -> anyhow::Result<bool> {
+    use corvid_episode::{ChatMessage, ChatToolCall, EpisodeFormat};
+    let tools = EpisodeFormat::default().tools(env, t);
+    let mut ep = Episode::start(env, t)?;
+    let mut messages = vec![ChatMessage::text("user", t.prompt.clone())];
+    let mut steps = t.oracle.steps.clone();
+    steps.push(t.oracle.answer_step());
+    let last = steps.len() - 1;
+    for (n, s) in steps.iter().enumerate() {
+        let id = format!("call_{n}");
+        let mut turn = ChatMessage::text("assistant", "");
+        turn.tool_calls = vec![ChatToolCall::new(id.clone(), s.tool_call())];
+        messages.push(turn);
+        let result = ep.call(&s.tool_call());
+        if n < last {
+            let mut reply = ChatMessage::text("tool", result.text);
+            reply.tool_call_id = Some(id);
+            messages.push(reply);
+        }
+    }
+    println!(
+        "{}",
+        serde_json::json!({"messages": messages, "tools": tools})
+    );
+    Ok(match ep.check() {
+        Verdict::Pass => true,
+        Verdict::NeedsSandbox => unreachable!("the episode ran in the sandbox"),
+        Verdict::Fail(why) => {
+            eprintln!("the oracle episode of {} fails its checker: {why}", t.id);
+            false
+        }
     })
 }
 
