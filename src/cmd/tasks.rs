@@ -205,7 +205,11 @@ fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
             let t = instance(&ShowArgs { seed, ..a.clone() })?;
             failed |= !chat_line(&env, &t)?;
         }
-        return Ok(if failed { ExitCode::from(1) } else { ExitCode::SUCCESS });
+        return Ok(if failed {
+            ExitCode::from(1)
+        } else {
+            ExitCode::SUCCESS
+        });
     }
     let t = instance(a)?;
     if a.json {
