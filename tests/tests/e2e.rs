@@ -830,3 +830,61 @@ fn a_run_from_a_hugging_face_folder_trains_and_its_checkpoint_exports_for_transf
     let scale = trained.iter().flatten().fold(1.0f64, |m, x| m.max(x.abs()));
     assert!(err <= 1e-4 * scale, "transformers vs Corvid: {err}");
 }
+
+/// A run on a Hugging Face folder with its own tokenizer and chat template (the HF demo's
+/// fixture): every stored episode, training and evaluation alike, is transformers' rendering of
+/// its chat export (the same ids where the policy sampled the tokenizer's own encoding of its
+/// text, the same text where it did not), and the evaluated checkpoint exports to a folder
+/// transformers loads with the run's tokenizer, whose greedy continuation of a stored greedy
+/// episode's first prompt is the one Corvid stored (`scripts/hf_round_trip.py`, the check the
+/// HF demo's report runs too).
+#[test]
+fn a_run_in_a_models_own_tokenizer_stores_the_ids_of_its_template() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let hf = root
+        .join("model/tests/fixtures/hf/qwen3_moe_chat_tiny")
+        .canonicalize()
+        .expect("fixture");
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let config = CONFIG
+        .replace(
+            "[model]\npreset = \"tiny\"\n[model.overrides]\nnum_hidden_layers = 2\n",
+            &format!("[model]\nhf = {:?}\n", hf.display().to_string()),
+        )
+        .replace("max_updates = 3", "max_updates = 2")
+        + &ONE_ACTOR_RUN.replace("eval_max_new_tokens = 16", "eval_max_new_tokens = 32");
+    assert!(config.contains("hf = "), "the [model] section was replaced");
+    run_to_the_end(d, &config);
+    let r = d.join("runs/n");
+    // The run's format is the folder's: its tokenizer files travel with the run.
+    assert_eq!(
+        std::fs::read(r.join("hf/tokenizer.json")).expect("run's tokenizer"),
+        std::fs::read(hf.join("tokenizer.json")).expect("fixture's tokenizer")
+    );
+    let out = Command::new(root.join(".corvid/venv/bin/python"))
+        .arg(root.join("scripts/hf_round_trip.py"))
+        .args(["--run", "runs/n", "--episodes", "2", "--corvid"])
+        .arg(corvid())
+        .current_dir(d)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("python");
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "round trip failed: {summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_str(&summary).expect("summary JSON");
+    // Episodes whose text is not the tokenizer's encoding of it (a barely trained policy
+    // samples odd ids) render to the same text; none renders to another.
+    let renders = &summary["renders"];
+    for store in ["train", "eval"] {
+        assert!(renders[store]["episodes"].as_u64() >= Some(2), "{summary}");
+        assert_eq!(renders[store]["failed"], 0, "{summary}");
+    }
+    assert_eq!(summary["greedy"]["episodes"], 2, "{summary}");
+}
