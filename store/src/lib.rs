@@ -829,7 +829,11 @@ impl TrajectoryWriter {
             }
         }
         let s = &self.store;
-        // Positions start at 1 so that cursor 0 means "from the start".
+        // The position is drawn under the writer gate, so positions commit in their own
+        // order: a reader keeping only the last position it saw (the trainer's cursor)
+        // can never step past one that commits later. Positions start at 1 so that
+        // cursor 0 means "from the start".
+        let _gate = writer_gate();
         let finish_seq = s.db.generate_id().map_err(|e| s.sled_err(e))? + 1;
         let rec = TrajectoryRecord {
             header: self.header.clone(),
@@ -841,7 +845,6 @@ impl TrajectoryWriter {
         let id = self.header.trajectory_id.as_bytes();
         let [kv, kt, ks] = keys::index_keys(&self.header, &footer);
         let value = rec.encode();
-        let _gate = writer_gate();
         (
             &s.meta,
             &s.open,

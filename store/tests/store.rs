@@ -604,3 +604,58 @@ fn a_store_with_a_zeroed_block_is_reported_not_panicked_on() {
         assert!(line.contains(&path.display().to_string()), "{line}");
     }
 }
+
+/// The trainer reads with one cursor, the last finish position it saw: positions must
+/// become visible in their own order, or a reader that polls while writers race steps past
+/// a position that commits later and never reads that trajectory.
+#[test]
+fn a_single_cursor_reader_sees_every_trajectory_finished_by_racing_writers() {
+    const WRITERS: usize = 4;
+    const EACH: usize = 150;
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let done = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let reader = {
+        let (store, done) = (Arc::clone(&store), Arc::clone(&done));
+        std::thread::spawn(move || {
+            let (mut cursor, mut seen) = (0u64, std::collections::HashSet::new());
+            loop {
+                let writers_done = done.load(std::sync::atomic::Ordering::Acquire) == WRITERS;
+                for r in store.finished_since(cursor) {
+                    let (seq, rec) = r.unwrap();
+                    cursor = seq;
+                    seen.insert(rec.header.trajectory_id);
+                }
+                if writers_done {
+                    return seen;
+                }
+            }
+        })
+    };
+    let writers: Vec<_> = (0..WRITERS)
+        .map(|w| {
+            let (store, done) = (Arc::clone(&store), Arc::clone(&done));
+            std::thread::spawn(move || {
+                for i in 0..EACH {
+                    write(&store, &format!("w{w}-{i}"), "hops", 1, 1);
+                }
+                done.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+            })
+        })
+        .collect();
+    for w in writers {
+        w.join().unwrap();
+    }
+    let seen = reader.join().unwrap();
+    let missed: Vec<String> = (0..WRITERS)
+        .flat_map(|w| (0..EACH).map(move |i| format!("w{w}-{i}")))
+        .filter(|id| !seen.contains(id))
+        .collect();
+    assert!(
+        missed.is_empty(),
+        "the cursor stepped past {} of {} trajectories: {:?}",
+        missed.len(),
+        WRITERS * EACH,
+        &missed[..missed.len().min(5)]
+    );
+}
