@@ -1,5 +1,6 @@
-//! The actor's side of the `corvid.v1.Learner` protocol: a reconnecting link, `Register`,
-//! `NextTasks`, and weight sync (`PolicyInfo` polling, `FetchPolicy` assembly with size and
+//! The actor's side of the `corvid.v1.Learner` protocol: a reconnecting link, the learner's
+//! health (`grpc.health.v1`, asked before registering), `Register`, `NextTasks`, and weight
+//! sync (`PolicyInfo` polling, `FetchPolicy` assembly with size and
 //! SHA-256 checks), plus the exponential back-off every retry uses.
 
 use std::sync::Arc;
@@ -7,7 +8,8 @@ use std::time::Duration;
 
 use corvid_episode::FormatDescription;
 use corvid_model::ModelConfig;
-use corvid_proto::client::{connect, AuthedClient, ConnectError};
+use corvid_proto::client::{connect, connect_health, AuthedClient, ConnectError};
+use corvid_proto::health::{health_check_response::ServingStatus, HealthCheckRequest};
 use corvid_proto::{pb, Assignment, SamplingParams};
 use futures::StreamExt;
 use tonic::Code;
@@ -302,6 +304,17 @@ pub enum LinkError {
         /// Its status.
         status: tonic::Status,
     },
+    /// The learner answers its health checks but cannot hand out work yet (it is in SFT,
+    /// has no policy yet, or is stopping).
+    #[error("the learner at {url} reports {status} for {service} (grpc.health.v1)")]
+    NotServing {
+        /// The learner's URL.
+        url: String,
+        /// The service asked about.
+        service: String,
+        /// What it answered (`NOT_SERVING`, `UNKNOWN`).
+        status: String,
+    },
     /// The answer does not make sense.
     #[error("{0}")]
     Protocol(#[from] ActorError),
@@ -314,6 +327,7 @@ impl LinkError {
         match self {
             LinkError::Connect(e) => !e.is_permanent(),
             LinkError::Status { status, .. } => retryable(status),
+            LinkError::NotServing { .. } => true,
             LinkError::Protocol(ActorError::Weights { .. }) => true,
             LinkError::Protocol(_) => false,
         }
@@ -369,10 +383,37 @@ impl LearnerLink {
                     Code::Unavailable | Code::Unknown | Code::Cancelled
                 )
             }
-            LinkError::Protocol(_) => false,
+            LinkError::NotServing { .. } | LinkError::Protocol(_) => false,
         };
         if transport {
             self.reset().await;
+        }
+    }
+
+    /// The learner's health (`grpc.health.v1`) for `corvid.v1.Learner`: `Ok` once it is
+    /// SERVING (it hands out work), [`LinkError::NotServing`] before (retryable). A server
+    /// that does not know the service (UNIMPLEMENTED, NOT_FOUND) is not a Corvid learner of
+    /// this protocol: a permanent error.
+    pub async fn serving(&self) -> Result<(), LinkError> {
+        let service = pb::learner_server::SERVICE_NAME;
+        let mut health = connect_health(&self.url).await?;
+        let answer = health
+            .check(HealthCheckRequest {
+                service: service.into(),
+            })
+            .await
+            .map_err(|s| self.status_error("grpc.health.v1.Health/Check", s))?
+            .into_inner();
+        match ServingStatus::try_from(answer.status) {
+            Ok(ServingStatus::Serving) => Ok(()),
+            other => Err(LinkError::NotServing {
+                url: self.url.to_string(),
+                service: service.into(),
+                status: other.map_or_else(
+                    |_| format!("status {}", answer.status),
+                    |s| s.as_str_name().to_owned(),
+                ),
+            }),
         }
     }
 

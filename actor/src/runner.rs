@@ -561,6 +561,12 @@ pub async fn run_actor(
     let setup = async {
         let mut stop = stop_rx.clone();
         let host = hostname();
+        // The learner says over the standard health protocol when it hands out work (after
+        // SFT); until then the actor waits with back-off.
+        let serving = retry("Health", &mut backoff, &mut stop, || link.serving()).await?;
+        if serving.is_none() {
+            return Ok(None);
+        }
         let reg = retry("Register", &mut backoff, &mut stop, || {
             link.register(&cfg.name, &host, cfg.concurrency as u32)
         })

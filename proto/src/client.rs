@@ -1,4 +1,5 @@
-//! An authenticated `Learner` client and the stream of parts for one trajectory.
+//! An authenticated `Learner` client, the learner's health client, and the stream of parts
+//! for one trajectory.
 
 use std::pin::Pin;
 
@@ -7,6 +8,7 @@ use tonic::codegen::http::uri::{InvalidUri, Uri};
 use tonic::metadata::MetadataValue;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Endpoint};
+use tonic_health::pb::health_client::HealthClient;
 
 use crate::auth::{bearer, first_invalid_token_byte, AUTH_HEADER};
 use crate::limits::{
@@ -137,7 +139,23 @@ pub async fn connect(url: &str, token: &str) -> Result<AuthedClient, ConnectErro
             byte: token.as_bytes().first().copied().unwrap_or(0),
         }
     })?;
-    let channel = endpoint
+    let channel = dial(url, endpoint).await?;
+    Ok(LearnerClient::with_interceptor(channel, auth)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// Connects to the standard health service (`grpc.health.v1`) on the learner's port at
+/// `url`; it needs no token. Ask it for `pb::learner_server::SERVICE_NAME` to learn whether
+/// the learner hands out work yet.
+pub async fn connect_health(url: &str) -> Result<HealthClient<Channel>, ConnectError> {
+    let endpoint = learner_endpoint(url)?;
+    Ok(HealthClient::new(dial(url, endpoint).await?))
+}
+
+/// A channel to `endpoint` with Corvid's connect timeout and HTTP/2 windows.
+async fn dial(url: &str, endpoint: Endpoint) -> Result<Channel, ConnectError> {
+    endpoint
         .connect_timeout(CONNECT_TIMEOUT)
         .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
         .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
@@ -146,10 +164,7 @@ pub async fn connect(url: &str, token: &str) -> Result<AuthedClient, ConnectErro
         .map_err(|source| ConnectError::Connect {
             url: url.to_owned(),
             source,
-        })?;
-    Ok(LearnerClient::with_interceptor(channel, auth)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+        })
 }
 
 /// A boxed stream of trajectory parts, as `SubmitTrajectory` takes it.

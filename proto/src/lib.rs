@@ -37,6 +37,10 @@ pub mod pb {
     tonic::include_proto!("corvid.v1");
 }
 
+/// The standard gRPC health protocol's messages and client (`grpc.health.v1`), which the
+/// learner serves beside `corvid.v1.Learner`.
+pub use tonic_health::pb as health;
+
 pub use assignment::Assignment;
 pub use trajectory::{Trajectory, TurnTotals};
 pub use types::{

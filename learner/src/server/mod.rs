@@ -13,7 +13,11 @@
 //!   versioned weights of the [`PolicyStore`]. These four need the learner's
 //!   control plane ([`Control`], attached with [`LearnerService::with_control`]);
 //!   a service built for ingest alone answers them FAILED_PRECONDITION.
+//! - The standard health protocol `grpc.health.v1` ([`health`]) is served beside it on the
+//!   same port, without a token: NOT_SERVING until the learner can hand out work, SERVING
+//!   after, NOT_SERVING while it stops.
 
+pub mod health;
 pub mod policy;
 pub mod register;
 mod submit;
@@ -33,6 +37,7 @@ use crate::dispenser::TaskDispenser;
 use crate::policy_store::PolicyStore;
 use corvid_store::TrajectoryStore;
 
+pub use health::{LearnerHealth, LEARNER_SERVICE};
 pub use register::{ActorRegistry, RunSettings};
 
 /// Checks the shared token on every request.
@@ -102,6 +107,7 @@ impl Control {
 pub struct LearnerService {
     store: Arc<TrajectoryStore>,
     control: Option<Arc<Control>>,
+    health: LearnerHealth,
 }
 
 impl LearnerService {
@@ -110,7 +116,14 @@ impl LearnerService {
         Self {
             store,
             control: None,
+            health: LearnerHealth::new(),
         }
+    }
+
+    /// The service's health state ([`health`]): the learner turns it to NOT_SERVING when it
+    /// starts to stop, before the server itself stops.
+    pub fn health(&self) -> LearnerHealth {
+        self.health.clone()
     }
 
     /// The same service, also serving registration, tasks and weights from `control`.
@@ -237,19 +250,31 @@ impl pb::learner_server::Learner for LearnerService {
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, with `token` required
-/// on every call.
+/// on every call but the health checks.
 pub async fn serve(
     listener: TcpListener,
     service: LearnerService,
     token: impl Into<Arc<str>>,
     shutdown: impl Future<Output = ()> + Send,
 ) -> Result<(), tonic::transport::Error> {
-    tonic::transport::Server::builder()
+    let health = service.health();
+    let published = service.control.as_ref().map(|c| c.policies.subscribe());
+    let ready = tokio::spawn({
+        let health = health.clone();
+        async move { health.serve_when_published(published).await }
+    });
+    let result = tonic::transport::Server::builder()
         // HTTP/2's default 64 KiB windows stall a long trajectory stream on
         // round trips; these let a few chunks be in flight per stream.
         .initial_stream_window_size(Some(HTTP2_STREAM_WINDOW))
         .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
+        .add_service(health.server())
         .add_service(service.into_server(token))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
-        .await
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+            shutdown.await;
+            health.stopping().await;
+        })
+        .await;
+    ready.abort();
+    result
 }
