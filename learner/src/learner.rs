@@ -232,8 +232,21 @@ pub struct Prepared {
     pub token: String,
 }
 
+/// Whether the run folder of `cfg` holds a run checkpoint, the one `--resume` continues from.
+pub fn has_checkpoint(cfg: &LearnerConfig) -> Result<bool, LearnerError> {
+    let paths = RunPaths::new(cfg);
+    if !paths.ckpt.exists() {
+        return Ok(false);
+    }
+    let ckpt = CheckpointDir::open(&paths.ckpt, cfg.schedule.keep_checkpoints)?;
+    Ok(ckpt.latest()?.is_some())
+}
+
 /// Opens the run folder: checks it against `resume`, reads the checkpoint, opens the store,
 /// and builds the curriculum, dispenser and policy store.
+///
+/// A process that is restarted in place (a Kubernetes pod) asks [`has_checkpoint`] first
+/// and resumes exactly when it is true.
 pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerError> {
     cfg.validate()?;
     let paths = RunPaths::new(&cfg);
@@ -491,6 +504,7 @@ pub async fn run(
     let (server_stop, server_stopped) = tokio::sync::oneshot::channel::<()>();
     let service =
         LearnerService::new(Arc::clone(&shared.store)).with_control(Arc::clone(&shared.control));
+    let health = service.health();
     let mut server = tokio::spawn(serve(listener, service, token, async {
         let _ = server_stopped.await;
     }));
@@ -544,6 +558,8 @@ pub async fn run(
         r = &mut done_rx => r,
         _ = &mut shutdown => {
             stop.store(true, Ordering::Relaxed);
+            // Probes and actors see the stop while the trainer writes its checkpoint.
+            health.stopping().await;
             (&mut done_rx).await
         }
         r = &mut server => {

@@ -35,6 +35,8 @@ pub mod train;
 pub mod trainer;
 
 pub use config::LearnerConfig;
-pub use learner::{prepare, run, LearnerError, LearnerOptions, Prepared, StopReason, Summary};
+pub use learner::{
+    has_checkpoint, prepare, run, LearnerError, LearnerOptions, Prepared, StopReason, Summary,
+};
 pub use metrics::UpdateRecord;
 pub use trainer::Trainer;

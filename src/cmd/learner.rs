@@ -17,11 +17,15 @@ use corvid_learner::learner::{self, LearnerOptions};
   corvid learner --config configs/demo.toml --listen 127.0.0.1:50052 --prometheus 127.0.0.1:9465 \
       --run-dir runs/second                                  a second learner on this machine
   corvid learner --config configs/demo.toml --resume      continue from the newest checkpoint
+  corvid learner --config learner.toml --resume-if-any     resume when there is a checkpoint (a restarted pod)
 
 The run folder holds store/ (trajectories), ckpt/ (run checkpoints), ref/ (the SFT
 reference policy), metrics/metrics.jsonl, config.toml (the resolved config) and token
 (the shared token actors read with --token-file; created when absent).
-SIGTERM or ctrl-c writes a checkpoint and exits cleanly.")]
+SIGTERM or ctrl-c writes a checkpoint and exits cleanly.
+The gRPC port also answers the standard health protocol (grpc.health.v1, no token):
+\"corvid.v1.Learner\" is SERVING once a policy is published (after SFT) and NOT_SERVING
+while the learner stops; \"\" is the process as a whole.")]
 pub struct LearnerArgs {
     /// The learner's TOML config (see configs/demo.toml for every field and its default).
     #[arg(long, value_name = "FILE")]
@@ -38,8 +42,12 @@ pub struct LearnerArgs {
     /// Continue from the newest checkpoint in the run folder (model, optimizer,
     /// curriculum, RNG, store cursor, step). Without it, a run folder that already has
     /// checkpoints is refused, so a run is never overwritten by accident.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "resume_if_any")]
     resume: bool,
+    /// Continue from the newest checkpoint when the run folder has one, else start a new
+    /// run: for a process restarted in place (a Kubernetes pod on its volume).
+    #[arg(long)]
+    resume_if_any: bool,
 }
 
 /// The config file with the command-line overrides applied.
@@ -69,12 +77,25 @@ pub fn run(args: LearnerArgs) -> Result<ExitCode> {
         .build()
         .context("starting the async runtime")?;
     let run_dir = cfg.run_dir();
+    let resume = args.resume
+        || (args.resume_if_any
+            && learner::has_checkpoint(&cfg)
+                .with_context(|| format!("--resume-if-any: reading {}", run_dir.display()))?);
+    if args.resume_if_any {
+        eprintln!(
+            "--resume-if-any: {} in {}",
+            if resume {
+                "resuming from the newest checkpoint"
+            } else {
+                "no checkpoint, starting a new run"
+            },
+            run_dir.display()
+        );
+    }
     let summary = runtime
         .block_on(learner::run(
             cfg,
-            LearnerOptions {
-                resume: args.resume,
-            },
+            LearnerOptions { resume },
             learner::shutdown_signal(),
         ))
         .with_context(|| format!("learner run in {}", run_dir.display()))?;
