@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use clap::{Args, Subcommand};
 
+pub mod fleet;
 pub mod gpu;
 pub mod hf;
 pub mod ingest;
@@ -19,6 +20,8 @@ pub mod sandbox;
 #[derive(Args, Debug)]
 #[command(after_help = "Examples:
   corvid bench ingest --tokens 1000000 --json
+  corvid bench fleet serve --store /tmp/fleet-store --listen 0.0.0.0:50051 --expect 2048 --json
+  corvid bench fleet send --learner http://10.77.0.1:50051 --name a1 --streams 32 --json
   corvid bench sandbox --json
   corvid bench model --json
   corvid bench hf --model path/to/hf-folder --json
@@ -32,6 +35,9 @@ pub struct BenchArgs {
 enum Bench {
     /// Stream a synthetic trajectory over loopback gRPC into a fresh store, against raw sled.
     Ingest(ingest::IngestArgs),
+    /// Many concurrent actor streams from other hosts into one learner: `serve` on the
+    /// learner's host, `send` on each actor host (scripts/bench_fleet.sh runs both).
+    Fleet(fleet::FleetArgs),
     /// Sandboxed tool-call latency and throughput, against spawning a native process.
     Sandbox(sandbox::SandboxBenchArgs),
     /// Model cache size, cached decode and training throughput, against PyTorch eager.
@@ -49,6 +55,7 @@ enum Bench {
 pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         Bench::Ingest(a) => ingest::run(a),
+        Bench::Fleet(a) => fleet::run(a),
         Bench::Sandbox(a) => sandbox::run(a),
         Bench::Model(a) => model::run(a),
         Bench::Hf(a) => hf::run(a),
