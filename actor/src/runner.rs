@@ -427,6 +427,15 @@ impl Feeder {
                 }
                 continue;
             }
+            if *stop.borrow() {
+                // The engine takes no episode once stopping; the learner hands these out
+                // again after `actor_timeout_s` of silence.
+                tracing::info!(
+                    assignments = got.len(),
+                    "stopping: assignments that arrived after the stop are left to the learner"
+                );
+                break;
+            }
             for a in got {
                 counts.assigned += 1;
                 self.open.fetch_add(1, Ordering::SeqCst);
@@ -451,7 +460,15 @@ impl Feeder {
                             context_budget: a.context_budget.min(self.reg.max_context.max(1)),
                             sampling: a.sampling,
                         };
-                        self.engine.start_episode(spec)?;
+                        if let Err(e) = self.engine.start_episode(spec) {
+                            if *stop.borrow() {
+                                // The stop came while this answer was on its way and the
+                                // engine has already ended: as above.
+                                tracing::info!(group = %a.group_id, "stopping: an assignment is left to the learner");
+                                return Ok(counts);
+                            }
+                            return Err(e);
+                        }
                     }
                     Err(e) => {
                         tracing::error!(error = %e, group = %a.group_id, "assignment refused; reported as infra_error");
