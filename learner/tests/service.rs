@@ -2,7 +2,8 @@
 //! concurrent ingest stores every trajectory once, `Register` hands out the run's settings,
 //! `NextTasks` forms groups of G and applies back-pressure, `FetchPolicy` returns exactly the
 //! learner's weights with the right checksum, and a wrong or missing token is refused on
-//! every RPC.
+//! every RPC. The standard health service answers without a token: the learner's service is
+//! NOT_SERVING until a policy is published, SERVING after, NOT_SERVING once it stops.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -11,7 +12,9 @@ use corvid_learner::collect::Collector;
 use corvid_learner::config::{LearnerConfig, SamplingSection};
 use corvid_learner::dispenser::{DispenserConfig, DispenserState, TaskDispenser};
 use corvid_learner::policy_store::PolicyStore;
-use corvid_learner::server::{serve, ActorRegistry, Control, LearnerService, RunSettings};
+use corvid_learner::server::{
+    serve, ActorRegistry, Control, LearnerHealth, LearnerService, RunSettings, LEARNER_SERVICE,
+};
 use corvid_model::checkpoint::weights_to_bytes;
 use corvid_model::{ModelConfig, MoePolicy};
 use corvid_proto::client::{connect, trajectory_parts, AuthedClient};
@@ -33,6 +36,7 @@ struct Learner {
     control: Arc<Control>,
     model_cfg: ModelConfig,
     weights: Vec<u8>,
+    health: LearnerHealth,
     _dir: tempfile::TempDir,
     _stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -102,6 +106,7 @@ async fn start_configured(publish: bool, edit: impl FnOnce(&mut LearnerConfig)) 
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let service = LearnerService::new(Arc::clone(&store)).with_control(Arc::clone(&control));
+    let health = service.health();
     tokio::spawn(async move {
         serve(listener, service, TOKEN, async {
             let _ = stopped.await;
@@ -115,6 +120,7 @@ async fn start_configured(publish: bool, edit: impl FnOnce(&mut LearnerConfig)) 
         control,
         model_cfg,
         weights,
+        health,
         _dir: dir,
         _stop: stop,
     }
@@ -655,4 +661,82 @@ async fn an_ingest_only_service_refuses_the_control_rpcs_with_a_reason() {
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert!(err.message().contains("only ingests"), "{}", err.message());
+}
+
+/// What `grpc.health.v1` says of `service`, asked without a token.
+async fn health_of(url: &str, service: &str) -> Result<i32, tonic::Status> {
+    let mut h = corvid_proto::client::connect_health(url).await.unwrap();
+    h.check(corvid_proto::health::HealthCheckRequest {
+        service: service.into(),
+    })
+    .await
+    .map(|r| r.into_inner().status)
+}
+
+#[tokio::test]
+async fn health_is_not_serving_until_a_policy_is_published_and_again_once_stopping() {
+    use corvid_proto::health::health_check_response::ServingStatus;
+    let (serving, not_serving) = (
+        ServingStatus::Serving as i32,
+        ServingStatus::NotServing as i32,
+    );
+    let l = start_with(false).await;
+    // The process is up; the learner hands out no work yet (and a token is not needed).
+    assert_eq!(health_of(&l.url, "").await.unwrap(), serving);
+    assert_eq!(
+        health_of(&l.url, LEARNER_SERVICE).await.unwrap(),
+        not_serving
+    );
+    let unknown = health_of(&l.url, "corvid.v1.Nothing").await.unwrap_err();
+    assert_eq!(unknown.code(), Code::NotFound);
+
+    l.control.policies.publish(1, l.weights.clone()).unwrap();
+    let t = std::time::Instant::now();
+    while health_of(&l.url, LEARNER_SERVICE).await.unwrap() != serving {
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "still NOT_SERVING after a publish"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    l.health.stopping().await;
+    assert_eq!(
+        health_of(&l.url, LEARNER_SERVICE).await.unwrap(),
+        not_serving
+    );
+    assert_eq!(health_of(&l.url, "").await.unwrap(), not_serving);
+    // A publish while stopping does not bring it back.
+    l.control.policies.publish(2, l.weights.clone()).unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(
+        health_of(&l.url, LEARNER_SERVICE).await.unwrap(),
+        not_serving
+    );
+}
+
+#[tokio::test]
+async fn an_ingest_only_service_is_serving_from_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Arc::new(TrajectoryStore::open(dir.path().join("store")).unwrap());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(serve(
+        listener,
+        LearnerService::new(store),
+        TOKEN,
+        std::future::pending(),
+    ));
+    let t = std::time::Instant::now();
+    loop {
+        let s = health_of(&url, LEARNER_SERVICE).await.unwrap();
+        if s == corvid_proto::health::health_check_response::ServingStatus::Serving as i32 {
+            break;
+        }
+        assert!(
+            t.elapsed().as_secs() < 10,
+            "an ingest-only service reports {s}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
 }

@@ -247,6 +247,7 @@ fn encode_record(enc: &mut DescriptorEncoder, r: &UpdateRecord) -> fmt::Result {
         ("service_groups_waiting", "Completed groups waiting for the trainer.", sv.groups_waiting.into()),
         ("service_groups_completed", "Groups completed so far.", sv.groups_completed.into()),
         ("service_groups_expired", "Groups expired so far.", sv.groups_expired.into()),
+        ("service_episodes_issued", "Episodes handed out so far, handed-out-again ones included.", sv.episodes_issued.into()),
         ("service_episodes_reclaimed", "Episodes taken back from silent actors.", sv.episodes_reclaimed.into()),
         ("service_actors_active", "Actors heard from within the timeout.", sv.actors_active.into()),
         ("service_trajectories_read", "Finished trajectories read by the trainer.", sv.trajectories_read.into()),
@@ -311,7 +312,7 @@ fn registry(figures: Figures) -> Registry {
 /// | `corvid_moe_{max_vio, cv, load_entropy, router_entropy, dead_experts}` | `layer` |
 /// | `corvid_moe_load` | `layer`, `expert` |
 /// | `corvid_loss_spike` (0 or 1), `corvid_loss_spikes_total` | |
-/// | `corvid_service_{open_groups, groups_waiting, groups_completed, groups_expired, episodes_reclaimed, actors_active, trajectories_read, batches_skipped}` | |
+/// | `corvid_service_{open_groups, groups_waiting, groups_completed, groups_expired, episodes_issued, episodes_reclaimed, actors_active, trajectories_read, batches_skipped}` | |
 /// | `corvid_curriculum_frontier` | `family` |
 /// | `corvid_curriculum_context_tokens` | |
 ///

@@ -141,6 +141,10 @@ pub struct ServiceFigures {
     pub groups_completed: u64,
     /// Groups expired so far.
     pub groups_expired: u64,
+    /// Episodes handed out so far, handed-out-again ones included (absent in metrics
+    /// written before).
+    #[serde(default)]
+    pub episodes_issued: u64,
     /// Episodes taken back from silent actors and handed out again, so far.
     #[serde(default)]
     pub episodes_reclaimed: u64,

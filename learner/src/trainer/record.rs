@@ -127,6 +127,7 @@ impl Trainer {
             groups_waiting: self.shared.control.dispenser.waiting() as u64,
             groups_completed: d.groups_completed,
             groups_expired: d.groups_expired,
+            episodes_issued: d.episodes_issued,
             episodes_reclaimed: d.episodes_reclaimed,
             actors_active: self.shared.control.actors_active() as u64,
             trajectories_read: self.state.totals.trajectories_read,
