@@ -1,0 +1,252 @@
+//! Network hosts on one machine: Linux network namespaces joined by veth pairs to a bridge.
+//!
+//! A [`Network`] is a switch (a namespace holding a bridge) and hosts (a namespace each,
+//! with `eth0` at `10.0.0.<n>/24` cabled to a bridge port). Processes start inside a host
+//! with [`Network::spawn`] and see only that host's interfaces; files are shared as usual.
+//! What a test does to the network is what an operator's network does to it:
+//! - [`Network::link`] takes a host's cable out (its bridge port down) and puts it back;
+//! - [`Network::remove_host`] kills every process in a host and deletes its namespace;
+//! - [`Network::impair`] makes a host's link lossy and slow with `tc netem`.
+//!
+//! Everything made is removed when the `Network` drops, also when a test panics; names
+//! carry the test process's id, and a `Network` made later removes what a killed test
+//! process left behind. Making namespaces needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN):
+//! [`Network::new`] says why it cannot instead of failing half-way.
+
+use std::net::Ipv4Addr;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A host of a [`Network`].
+#[derive(Debug, Clone)]
+pub struct Host {
+    /// The name the test gave it.
+    pub name: String,
+    /// Its namespace.
+    pub netns: String,
+    /// Its address on the network.
+    pub addr: Ipv4Addr,
+    /// Its cable's bridge port, in the switch namespace.
+    port: String,
+}
+
+/// Hosts on a bridge; see the module docs.
+#[derive(Debug)]
+pub struct Network {
+    switch: String,
+    hosts: Vec<Host>,
+    removed: Vec<String>,
+}
+
+/// Why a network cannot be made on this machine.
+#[derive(Debug)]
+pub struct Unavailable(pub String);
+
+impl std::fmt::Display for Unavailable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "network namespaces cannot be made here: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unavailable {}
+
+/// The prefix of every namespace a test process makes.
+const PREFIX: &str = "cvh";
+
+/// Runs `ip`/`tc` with `args`; `Err` carries the command and what it printed.
+fn sh(program: &str, args: &[&str]) -> Result<(), String> {
+    let out = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|e| format!("{program} {}: {e}", args.join(" ")))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(format!(
+            "{program} {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ))
+    }
+}
+
+/// Deletes namespace `ns` after SIGKILLing every process in it.
+fn delete_netns(ns: &str) {
+    if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
+        for pid in String::from_utf8_lossy(&out.stdout).split_whitespace() {
+            let _ = Command::new("kill").args(["-KILL", pid]).status();
+        }
+    }
+    let _ = sh("ip", &["netns", "del", ns]);
+}
+
+/// Namespaces left by test processes that are gone (a SIGKILLed `cargo test`).
+fn remove_orphans() {
+    let Ok(out) = Command::new("ip").args(["netns", "list"]).output() else {
+        return;
+    };
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(ns) = line.split_whitespace().next() else {
+            continue;
+        };
+        let Some(pid) = ns
+            .strip_prefix(PREFIX)
+            .and_then(|r| r.split('n').next())
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            delete_netns(ns);
+        }
+    }
+}
+
+impl Network {
+    /// A switch and one host per name, `names[i]` at `10.0.0.{i+1}`.
+    pub fn new(names: &[&str]) -> Result<Self, Unavailable> {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        remove_orphans();
+        let id = format!(
+            "{PREFIX}{}n{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let switch = format!("{id}sw");
+        sh("ip", &["netns", "add", &switch]).map_err(Unavailable)?;
+        let mut net = Network {
+            switch,
+            hosts: Vec::new(),
+            removed: Vec::new(),
+        };
+        let sw = net.switch.clone();
+        let setup = || -> Result<Vec<Host>, String> {
+            sh("ip", &["-n", &sw, "link", "set", "lo", "up"])?;
+            sh("ip", &["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
+            sh("ip", &["-n", &sw, "link", "set", "br0", "up"])?;
+            let mut hosts = Vec::new();
+            for (i, name) in names.iter().enumerate() {
+                let netns = format!("{id}h{i}");
+                let addr = Ipv4Addr::new(10, 0, 0, i as u8 + 1);
+                // Made in the host's namespace, so the names never meet another test's.
+                sh("ip", &["netns", "add", &netns])?;
+                let port = format!("p{i}");
+                sh(
+                    "ip",
+                    &[
+                        "-n", &netns, "link", "add", "eth0", "type", "veth", "peer", "name", &port,
+                        "netns", &sw,
+                    ],
+                )?;
+                sh("ip", &["-n", &sw, "link", "set", &port, "master", "br0"])?;
+                sh("ip", &["-n", &sw, "link", "set", &port, "up"])?;
+                sh("ip", &["-n", &netns, "link", "set", "lo", "up"])?;
+                let cidr = format!("{addr}/24");
+                sh("ip", &["-n", &netns, "addr", "add", &cidr, "dev", "eth0"])?;
+                sh("ip", &["-n", &netns, "link", "set", "eth0", "up"])?;
+                hosts.push(Host {
+                    name: (*name).to_owned(),
+                    netns,
+                    addr,
+                    port,
+                });
+            }
+            Ok(hosts)
+        };
+        match setup() {
+            Ok(hosts) => {
+                net.hosts = hosts;
+                Ok(net)
+            }
+            Err(e) => {
+                // Drop removes the switch and every host namespace made so far.
+                net.hosts = (0..names.len())
+                    .map(|i| Host {
+                        name: String::new(),
+                        netns: format!("{id}h{i}"),
+                        addr: Ipv4Addr::UNSPECIFIED,
+                        port: String::new(),
+                    })
+                    .collect();
+                Err(Unavailable(e))
+            }
+        }
+    }
+
+    /// The host named `name`.
+    ///
+    /// # Panics
+    /// If there is none: a mistake in the test.
+    pub fn host(&self, name: &str) -> &Host {
+        self.hosts
+            .iter()
+            .find(|h| h.name == name)
+            .unwrap_or_else(|| panic!("no host {name:?} in this network"))
+    }
+
+    /// A command that runs `program` inside `host` (add its arguments and spawn it).
+    pub fn command(&self, host: &str, program: &std::path::Path) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.host(host).netns])
+            .arg(program)
+            .stdin(Stdio::null());
+        c
+    }
+
+    /// Puts `host`'s cable in (`up`) or takes it out: its bridge port goes down, so its
+    /// packets go nowhere and the host sees no carrier, as when a link drops.
+    pub fn link(&self, host: &str, up: bool) -> Result<(), String> {
+        let port = &self.host(host).port;
+        sh(
+            "ip",
+            &[
+                "-n",
+                &self.switch,
+                "link",
+                "set",
+                port,
+                if up { "up" } else { "down" },
+            ],
+        )
+    }
+
+    /// Kills every process of `host` and deletes its namespace: the machine is gone.
+    pub fn remove_host(&mut self, host: &str) {
+        let ns = self.host(host).netns.clone();
+        delete_netns(&ns);
+        self.removed.push(ns);
+    }
+
+    /// Makes `host`'s link lose `loss_pct` percent of packets and delay each by
+    /// `delay_ms`, in both directions (`tc netem` on both ends of its cable). `Err` when
+    /// the kernel has no netem (`CONFIG_NET_SCH_NETEM`).
+    pub fn impair(&self, host: &str, loss_pct: f64, delay_ms: u32) -> Result<(), String> {
+        let h = self.host(host);
+        let (loss, delay) = (format!("{loss_pct}%"), format!("{delay_ms}ms"));
+        for (ns, dev) in [
+            (h.netns.as_str(), "eth0"),
+            (self.switch.as_str(), h.port.as_str()),
+        ] {
+            sh(
+                "tc",
+                &[
+                    "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "loss", &loss, "delay",
+                    &delay,
+                ],
+            )?;
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Network {
+    fn drop(&mut self) {
+        for h in &self.hosts {
+            if !self.removed.contains(&h.netns) {
+                delete_netns(&h.netns);
+            }
+        }
+        delete_netns(&self.switch);
+    }
+}
