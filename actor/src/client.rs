@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use corvid_episode::FormatDescription;
 use corvid_model::ModelConfig;
-use corvid_proto::client::{connect, connect_health, AuthedClient, ConnectError};
+use corvid_proto::client::{check_token, connect, connect_health, AuthedClient, ConnectError};
 use corvid_proto::health::{health_check_response::ServingStatus, HealthCheckRequest};
 use corvid_proto::{pb, Assignment, SamplingParams};
 use futures::StreamExt;
@@ -396,6 +396,9 @@ impl LearnerLink {
     /// this protocol: a permanent error.
     pub async fn serving(&self) -> Result<(), LinkError> {
         let service = pb::learner_server::SERVICE_NAME;
+        // The health service takes no token, but a token no call could send is a mistake
+        // to name now, not after the learner is up.
+        check_token(&self.token)?;
         let mut health = connect_health(&self.url).await?;
         let answer = health
             .check(HealthCheckRequest {
