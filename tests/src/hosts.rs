@@ -2,7 +2,7 @@
 //!
 //! A [`Network`] is a switch (a namespace holding a bridge) and hosts (a namespace each,
 //! with `eth0` at `10.0.0.<n>/24` cabled to a bridge port). Processes start inside a host
-//! with [`Network::spawn`] and see only that host's interfaces; files are shared as usual.
+//! with [`Network::command`] and see only that host's interfaces; files are shared as usual.
 //! What a test does to the network is what an operator's network does to it:
 //! - [`Network::link`] takes a host's cable out (its bridge port down) and puts it back;
 //! - [`Network::remove_host`] kills every process in a host and deletes its namespace;
