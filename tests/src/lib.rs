@@ -7,6 +7,7 @@ pub mod hosts;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// The `corvid` binary of this build, rebuilt first if any source changed.
 ///
@@ -39,4 +40,33 @@ pub fn corvid() -> PathBuf {
         bin
     })
     .clone()
+}
+
+/// Polls `ok` every 200 ms; panics naming `what` after `timeout`.
+pub fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
+    let t = Instant::now();
+    while !ok() {
+        assert!(
+            t.elapsed() < timeout,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Trajectory ids an actor's log (`RUST_LOG=corvid_actor::submit=debug`) shows the learner
+/// acknowledged, new or duplicate.
+pub fn acked_ids(log: &str) -> Vec<String> {
+    log.lines()
+        .filter(|l| l.contains("acked"))
+        .filter_map(|l| {
+            let rest = &l[l.find("trajectory=")? + "trajectory=".len()..];
+            let id: String = rest
+                .trim_start_matches('"')
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+                .collect();
+            (!id.is_empty()).then_some(id)
+        })
+        .collect()
 }

@@ -8,9 +8,9 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use corvid_e2e::corvid;
+use corvid_e2e::{acked_ids, corvid, wait_for};
 
 /// The tiny run every test here starts from.
 const CONFIG: &str = include_str!("../e2e.toml");
@@ -37,17 +37,6 @@ fn spawn(args: &[&str], log: &Path) -> Kid {
         .expect("spawning corvid"))
 }
 
-fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(
-            t.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
-
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
@@ -55,22 +44,6 @@ fn read(p: &Path) -> String {
 /// A JSON file the run wrote; panics naming the file when it is missing or does not parse.
 fn read_json(p: &Path) -> serde_json::Value {
     serde_json::from_str(&read(p)).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
-}
-
-/// Trajectory ids the actor logged as acknowledged by the learner.
-fn acked_ids(log: &str) -> Vec<String> {
-    log.lines()
-        .filter(|l| l.contains("acked"))
-        .filter_map(|l| {
-            let rest = &l[l.find("trajectory=")? + "trajectory=".len()..];
-            let id: String = rest
-                .trim_start_matches('"')
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-                .collect();
-            (!id.is_empty()).then_some(id)
-        })
-        .collect()
 }
 
 fn run_ok(args: &[&str]) -> String {

@@ -17,8 +17,8 @@ use std::process::{Child, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use corvid_e2e::corvid;
 use corvid_e2e::hosts::Network;
+use corvid_e2e::{acked_ids, corvid, wait_for};
 use serde_json::Value;
 
 /// The run every scenario trains: the e2e run's tiny model, until stopped.
@@ -44,35 +44,8 @@ fn hosts() -> Option<Network> {
     }
 }
 
-fn wait_for(what: &str, timeout: Duration, mut ok: impl FnMut() -> bool) {
-    let t = Instant::now();
-    while !ok() {
-        assert!(
-            t.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
-
 fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
-}
-
-/// Trajectory ids an actor's log says the learner acknowledged (new or duplicate).
-fn acked_ids(log: &str) -> Vec<String> {
-    log.lines()
-        .filter(|l| l.contains("trajectory acked"))
-        .filter_map(|l| {
-            let rest = &l[l.find("trajectory=")? + "trajectory=".len()..];
-            let id: String = rest
-                .trim_start_matches('"')
-                .chars()
-                .take_while(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
-                .collect();
-            (!id.is_empty()).then_some(id)
-        })
-        .collect()
 }
 
 /// Sends `signal` (`TERM`, `KILL`) to `child`.
