@@ -160,15 +160,10 @@ impl Network {
                 Ok(net)
             }
             Err(e) => {
-                // Drop removes the switch and every host namespace made so far.
-                net.hosts = (0..names.len())
-                    .map(|i| Host {
-                        name: String::new(),
-                        netns: format!("{id}h{i}"),
-                        addr: Ipv4Addr::UNSPECIFIED,
-                        port: String::new(),
-                    })
-                    .collect();
+                // The host namespaces made so far; dropping `net` removes the switch.
+                for i in 0..names.len() {
+                    delete_netns(&format!("{id}h{i}"));
+                }
                 Err(Unavailable(e))
             }
         }

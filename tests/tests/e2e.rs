@@ -694,6 +694,17 @@ fn max_abs_diff(a: &[Vec<f64>], b: &[Vec<f64>]) -> f64 {
         .fold(0.0, f64::max)
 }
 
+/// The e2e run from the Hugging Face folder `hf` for two updates, with `run` appended.
+fn hf_run_config(hf: &Path, run: &str) -> String {
+    CONFIG
+        .replace(
+            "[model]\npreset = \"tiny\"\n[model.overrides]\nnum_hidden_layers = 2\n",
+            &format!("[model]\nhf = {:?}\n", hf.display().to_string()),
+        )
+        .replace("max_updates = 3", "max_updates = 2")
+        + run
+}
+
 /// `[model] hf`: a run starts from a Hugging Face Qwen3-MoE folder, SFT and RL train it (the
 /// actor decodes it), and its last checkpoint exports to a folder transformers loads with the
 /// checkpoint's logits.
@@ -705,13 +716,7 @@ fn a_run_from_a_hugging_face_folder_trains_and_its_checkpoint_exports_for_transf
         .expect("fixture");
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
-    let config = CONFIG
-        .replace(
-            "[model]\npreset = \"tiny\"\n[model.overrides]\nnum_hidden_layers = 2\n",
-            &format!("[model]\nhf = {:?}\n", hf.display().to_string()),
-        )
-        .replace("max_updates = 3", "max_updates = 2")
-        + ONE_ACTOR_RUN;
+    let config = hf_run_config(&hf, ONE_ACTOR_RUN);
     assert!(config.contains("hf = "), "the [model] section was replaced");
     run_to_the_end(d, &config);
     let r = d.join("runs/n");
@@ -788,13 +793,10 @@ fn a_run_in_a_models_own_tokenizer_stores_the_ids_of_its_template() {
         .expect("fixture");
     let dir = tempfile::tempdir().expect("tmp");
     let d = dir.path();
-    let config = CONFIG
-        .replace(
-            "[model]\npreset = \"tiny\"\n[model.overrides]\nnum_hidden_layers = 2\n",
-            &format!("[model]\nhf = {:?}\n", hf.display().to_string()),
-        )
-        .replace("max_updates = 3", "max_updates = 2")
-        + &ONE_ACTOR_RUN.replace("eval_max_new_tokens = 16", "eval_max_new_tokens = 32");
+    let config = hf_run_config(
+        &hf,
+        &ONE_ACTOR_RUN.replace("eval_max_new_tokens = 16", "eval_max_new_tokens = 32"),
+    );
     assert!(config.contains("hf = "), "the [model] section was replaced");
     run_to_the_end(d, &config);
     let r = d.join("runs/n");

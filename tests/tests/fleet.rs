@@ -425,16 +425,24 @@ struct Summary {
     updates: u64,
 }
 
+/// One scenario's turn, the hosts, and a fleet streaming on them; `None` (after saying why)
+/// where hosts cannot be made.
+fn streaming_fleet() -> Option<(std::sync::MutexGuard<'static, ()>, Fleet)> {
+    let one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let fleet = Fleet::start(hosts()?);
+    fleet.wait_streaming();
+    Some((one, fleet))
+}
+
 fn report_u(b: &Books, host: &str, key: &str) -> u64 {
     u(&b.summaries[host][key])
 }
 
 #[test]
 fn an_actor_hosts_link_down_for_30_s_spools_resends_and_its_late_copies_are_not_trained() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(net) = hosts() else { return };
-    let fleet = Fleet::start(net);
-    fleet.wait_streaming();
+    let Some((_one, fleet)) = streaming_fleet() else {
+        return;
+    };
 
     fleet.net.link("a1", false).expect("link down");
     let (before, acked_before) = (fleet.updates(), fleet.acked("a1"));
@@ -458,10 +466,9 @@ fn an_actor_hosts_link_down_for_30_s_spools_resends_and_its_late_copies_are_not_
 
 #[test]
 fn an_actor_host_that_disappears_for_good_loses_nothing_acknowledged() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(net) = hosts() else { return };
-    let mut fleet = Fleet::start(net);
-    fleet.wait_streaming();
+    let Some((_one, mut fleet)) = streaming_fleet() else {
+        return;
+    };
 
     fleet.net.remove_host("a1");
     if let Some(mut c) = fleet.actors.remove("a1") {
@@ -477,10 +484,9 @@ fn an_actor_host_that_disappears_for_good_loses_nothing_acknowledged() {
 
 #[test]
 fn actors_finish_episodes_while_the_learner_host_is_cut_off_for_60_s_and_submit_them_after() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(net) = hosts() else { return };
-    let fleet = Fleet::start(net);
-    fleet.wait_streaming();
+    let Some((_one, fleet)) = streaming_fleet() else {
+        return;
+    };
 
     fleet.net.link("learner", false).expect("link down");
     let acked_before: usize = ACTORS.iter().map(|h| fleet.acked(h)).sum();
@@ -527,10 +533,9 @@ fn a_lossy_slow_link_completes_a_short_run_beside_a_clean_one() {
 
 #[test]
 fn the_learner_sigkilled_and_resumed_while_actors_on_other_hosts_keep_streaming() {
-    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(net) = hosts() else { return };
-    let mut fleet = Fleet::start(net);
-    fleet.wait_streaming();
+    let Some((_one, mut fleet)) = streaming_fleet() else {
+        return;
+    };
     fleet.wait_updates(2, Duration::from_secs(180));
 
     fleet.kill_learner();
