@@ -304,6 +304,33 @@ fn after_a_kill_without_checkpoint_no_stored_trajectory_is_lost() {
     assert_eq!(b.state().rl_step, 2);
 }
 
+#[test]
+fn a_run_has_a_checkpoint_before_actors_can_fetch_its_first_policy() {
+    tch::set_num_threads(1);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path());
+    let (mut a, shared) = open_with(cfg.clone(), false);
+    assert!(shared.control.policies.latest().is_none());
+    assert!(!learner::has_checkpoint(&cfg).unwrap());
+    // Entering RL publishes version 1; actors fetch it and roll out at once.
+    assert!(a.try_update().unwrap().is_none());
+    assert_eq!(shared.control.policies.latest_version(), 1);
+    assert!(
+        learner::has_checkpoint(&cfg).unwrap(),
+        "a published policy without a checkpoint: a kill now leaves a run that cannot resume"
+    );
+    // Killed with an episode of that policy stored: the restarted learner resumes
+    // (`--resume-if-any`) and keeps it.
+    let work = shared.control.dispenser.next("actor-1", 1).unwrap();
+    store_one(&shared.store, &work[0], "first", 1);
+    drop(a);
+    drop(shared);
+    assert!(learner::has_checkpoint(&cfg).unwrap());
+    let (mut b, _shared) = open(dir.path(), true);
+    b.poll().unwrap();
+    assert_eq!(b.state().pending, vec!["first".to_owned()]);
+}
+
 /// The episodes of `assignments` as (group, task seed, sampler seed).
 fn episodes_of(assignments: &[Assignment]) -> BTreeSet<(String, u64, u64)> {
     assignments

@@ -432,11 +432,6 @@ impl Trainer {
             self.checkpoint()?;
         }
         self.enter_rl()?;
-        if self.ckpt.latest()?.is_none() {
-            // Once actors can roll out, a run can always be resumed: without this a run
-            // without SFT that dies before its first periodic checkpoint could not be.
-            self.checkpoint()?;
-        }
         let poll = Duration::from_millis(self.cfg.schedule.poll_ms.max(1));
         loop {
             if stop.load(Ordering::Relaxed) {

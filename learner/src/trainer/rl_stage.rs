@@ -99,8 +99,8 @@ impl Trainer {
         Ok(n)
     }
 
-    /// Starts the RL stage: publishes the current version (1 on a fresh run; the checkpoint's
-    /// on resume). The reference policy exists by now ([`Trainer::new`] or SFT wrote it).
+    /// Starts the RL stage: writes the run's first checkpoint if it has none, then publishes
+    /// the current version (1 on a fresh run; the checkpoint's on resume). The reference policy exists by now ([`Trainer::new`] or SFT wrote it).
     pub(super) fn enter_rl(&mut self) -> Result<(), LearnerError> {
         if self.published {
             return Ok(());
@@ -112,6 +112,13 @@ impl Trainer {
         }
         if self.state.policy_version == 0 {
             self.state.policy_version = 1;
+        }
+        // Actors roll out as soon as a policy is published. A checkpoint before that means a
+        // store never holds trajectories without one: a learner killed at any point can be
+        // resumed (`--resume-if-any`), which a run without SFT killed before its first
+        // periodic checkpoint otherwise could not be.
+        if self.ckpt.latest()?.is_none() {
+            self.checkpoint()?;
         }
         self.publish()?;
         if self.cfg.rl.sync {
