@@ -6,7 +6,9 @@
 //! What a test does to the network is what an operator's network does to it:
 //! - [`Network::link`] takes a host's cable out (its bridge port down) and puts it back;
 //! - [`Network::remove_host`] kills every process in a host and deletes its namespace;
-//! - [`Network::impair`] makes a host's link lossy and slow with `tc netem`.
+//! - [`Network::impair`] makes a host's link lossy and slow: with `tc netem` where the
+//!   kernel has it, else by recabling the host through a user-space [`Wire`] that does the
+//!   same to every frame.
 //!
 //! Everything made is removed when the `Network` drops, also when a test panics; names
 //! carry the test process's id, and a `Network` made later removes what a killed test
@@ -16,6 +18,9 @@
 use std::net::Ipv4Addr;
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use crate::wire::{Impairment, Wire};
 
 /// A host of a [`Network`].
 #[derive(Debug, Clone)]
@@ -36,6 +41,17 @@ pub struct Network {
     switch: String,
     hosts: Vec<Host>,
     removed: Vec<String>,
+    /// The user-space cables of impaired hosts, by host name.
+    wires: Vec<(String, Wire)>,
+}
+
+/// How [`Network::impair`] impaired a link.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Impaired {
+    /// `tc netem` on both ends of the host's cable.
+    Netem,
+    /// A user-space [`Wire`] in place of the cable, because netem could not be used (why).
+    Wire(String),
 }
 
 /// Why a network cannot be made on this machine.
@@ -119,6 +135,7 @@ impl Network {
             switch,
             hosts: Vec::new(),
             removed: Vec::new(),
+            wires: Vec::new(),
         };
         let sw = net.switch.clone();
         let setup = || -> Result<Vec<Host>, String> {
@@ -189,8 +206,19 @@ impl Network {
         c
     }
 
+    /// Runs `f` inside `host` on a thread of this process and returns what it returns:
+    /// sockets it makes belong to that host. `Err` if the host's namespace is gone.
+    pub fn run_in<T: Send + 'static>(
+        &self,
+        host: &str,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> std::io::Result<T> {
+        crate::netns::in_netns(&self.host(host).netns, f)
+    }
+
     /// Puts `host`'s cable in (`up`) or takes it out: its bridge port goes down, so its
-    /// packets go nowhere and the host sees no carrier, as when a link drops.
+    /// packets go nowhere, as when a link drops (the host sees no carrier, except through
+    /// a [`Wire`], which keeps carrier as a cable to a dead switch port does).
     pub fn link(&self, host: &str, up: bool) -> Result<(), String> {
         let port = &self.host(host).port;
         sh(
@@ -214,29 +242,60 @@ impl Network {
     }
 
     /// Makes `host`'s link lose `loss_pct` percent of packets and delay each by
-    /// `delay_ms`, in both directions (`tc netem` on both ends of its cable). `Err` when
-    /// the kernel has no netem (`CONFIG_NET_SCH_NETEM`).
-    pub fn impair(&self, host: &str, loss_pct: f64, delay_ms: u32) -> Result<(), String> {
-        let h = self.host(host);
+    /// `delay_ms`, in both directions: `tc netem` on both ends of its cable where the
+    /// kernel has netem (`CONFIG_NET_SCH_NETEM`), else a user-space [`Wire`] in place of
+    /// the cable (the host keeps its address; its `eth0` becomes a TAP device). Call it
+    /// before starting the host's processes: recabling drops its connections.
+    pub fn impair(&mut self, host: &str, loss_pct: f64, delay_ms: u32) -> Result<Impaired, String> {
+        let h = self.host(host).clone();
         let (loss, delay) = (format!("{loss_pct}%"), format!("{delay_ms}ms"));
-        for (ns, dev) in [
-            (h.netns.as_str(), "eth0"),
-            (self.switch.as_str(), h.port.as_str()),
-        ] {
+        let netem = |ns: &str, dev: &str| {
             sh(
                 "tc",
                 &[
                     "-n", ns, "qdisc", "add", "dev", dev, "root", "netem", "loss", &loss, "delay",
                     &delay,
                 ],
-            )?;
-        }
-        Ok(())
+            )
+        };
+        let why_not = match netem(&h.netns, "eth0") {
+            Ok(()) => {
+                netem(&self.switch, &h.port)?;
+                return Ok(Impaired::Netem);
+            }
+            Err(e) => e,
+        };
+        let imp = Impairment {
+            loss: loss_pct / 100.0,
+            delay: Duration::from_millis(u64::from(delay_ms)),
+        };
+        // Deleting one end of a veth pair deletes both: the bridge port goes with it.
+        sh("ip", &["-n", &h.netns, "link", "del", "eth0"])?;
+        let seed = u64::from(u32::from(h.addr));
+        let wire = Wire::connect((&h.netns, "eth0"), (&self.switch, &h.port), imp, seed)
+            .map_err(|e| format!("a user-space cable for {host}: {e}"))?;
+        self.wires.push((host.to_owned(), wire));
+        let cidr = format!("{}/24", h.addr);
+        sh(
+            "ip",
+            &["-n", &self.switch, "link", "set", &h.port, "master", "br0"],
+        )?;
+        sh("ip", &["-n", &self.switch, "link", "set", &h.port, "up"])?;
+        sh("ip", &["-n", &h.netns, "addr", "add", &cidr, "dev", "eth0"])?;
+        sh("ip", &["-n", &h.netns, "link", "set", "eth0", "up"])?;
+        Ok(Impaired::Wire(why_not))
+    }
+
+    /// The user-space cable of `host`, if [`Network::impair`] put one in.
+    pub fn wire(&self, host: &str) -> Option<&Wire> {
+        self.wires.iter().find(|(h, _)| h == host).map(|(_, w)| w)
     }
 }
 
 impl Drop for Network {
     fn drop(&mut self) {
+        // The cables first: their devices go with them, before their namespaces do.
+        self.wires.clear();
         for h in &self.hosts {
             if !self.removed.contains(&h.netns) {
                 delete_netns(&h.netns);

@@ -1,8 +1,10 @@
 //! Corvid multi-process end-to-end tests: real processes over loopback (`tests/e2e.rs`,
 //! `tests/actor_learner.rs`) and across network hosts made of namespaces (`tests/fleet.rs`,
-//! with [`hosts`]).
+//! with [`hosts`] and, where the kernel has no netem, [`wire`]).
 
 pub mod hosts;
+pub mod netns;
+pub mod wire;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
