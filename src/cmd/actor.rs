@@ -51,6 +51,11 @@ pub struct ActorArgs {
     /// 0 to 86400 (one day).
     #[arg(long, default_value_t = 30.0)]
     grace_s: f64,
+    /// Seconds the actor keeps trying to submit its spool once the episodes have ended,
+    /// 0 (one pass) to 86400: what it still holds then stays in the spool for its next
+    /// start.
+    #[arg(long, default_value_t = 10.0)]
+    drain_s: f64,
     /// Seconds a tool call or checker may take before its episode ends as infra_error,
     /// 1 to 3600 (one hour; the sandbox's own limits are far shorter).
     #[arg(long, default_value_t = 120.0)]
@@ -84,7 +89,7 @@ fn parse_device(s: &str) -> Result<tch::Device> {
     }
 }
 
-/// Bounds of `--grace-s`, seconds: abandon at once, up to a day.
+/// Bounds of `--grace-s` and `--drain-s`, seconds: at once, up to a day.
 const GRACE_S: RangeInclusive<f64> = 0.0..=86_400.0;
 /// Bounds of `--tool-timeout-s`, seconds: under a second every workspace creation would
 /// time out; over an hour the host is stuck, not slow.
@@ -142,6 +147,7 @@ fn config(a: &ActorArgs) -> Result<ActorConfig> {
     cfg.device = parse_device(&a.device)?;
     cfg.threads = a.threads;
     cfg.shutdown_grace = secs("--grace-s", a.grace_s, GRACE_S)?;
+    cfg.final_drain = secs("--drain-s", a.drain_s, GRACE_S)?;
     cfg.engine = EngineConfig {
         tool_timeout: secs("--tool-timeout-s", a.tool_timeout_s, TOOL_TIMEOUT_S)?,
         ..EngineConfig::default()
@@ -265,6 +271,8 @@ mod tests {
             "cuda:1",
             "--grace-s",
             "2.5",
+            "--drain-s",
+            "0",
         ]);
         let cfg = config(&cli.args).unwrap();
         assert_eq!(cfg.token, "s3cret");
@@ -272,6 +280,7 @@ mod tests {
         assert_eq!(cfg.spool_dir, PathBuf::from(".corvid/spool/a1"));
         assert_eq!(cfg.device, tch::Device::Cuda(1));
         assert_eq!(cfg.shutdown_grace, Duration::from_millis(2500));
+        assert_eq!(cfg.final_drain, Duration::ZERO);
         let bad = Cli::parse_from([
             "x",
             "--learner",
@@ -333,6 +342,8 @@ mod tests {
             ("--grace-s", "-1"),
             ("--grace-s", "NaN"),
             ("--grace-s", "inf"),
+            ("--drain-s", "-0.5"),
+            ("--drain-s", "1e9"),
             ("--tool-timeout-s", "1e19"),
             ("--tool-timeout-s", "3601"),
             ("--tool-timeout-s", "0"),

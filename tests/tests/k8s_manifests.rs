@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use corvid_actor::ActorConfig;
 use corvid_learner::config::LearnerConfig;
 use serde_json::Value;
 
@@ -588,9 +587,10 @@ fn the_actor_flags_point_at_the_learner_and_the_mounts() {
         .get("grace-s")
         .and_then(|g| g.parse().ok())
         .expect("--grace-s");
-    let drain_s = ActorConfig::new(url.as_str(), "t")
-        .final_drain
-        .as_secs_f64();
+    let drain_s: f64 = args
+        .get("drain-s")
+        .and_then(|g| g.parse().ok())
+        .expect("--drain-s");
     let pod_grace = deploy["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         .as_f64()
         .unwrap_or(30.0);
