@@ -237,6 +237,9 @@ impl Network {
     /// Kills every process of `host` and deletes its namespace: the machine is gone.
     pub fn remove_host(&mut self, host: &str) {
         let ns = self.host(host).netns.clone();
+        // A TAP device's open file holds its namespace: the cable goes first, or the
+        // host's `eth0` would outlive the deletion and go on answering.
+        self.wires.retain(|(h, _)| h != host);
         delete_netns(&ns);
         self.removed.push(ns);
     }
@@ -259,23 +262,49 @@ impl Network {
             )
         };
         let why_not = match netem(&h.netns, "eth0") {
-            Ok(()) => {
-                netem(&self.switch, &h.port)?;
-                return Ok(Impaired::Netem);
-            }
+            Ok(()) => match netem(&self.switch, &h.port) {
+                Ok(()) => return Ok(Impaired::Netem),
+                Err(e) => {
+                    // Half a netem cable is no use: the wire replaces the cable instead.
+                    sh(
+                        "tc",
+                        &["-n", &h.netns, "qdisc", "del", "dev", "eth0", "root"],
+                    )?;
+                    e
+                }
+            },
             Err(e) => e,
         };
         let imp = Impairment {
             loss: loss_pct / 100.0,
             delay: Duration::from_millis(u64::from(delay_ms)),
         };
+        // The TAP devices are made under other names first, so a machine without TAP
+        // support leaves the host's cable as it was.
+        let (host_tap, port_tap) = ("wire0", format!("w{}", h.port));
+        let seed = u64::from(u32::from(h.addr));
+        let wire = Wire::connect((&h.netns, host_tap), (&self.switch, &port_tap), imp, seed)
+            .map_err(|e| format!("a user-space cable for {host}: {e}"))?;
         // Deleting one end of a veth pair deletes both: the bridge port goes with it.
         sh("ip", &["-n", &h.netns, "link", "del", "eth0"])?;
-        let seed = u64::from(u32::from(h.addr));
-        let wire = Wire::connect((&h.netns, "eth0"), (&self.switch, &h.port), imp, seed)
-            .map_err(|e| format!("a user-space cable for {host}: {e}"))?;
         self.wires.push((host.to_owned(), wire));
         let cidr = format!("{}/24", h.addr);
+        sh(
+            "ip",
+            &["-n", &h.netns, "link", "set", host_tap, "name", "eth0"],
+        )?;
+        sh(
+            "ip",
+            &[
+                "-n",
+                &self.switch,
+                "link",
+                "set",
+                &port_tap,
+                "name",
+                &h.port,
+            ],
+        )?;
         sh(
             "ip",
             &["-n", &self.switch, "link", "set", &h.port, "master", "br0"],

@@ -7,8 +7,9 @@
 //! on both ends of a cable does: every frame, ARP, TCP segment or acknowledgement, is
 //! lost or late independently in each direction, and the kernels' own TCP recovers.
 //!
-//! The TAP devices exist while the [`Wire`] holds them: dropping it (or deleting either
-//! namespace) removes them and stops the threads. The drop decisions come from a seeded
+//! The TAP devices exist while the [`Wire`] holds them: dropping it removes them and stops
+//! the threads. Their open files also hold their namespaces, so a namespace is deleted for
+//! good only once its wire is dropped. The drop decisions come from a seeded
 //! generator, so a run loses the same frames of the same traffic.
 
 use std::fs::File;
@@ -182,9 +183,14 @@ impl Wire {
                     }
                 }
             }));
-            // Ends when the reader does (the channel closes).
+            // Ends when the reader does (the channel closes), or at a stop, dropping what
+            // is still in flight.
+            let stop_w = stop.clone();
             threads.push(std::thread::spawn(move || {
                 for (due, frame) in rx {
+                    if stop_w.load(Ordering::Relaxed) {
+                        return;
+                    }
                     if let Some(wait) = due.checked_duration_since(Instant::now()) {
                         std::thread::sleep(wait);
                     }

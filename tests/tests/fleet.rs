@@ -508,7 +508,13 @@ fn actors_finish_episodes_while_the_learner_host_is_cut_off_for_60_s_and_submit_
 fn a_lossy_slow_link_completes_a_short_run_beside_a_clean_one() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let Some(mut net) = hosts() else { return };
-    let how = net.impair("a1", 5.0, 50).expect("impair a1's link");
+    let how = match net.impair("a1", 5.0, 50) {
+        Ok(how) => how,
+        Err(e) => {
+            eprintln!("skipping the lossy-link scenario: a link cannot be impaired here ({e})");
+            return;
+        }
+    };
     eprintln!("a1's link: 5% loss, 50 ms delay, each way, by {how:?}");
     let fleet = Fleet::start(net);
     let start = Instant::now();
