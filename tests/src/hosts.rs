@@ -87,6 +87,11 @@ fn sh(program: &str, args: &[&str]) -> Result<(), String> {
     }
 }
 
+/// Runs `ip -n <ns> <args>`: a command inside namespace `ns`.
+fn ip(ns: &str, args: &[&str]) -> Result<(), String> {
+    sh("ip", &[&["-n", ns], args].concat())
+}
+
 /// Deletes namespace `ns` after SIGKILLing every process in it.
 fn delete_netns(ns: &str) {
     if let Ok(out) = Command::new("ip").args(["netns", "pids", ns]).output() {
@@ -139,9 +144,9 @@ impl Network {
         };
         let sw = net.switch.clone();
         let setup = || -> Result<Vec<Host>, String> {
-            sh("ip", &["-n", &sw, "link", "set", "lo", "up"])?;
-            sh("ip", &["-n", &sw, "link", "add", "br0", "type", "bridge"])?;
-            sh("ip", &["-n", &sw, "link", "set", "br0", "up"])?;
+            ip(&sw, &["link", "set", "lo", "up"])?;
+            ip(&sw, &["link", "add", "br0", "type", "bridge"])?;
+            ip(&sw, &["link", "set", "br0", "up"])?;
             let mut hosts = Vec::new();
             for (i, name) in names.iter().enumerate() {
                 let netns = format!("{id}h{i}");
@@ -149,19 +154,18 @@ impl Network {
                 // Made in the host's namespace, so the names never meet another test's.
                 sh("ip", &["netns", "add", &netns])?;
                 let port = format!("p{i}");
-                sh(
-                    "ip",
+                ip(
+                    &netns,
                     &[
-                        "-n", &netns, "link", "add", "eth0", "type", "veth", "peer", "name", &port,
-                        "netns", &sw,
+                        "link", "add", "eth0", "type", "veth", "peer", "name", &port, "netns", &sw,
                     ],
                 )?;
-                sh("ip", &["-n", &sw, "link", "set", &port, "master", "br0"])?;
-                sh("ip", &["-n", &sw, "link", "set", &port, "up"])?;
-                sh("ip", &["-n", &netns, "link", "set", "lo", "up"])?;
+                ip(&sw, &["link", "set", &port, "master", "br0"])?;
+                ip(&sw, &["link", "set", &port, "up"])?;
+                ip(&netns, &["link", "set", "lo", "up"])?;
                 let cidr = format!("{addr}/24");
-                sh("ip", &["-n", &netns, "addr", "add", &cidr, "dev", "eth0"])?;
-                sh("ip", &["-n", &netns, "link", "set", "eth0", "up"])?;
+                ip(&netns, &["addr", "add", &cidr, "dev", "eth0"])?;
+                ip(&netns, &["link", "set", "eth0", "up"])?;
                 hosts.push(Host {
                     name: (*name).to_owned(),
                     netns,
@@ -221,16 +225,9 @@ impl Network {
     /// a [`Wire`], which keeps carrier as a cable to a dead switch port does).
     pub fn link(&self, host: &str, up: bool) -> Result<(), String> {
         let port = &self.host(host).port;
-        sh(
-            "ip",
-            &[
-                "-n",
-                &self.switch,
-                "link",
-                "set",
-                port,
-                if up { "up" } else { "down" },
-            ],
+        ip(
+            &self.switch,
+            &["link", "set", port, if up { "up" } else { "down" }],
         )
     }
 
@@ -286,32 +283,15 @@ impl Network {
         let wire = Wire::connect((&h.netns, host_tap), (&self.switch, &port_tap), imp, seed)
             .map_err(|e| format!("a user-space cable for {host}: {e}"))?;
         // Deleting one end of a veth pair deletes both: the bridge port goes with it.
-        sh("ip", &["-n", &h.netns, "link", "del", "eth0"])?;
+        ip(&h.netns, &["link", "del", "eth0"])?;
         self.wires.push((host.to_owned(), wire));
         let cidr = format!("{}/24", h.addr);
-        sh(
-            "ip",
-            &["-n", &h.netns, "link", "set", host_tap, "name", "eth0"],
-        )?;
-        sh(
-            "ip",
-            &[
-                "-n",
-                &self.switch,
-                "link",
-                "set",
-                &port_tap,
-                "name",
-                &h.port,
-            ],
-        )?;
-        sh(
-            "ip",
-            &["-n", &self.switch, "link", "set", &h.port, "master", "br0"],
-        )?;
-        sh("ip", &["-n", &self.switch, "link", "set", &h.port, "up"])?;
-        sh("ip", &["-n", &h.netns, "addr", "add", &cidr, "dev", "eth0"])?;
-        sh("ip", &["-n", &h.netns, "link", "set", "eth0", "up"])?;
+        ip(&h.netns, &["link", "set", host_tap, "name", "eth0"])?;
+        ip(&self.switch, &["link", "set", &port_tap, "name", &h.port])?;
+        ip(&self.switch, &["link", "set", &h.port, "master", "br0"])?;
+        ip(&self.switch, &["link", "set", &h.port, "up"])?;
+        ip(&h.netns, &["addr", "add", &cidr, "dev", "eth0"])?;
+        ip(&h.netns, &["link", "set", "eth0", "up"])?;
         Ok(Impaired::Wire(why_not))
     }
 
