@@ -21,6 +21,9 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
 use crate::netns::in_netns;
 
 /// What a [`Wire`] does to every frame, in each direction.
@@ -32,22 +35,36 @@ pub struct Impairment {
     pub delay: Duration,
 }
 
-/// Frames a [`Wire`] has seen, both directions together.
-#[derive(Debug, Default)]
+/// Frames a [`Wire`] has seen so far, both directions together.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct WireCounts {
     /// Frames read from either end.
-    pub frames: AtomicU64,
+    pub frames: u64,
     /// Frames dropped on purpose.
-    pub dropped: AtomicU64,
+    pub dropped: u64,
     /// Frames the far end refused (its device down, say): a cable that is unplugged.
-    pub refused: AtomicU64,
+    pub refused: u64,
+}
+
+impl std::fmt::Display for WireCounts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} of {} frames dropped", self.dropped, self.frames)
+    }
+}
+
+/// The running tallies behind [`WireCounts`], shared by the relay threads.
+#[derive(Debug, Default)]
+struct Counters {
+    frames: AtomicU64,
+    dropped: AtomicU64,
+    refused: AtomicU64,
 }
 
 /// A running cable between two TAP devices; see the module docs.
 #[derive(Debug)]
 pub struct Wire {
     stop: Arc<AtomicBool>,
-    counts: Arc<WireCounts>,
+    counts: Arc<Counters>,
     threads: Vec<JoinHandle<()>>,
 }
 
@@ -115,21 +132,6 @@ fn readable(fd: &OwnedFd) -> io::Result<bool> {
     }
 }
 
-/// splitmix64: a small, seeded source of the drop decisions.
-struct Rng(u64);
-
-impl Rng {
-    /// A uniform draw in `[0, 1)`.
-    fn unit(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        (z >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 impl Wire {
     /// Makes TAP device `a.1` in namespace `a.0` and `b.1` in `b.0`, and carries frames
     /// between them with `imp` in each direction. The devices are down and unaddressed:
@@ -149,12 +151,12 @@ impl Wire {
         let fa = Arc::new(open_tap(a.0, a.1)?);
         let fb = Arc::new(open_tap(b.0, b.1)?);
         let stop = Arc::new(AtomicBool::new(false));
-        let counts = Arc::new(WireCounts::default());
+        let counts = Arc::new(Counters::default());
         let mut threads = Vec::new();
         for (i, (from, to)) in [(fa.clone(), fb.clone()), (fb, fa)].into_iter().enumerate() {
             let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
             let (stop_r, counts_r, counts_w) = (stop.clone(), counts.clone(), counts.clone());
-            let mut rng = Rng(seed ^ (i as u64).wrapping_mul(0xA076_1D64_78BD_642F));
+            let mut rng = StdRng::seed_from_u64(seed.wrapping_add(i as u64));
             threads.push(std::thread::spawn(move || {
                 let mut buf = vec![0u8; FRAME_MAX];
                 while !stop_r.load(Ordering::Relaxed) {
@@ -173,7 +175,7 @@ impl Wire {
                         return;
                     }
                     counts_r.frames.fetch_add(1, Ordering::Relaxed);
-                    if rng.unit() < imp.loss {
+                    if rng.random_bool(imp.loss) {
                         counts_r.dropped.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
@@ -211,8 +213,13 @@ impl Wire {
     }
 
     /// What the wire has done so far.
-    pub fn counts(&self) -> &WireCounts {
-        &self.counts
+    pub fn counts(&self) -> WireCounts {
+        let c = &self.counts;
+        WireCounts {
+            frames: c.frames.load(Ordering::Relaxed),
+            dropped: c.dropped.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+        }
     }
 }
 

@@ -100,7 +100,8 @@ impl Trainer {
     }
 
     /// Starts the RL stage: writes the run's first checkpoint if it has none, then publishes
-    /// the current version (1 on a fresh run; the checkpoint's on resume). The reference policy exists by now ([`Trainer::new`] or SFT wrote it).
+    /// the current version (1 on a fresh run; the checkpoint's on resume). The reference
+    /// policy exists by now ([`Trainer::new`] or SFT wrote it).
     pub(super) fn enter_rl(&mut self) -> Result<(), LearnerError> {
         if self.published {
             return Ok(());
