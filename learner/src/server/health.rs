@@ -11,6 +11,7 @@
 //! The health service needs no token: a Kubernetes probe sends none, and the answer tells
 //! nothing about the run.
 
+use std::future::Future;
 use std::sync::Arc;
 
 use tokio::sync::{watch, Mutex};
@@ -67,21 +68,38 @@ impl LearnerHealth {
         }
     }
 
-    /// Reports the learner's service as NOT_SERVING until `published` (the policy store's
-    /// latest version, 0 while none) turns positive, then SERVING; `None` serves at once.
-    /// Returns when the status is SERVING, or when the learner stops first.
-    pub async fn serve_when_published(&self, published: Option<watch::Receiver<u64>>) {
-        let Some(mut published) = published else {
-            self.set(ServingStatus::Serving).await;
-            return;
-        };
-        self.set(ServingStatus::NotServing).await;
-        if published.wait_for(|v| *v > 0).await.is_ok() {
-            self.set(ServingStatus::Serving).await;
-            tracing::info!(
-                service = LEARNER_SERVICE,
-                "health: SERVING (a policy is published)"
-            );
+    /// Writes the learner's service status now — SERVING when there is no policy store
+    /// (`published` is `None`: an ingest-only service) or a policy is already published, else
+    /// NOT_SERVING — and returns the future that turns it SERVING once `published` (the policy
+    /// store's latest version, 0 while none) turns positive. It resolves then, or when the
+    /// learner stops first.
+    ///
+    /// The first status is written before this returns, so a server that answers checks only
+    /// after it never calls the learner's service unknown (NOT_FOUND): an actor takes that
+    /// answer for a server that is not a Corvid learner and gives up.
+    pub async fn follow_publishes(
+        &self,
+        published: Option<watch::Receiver<u64>>,
+    ) -> impl Future<Output = ()> + Send + 'static {
+        let ready_now = published.as_ref().is_none_or(|p| *p.borrow() > 0);
+        self.set(if ready_now {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        })
+        .await;
+        let health = self.clone();
+        async move {
+            let Some(mut published) = published.filter(|_| !ready_now) else {
+                return;
+            };
+            if published.wait_for(|v| *v > 0).await.is_ok() {
+                health.set(ServingStatus::Serving).await;
+                tracing::info!(
+                    service = LEARNER_SERVICE,
+                    "health: SERVING (a policy is published)"
+                );
+            }
         }
     }
 
@@ -98,5 +116,63 @@ impl LearnerHealth {
                 .await;
         }
         tracing::info!("health: NOT_SERVING (stopping)");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic_health::pb::health_server::Health;
+    use tonic_health::pb::HealthCheckRequest;
+
+    /// What the health service answers for the learner's service, or the status code of
+    /// its error.
+    async fn learner_status(h: &LearnerHealth) -> Result<i32, tonic::Code> {
+        let service = HealthService::from_health_reporter(h.reporter.clone());
+        service
+            .check(tonic::Request::new(HealthCheckRequest {
+                service: LEARNER_SERVICE.into(),
+            }))
+            .await
+            .map(|r| r.into_inner().status)
+            .map_err(|s| s.code())
+    }
+
+    #[tokio::test]
+    async fn the_first_status_is_written_before_the_follower_runs() {
+        let h = LearnerHealth::new();
+        // Before anything is written, the service is unknown: what a server must never say.
+        assert_eq!(learner_status(&h).await, Err(tonic::Code::NotFound));
+
+        let (publish, published) = watch::channel(0u64);
+        let follower = h.follow_publishes(Some(published)).await;
+        assert_eq!(
+            learner_status(&h).await,
+            Ok(ServingStatus::NotServing as i32)
+        );
+        publish.send(1).unwrap();
+        follower.await;
+        assert_eq!(learner_status(&h).await, Ok(ServingStatus::Serving as i32));
+
+        // An ingest-only service, and one whose policy is out already, serve at once.
+        for published in [None, Some(watch::channel(3u64).1)] {
+            let h = LearnerHealth::new();
+            let _follower = h.follow_publishes(published).await;
+            assert_eq!(learner_status(&h).await, Ok(ServingStatus::Serving as i32));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_publish_after_stopping_leaves_it_not_serving() {
+        let h = LearnerHealth::new();
+        let (publish, published) = watch::channel(0u64);
+        let follower = h.follow_publishes(Some(published)).await;
+        h.stopping().await;
+        publish.send(1).unwrap();
+        follower.await;
+        assert_eq!(
+            learner_status(&h).await,
+            Ok(ServingStatus::NotServing as i32)
+        );
     }
 }

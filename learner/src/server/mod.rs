@@ -259,10 +259,8 @@ pub async fn serve(
 ) -> Result<(), tonic::transport::Error> {
     let health = service.health();
     let published = service.control.as_ref().map(|c| c.policies.subscribe());
-    let ready = tokio::spawn({
-        let health = health.clone();
-        async move { health.serve_when_published(published).await }
-    });
+    // The learner's service has a status before the first call is answered.
+    let ready = tokio::spawn(health.follow_publishes(published).await);
     let result = tonic::transport::Server::builder()
         // HTTP/2's default 64 KiB windows stall a long trajectory stream on
         // round trips; these let a few chunks be in flight per stream.
