@@ -395,8 +395,30 @@ fn run_to_the_end(d: &Path, config: &str) -> String {
         .output()
         .expect("corvid run");
     let log = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(out.status.success(), "corvid run failed: {log}");
+    assert!(
+        out.status.success(),
+        "corvid run failed: {log}\n{}",
+        run_logs(&d.join("runs/n"))
+    );
     log
+}
+
+/// The last lines of every `*.log` in `run`, each under its name: what a failed `corvid
+/// run` left behind, for the test's failure message.
+fn run_logs(run: &Path) -> String {
+    let mut logs: Vec<PathBuf> = std::fs::read_dir(run)
+        .map(|rd| rd.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default();
+    logs.retain(|p| p.extension().is_some_and(|e| e == "log"));
+    logs.sort();
+    let mut out = String::new();
+    for p in logs {
+        let text = std::fs::read_to_string(&p).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = lines[lines.len().saturating_sub(40)..].join("\n");
+        out += &format!("--- {} (last 40 lines)\n{tail}\n", p.display());
+    }
+    out
 }
 
 /// Writes `d/init`, a policy folder of [`CONFIG`]'s model with weights drawn from `seed`, and
