@@ -56,8 +56,10 @@
 //! or drop them outright. So the store records a lower bound of its finished trajectories
 //! in [`FINISHED_FILE`] (after a flush, every `RECORD_EVERY` (64) finishes and when the store
 //! is dropped), and `open` refuses a store holding fewer ([`StoreError::Lost`]) before it
-//! sweeps anything. A sled panic while opening a damaged store is caught and reported as
-//! [`StoreError::Damaged`] naming the store.
+//! sweeps anything. A log smaller than recorded is read whole at open: sled can open a
+//! cut log with the right count and fail only when a page past the cut is read. A sled
+//! panic or corruption while opening a damaged store, and a cut log that does not read
+//! whole, are reported as [`StoreError::Damaged`] naming the store.
 //!
 //! # Trees
 //!
@@ -197,6 +199,8 @@ enum Opened {
     /// sled opened the store (or returned an error): the log, the `by_seq` tree and its
     /// length (the finished trajectories).
     Sled(sled::Result<(sled::Db, sled::Tree, u64)>),
+    /// sled opened the log, but reading it whole failed (only asked for a cut log).
+    Unreadable(sled::Error),
     /// sled panicked; the panic's message.
     Panicked(String),
 }
@@ -211,7 +215,9 @@ thread_local! {
 /// [`Opened::Panicked`] from the panic hook, before unwinding starts, so the caller never
 /// waits on the unwinding: dropping a half-recovered sled can hang (a cut-log test did, in
 /// a fresh process). That thread is then left to finish or hang on its own.
-fn open_sled(path: &Path, cache_bytes: u64) -> Opened {
+///
+/// `read_all` also reads every record of every tree before answering (see [`read_all`]).
+fn open_sled(path: &Path, cache_bytes: u64, read_all: bool) -> Opened {
     static HOOK: std::sync::Once = std::sync::Once::new();
     HOOK.call_once(|| {
         let previous = std::panic::take_hook();
@@ -232,13 +238,15 @@ fn open_sled(path: &Path, cache_bytes: u64) -> Opened {
         .name("store-open".into())
         .spawn(move || {
             REPORT_PANIC.with(|r| *r.borrow_mut() = Some(tx.clone()));
-            let opened = open_db(&dir, cache_bytes).and_then(|db| {
-                let by_seq = db.open_tree("by_seq")?;
-                let found = by_seq.len() as u64;
-                Ok((db, by_seq, found))
-            });
+            let opened = match open_db(&dir, cache_bytes) {
+                Ok(db) if read_all => match self::read_all(&db) {
+                    Ok(()) => Opened::Sled(count_finished(db)),
+                    Err(e) => Opened::Unreadable(e),
+                },
+                r => Opened::Sled(r.and_then(count_finished)),
+            };
             REPORT_PANIC.with(|r| *r.borrow_mut() = None);
-            let _ = tx.send(Opened::Sled(opened));
+            let _ = tx.send(opened);
         });
     if let Err(e) = spawned {
         return Opened::Sled(Err(sled::Error::Io(e)));
@@ -257,6 +265,26 @@ fn open_sled(path: &Path, cache_bytes: u64) -> Opened {
             Opened::Panicked("the thread opening it ended without a word".into())
         }
     }
+}
+
+/// `db`, its `by_seq` tree and that tree's length (the finished trajectories).
+fn count_finished(db: sled::Db) -> sled::Result<(sled::Db, sled::Tree, u64)> {
+    let by_seq = db.open_tree("by_seq")?;
+    let found = by_seq.len() as u64;
+    Ok((db, by_seq, found))
+}
+
+/// Reads every key and value of every tree in `db`. sled finds a page it cannot read only
+/// when the page is read: a log cut short under a snapshot opens cleanly, with the right
+/// count of finished trajectories, and fails (or panics) at the first read of a page that
+/// lay past the cut. Reading everything at open turns that into a refusal there.
+fn read_all(db: &sled::Db) -> sled::Result<()> {
+    for name in db.tree_names() {
+        for record in db.open_tree(name)?.iter() {
+            record?;
+        }
+    }
+    Ok(())
 }
 
 /// A panic's message, without its location.
@@ -345,12 +373,13 @@ pub enum StoreError {
         /// Finished trajectories found.
         found: u64,
     },
-    /// sled panicked reading the store's files.
+    /// sled panicked reading the store's files, or found them corrupt, or could not read a
+    /// log that was cut short.
     #[error("store at {}: its files are damaged (sled: {reason}); restore them from a backup", path.display())]
     Damaged {
         /// Store directory.
         path: PathBuf,
-        /// The panic message.
+        /// What sled said.
         reason: String,
     },
     /// An I/O error outside sled (export).
@@ -483,15 +512,18 @@ impl TrajectoryStore {
             source,
         };
         let record = read_finished_record(&path)?;
-        if let Some(r) = &record {
-            keep_cut_log(&path, r)?;
-        }
+        // A log smaller than when it was last recorded was cut: it is read whole before
+        // anything is trusted. An intact log is not, so opening stays quick.
+        let cut = match &record {
+            Some(r) => keep_cut_log(&path, r)?.map(|_| r.db_bytes),
+            None => None,
+        };
         let expected = record.map(|r| r.finished_at_least);
         // sled panics on some damage (a zeroed block), and unwinding from such a panic can
         // hang in sled's destructors: `open_sled` reports a panic the moment it happens, from
         // its own thread. The store is built only once the checks pass: a refused one is
         // never flushed.
-        let (db, by_seq, found) = match open_sled(&path, cache_bytes) {
+        let (db, by_seq, found) = match open_sled(&path, cache_bytes, cut.is_some()) {
             Opened::Sled(Err(source @ sled::Error::Corruption { .. })) => {
                 return Err(StoreError::Damaged {
                     path,
@@ -499,6 +531,15 @@ impl TrajectoryStore {
                 })
             }
             Opened::Sled(r) => r.map_err(sled_err)?,
+            Opened::Unreadable(e) => {
+                return Err(StoreError::Damaged {
+                    reason: format!(
+                        "its log was cut (smaller than the {} bytes recorded) and reading it whole failed: {e}",
+                        cut.unwrap_or_default()
+                    ),
+                    path,
+                })
+            }
             Opened::Panicked(reason) => return Err(StoreError::Damaged { path, reason }),
         };
         if let Some(expected) = expected.filter(|&e| e > found) {

@@ -443,15 +443,20 @@ fn copy_store(from: &std::path::Path, to: &std::path::Path) {
 /// Set in a child process of this test binary: the store it opens.
 const OPEN_CHILD_ENV: &str = "CORVID_OPEN_CHILD";
 
-/// The child: opens the store named by [`OPEN_CHILD_ENV`] and prints one line (a no-op in
-/// a normal run).
+/// The child: opens the store named by [`OPEN_CHILD_ENV`], reads every trajectory in it and
+/// prints one line (a no-op in a normal run): `OPENED n` when all `n` read back, `REFUSED`
+/// with the error when the open was refused, `UNREADABLE` with the error when a store that
+/// opened cannot be read whole.
 #[test]
 fn open_child() {
     let Ok(path) = std::env::var(OPEN_CHILD_ENV) else {
         return;
     };
     match TrajectoryStore::open(&path) {
-        Ok(s) => println!("OPENED {}", s.stats().unwrap().finished),
+        Ok(s) => match s.export_jsonl(&Filter::default(), &mut std::io::sink()) {
+            Ok(read) => println!("OPENED {}", read.trajectories),
+            Err(e) => println!("UNREADABLE {e}"),
+        },
         Err(e) => println!("REFUSED {e}"),
     }
     // Exit now, as a CLI command would: a thread left unwinding through a half-recovered
@@ -465,11 +470,14 @@ fn open_child() {
 /// error where this test process would keep it. The 60 s limit catches an open that hangs.
 fn open_in_child(path: &std::path::Path) -> String {
     use std::io::Read;
+    // Beside the store's folder, not in it: the test lists what the open left there.
+    let stderr_path = path.with_extension("stderr");
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
         .args(["open_child", "--exact", "--nocapture", "--test-threads=1"])
         .env(OPEN_CHILD_ENV, path)
+        .env("RUST_BACKTRACE", "1")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&stderr_path).unwrap())
         .spawn()
         .unwrap();
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
@@ -490,10 +498,15 @@ fn open_in_child(path: &std::path::Path) -> String {
     // The harness prints `test open_child ... ` before the child's own line.
     out.lines()
         .find_map(|l| {
-            let at = l.find("OPENED ").or_else(|| l.find("REFUSED "))?;
+            let at = ["OPENED ", "REFUSED ", "UNREADABLE "]
+                .iter()
+                .find_map(|word| l.find(word))?;
             Some(l[at..].to_string())
         })
-        .unwrap_or_else(|| panic!("the child opening {} said: {out}", path.display()))
+        .unwrap_or_else(|| {
+            let err = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+            panic!("the child opening {} said: {out}\n{err}", path.display())
+        })
 }
 
 #[test]
