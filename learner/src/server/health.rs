@@ -45,7 +45,8 @@ impl Default for LearnerHealth {
 }
 
 impl LearnerHealth {
-    /// The server SERVING, the learner's service not (yet) serving.
+    /// The server SERVING; the learner's service has no status (a check gets NOT_FOUND)
+    /// until [`follow_publishes`](Self::follow_publishes) writes its first.
     pub fn new() -> Self {
         Self {
             reporter: HealthReporter::new(),
