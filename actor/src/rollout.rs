@@ -452,7 +452,7 @@ impl<'p> RolloutEngine<'p> {
         verdict: Option<&Verdict>,
         sink: &mut dyn TrajectorySink,
     ) {
-        let footer = run.footer(termination, verdict);
+        let footer = run.footer(&self.format, termination, verdict);
         self.stats.episodes += 1;
         *self
             .stats

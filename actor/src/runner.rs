@@ -167,8 +167,11 @@ pub fn episode_format(
         Some(dir) => {
             let syntax = ToolCallSyntax::from_name(&run.tool_call_format)
                 .map_err(|e| ActorError::invalid("the run's episode format", e))?;
-            let chat = ChatFormat::from_folder(dir, syntax)
+            let chat = ChatFormat::from_folder_with(dir, syntax, &run.chat_template_kwargs)
                 .map_err(|e| ActorError::invalid("--tokenizer", e.to_string()))?;
+            for note in chat.notes() {
+                tracing::warn!("{note}");
+            }
             EpisodeFormat::chat(chat)
         }
     };
@@ -342,6 +345,7 @@ fn refusal(actor_id: &str, id: String, a: &Assignment, version: u64) -> [(String
         generated_token_count: 0,
         wall_ms: 0,
         finished_unix_ms: unix_ms(),
+        template_divergent: false,
     };
     [
         (id.clone(), PartEvent::Header(header)),

@@ -229,7 +229,10 @@ fn a_turn_cut_by_the_context_budget_uses_the_room_left_and_ends_context_full() {
     let env = env();
     let task = task("hops", 1, 2);
     let format = EpisodeFormat::default();
-    let prompt = format.prompt_ids(&env, &task).unwrap().len();
+    let prompt = format
+        .prompt_ids(&format.conversation(&env, &task))
+        .unwrap()
+        .len();
     let mut spec = EpisodeSpec::new("cut", task, sampling(48, 1));
     spec.context_budget = (prompt + 30) as u32;
     // A turn that never stops on its own: 100 plain bytes.

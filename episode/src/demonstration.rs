@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 
 use crate::format::{EpisodeFormat, FormatError};
+use crate::transcript::Conversation;
 use corvid_proto::{Step, ToolCall, ToolStatus};
 use corvid_tasks::{
     score_turns, Episode, OracleStep, ScoredTurn, SplitMix64, TaskEnv, TaskInstance, TasksError,
@@ -131,8 +132,8 @@ pub fn oracle_steps_with(
     }
     let mut rng = SplitMix64::derive(mistakes.seed, &format!("mistakes/{}", task.id));
     let mut steps = Vec::with_capacity(calls.len() + 1);
-    let tools = format.tools(env, task);
-    let mut context = format.prompt_ids(env, task)?;
+    let mut conversation = format.conversation(env, task);
+    let mut context = format.prompt_ids(&conversation)?;
     // The oracle's latest `read_file`: where the next path was copied from.
     let mut source: Option<&OracleStep> = None;
     for call in &calls {
@@ -145,7 +146,7 @@ pub fn oracle_steps_with(
                     Some(call_step(
                         format,
                         &mut ep,
-                        (steps.len(), &tools),
+                        (steps.len(), &mut conversation),
                         &mut context,
                         &wrong,
                         false,
@@ -160,9 +161,9 @@ pub fn oracle_steps_with(
                             let mut step = demo_step(steps.len(), &mut context, &generated, false);
                             step.process_reward = invalid_call_reward(task) as f32;
                             context = format.result_ids(
+                                &mut conversation,
                                 &generated,
                                 &format.parse_error_text(&err),
-                                &tools,
                             )?;
                             Some(step)
                         }
@@ -187,7 +188,7 @@ pub fn oracle_steps_with(
                     let step = call_step(
                         format,
                         &mut ep,
-                        (steps.len(), &tools),
+                        (steps.len(), &mut conversation),
                         &mut context,
                         src,
                         true,
@@ -199,7 +200,7 @@ pub fn oracle_steps_with(
         let step = call_step(
             format,
             &mut ep,
-            (steps.len(), &tools),
+            (steps.len(), &mut conversation),
             &mut context,
             call,
             true,
@@ -235,12 +236,13 @@ fn take_spare(spare_calls: &mut BTreeMap<&str, u32>, tool: &str) {
     }
 }
 
-/// Demonstration turn `turn` (of a task declaring `tools`) that writes `call` and runs it in
-/// `ep`, learnt from iff `learn`; `context` becomes the next turn's (the call's result).
+/// Demonstration turn `turn` (of the episode built from `conversation`) that writes `call`
+/// and runs it in `ep`, learnt from iff `learn`; `context` becomes the next turn's (the
+/// call's result).
 fn call_step(
     format: &EpisodeFormat,
     ep: &mut Episode<'_>,
-    (turn, tools): (usize, &[serde_json::Value]),
+    (turn, conversation): (usize, &mut Conversation),
     context: &mut Vec<u32>,
     call: &OracleStep,
     learn: bool,
@@ -251,7 +253,7 @@ fn call_step(
     step.tool_call = Some(call.tool_call());
     step.tool_result = Some(out.result);
     step.process_reward = ep.last_process_reward() as f32;
-    *context = format.result_ids(&generated, &out.text, tools)?;
+    *context = format.result_ids(conversation, &generated, &out.text)?;
     Ok(step)
 }
 

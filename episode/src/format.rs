@@ -26,6 +26,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::chat_format::ChatFormat;
 use crate::tool_syntax::ToolCallSyntax;
+use crate::transcript::{ChatMessage, Conversation};
 
 /// Why a model's own layout could not render an episode's text (its template failed, or its
 /// tokenizer did). The byte layout never fails.
@@ -78,6 +79,10 @@ pub struct FormatDescription {
     pub tokenizer_sha256: String,
     /// The tool-call syntax's configuration name.
     pub tool_call_format: String,
+    /// The keywords the chat template renders with (`enable_thinking`); an actor renders with
+    /// the run's.
+    #[serde(default, skip_serializing_if = "serde_json::Map::is_empty")]
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl FormatDescription {
@@ -86,13 +91,15 @@ impl FormatDescription {
     pub fn mismatch(&self, other: &FormatDescription) -> Option<String> {
         (self != other).then(|| {
             format!(
-                "the run's episode format is {} layout, tokenizer sha256 {}, tool calls {}; this actor's is {} layout, tokenizer sha256 {}, tool calls {}",
+                "the run's episode format is {} layout, tokenizer sha256 {}, tool calls {}, template keywords {}; this actor's is {} layout, tokenizer sha256 {}, tool calls {}, template keywords {}",
                 self.layout,
                 self.tokenizer_sha256,
                 self.tool_call_format,
+                serde_json::Value::from(self.chat_template_kwargs.clone()),
                 other.layout,
                 other.tokenizer_sha256,
-                other.tool_call_format
+                other.tool_call_format,
+                serde_json::Value::from(other.chat_template_kwargs.clone()),
             )
         })
     }
@@ -194,11 +201,13 @@ impl EpisodeFormat {
                     format!("corvid-byte/{tool_prompt:?}").as_bytes(),
                 ),
                 tool_call_format: "corvid".into(),
+                chat_template_kwargs: Default::default(),
             },
             Layout::Chat(c) => FormatDescription {
                 layout: "chat".into(),
                 tokenizer_sha256: c.files_sha256().to_string(),
                 tool_call_format: c.syntax().name().to_string(),
+                chat_template_kwargs: c.template_kwargs().clone(),
             },
         }
     }
@@ -249,9 +258,10 @@ impl EpisodeFormat {
         }
     }
 
-    /// The tool's text in a tool-result context ([`result_ids`](Self::result_ids)): what
-    /// the layout wraps around it removed. A context of another shape is decoded whole.
-    pub fn tool_result_text(&self, context: &[u32]) -> String {
+    /// The tool's text in a tool-result context ([`result_ids`](Self::result_ids)) after a
+    /// turn that made `call` (none for a malformed turn): what the layout wraps around it
+    /// removed. A context of another shape is decoded whole.
+    pub fn tool_result_text(&self, context: &[u32], call: Option<&ToolCall>) -> String {
         match &self.layout {
             Layout::Byte { tok, .. } => {
                 let body = context
@@ -267,7 +277,7 @@ impl EpisodeFormat {
                     });
                 tok.decode(body.unwrap_or(context))
             }
-            Layout::Chat(c) => c.tool_result_text(context),
+            Layout::Chat(c) => c.tool_result_text(context, call),
         }
     }
 
@@ -341,33 +351,54 @@ impl EpisodeFormat {
         }
     }
 
-    /// Turn 0's context: the task's tools, its prompt, and the assistant header.
-    pub fn prompt_ids(&self, env: &TaskEnv, task: &TaskInstance) -> Result<Vec<u32>, FormatError> {
+    /// The conversation an episode of `task` starts from: the task's tools and the prompt's
+    /// messages (in the byte layout a system turn listing the tools, then the user's task; in
+    /// a model's own, the user's task, the template declaring the tools).
+    pub fn conversation(&self, env: &TaskEnv, task: &TaskInstance) -> Conversation {
         let tools = self.tools(env, task);
+        let mut messages = Vec::new();
+        if let Layout::Byte { tool_prompt, .. } = &self.layout {
+            messages.push(ChatMessage::text(
+                "system",
+                Self::system_text_of(*tool_prompt, &tools),
+            ));
+        }
+        messages.push(ChatMessage::text("user", task.prompt.clone()));
+        Conversation { messages, tools }
+    }
+
+    /// Turn 0's context: the conversation's prompt ([`conversation`](Self::conversation)) and
+    /// the assistant header.
+    pub fn prompt_ids(&self, conversation: &Conversation) -> Result<Vec<u32>, FormatError> {
         match &self.layout {
-            Layout::Byte { tok, tool_prompt } => {
-                let mut ids = vec![Special::System.id()];
-                ids.extend(tok.encode_plain(&Self::system_text_of(*tool_prompt, &tools)));
-                ids.push(Special::End.id());
-                ids.push(Special::User.id());
-                ids.extend(tok.encode_plain(&task.prompt));
-                ids.push(Special::End.id());
+            Layout::Byte { tok, .. } => {
+                let mut ids = Vec::new();
+                for m in conversation.prompt() {
+                    let header = match m.role.as_str() {
+                        "system" => Special::System,
+                        _ => Special::User,
+                    };
+                    ids.push(header.id());
+                    ids.extend(tok.encode_plain(&m.content));
+                    ids.push(Special::End.id());
+                }
                 ids.push(Special::Assistant.id());
                 Ok(ids)
             }
-            Layout::Chat(c) => c.prompt_ids(None, &task.prompt, &tools),
+            Layout::Chat(c) => Ok(c.prompt_ids(conversation)?),
         }
     }
 
     /// The context that opens the turn after the generated turn `after`: the tool's result
     /// `text` (or the error a malformed turn gets) and the next assistant header, closing
-    /// `after` first when it did not close itself. `tools` are the task's
-    /// ([`tools`](Self::tools)), which a template may render around results.
+    /// `after` first when it did not close itself. In a model's own layout `conversation`
+    /// gains the turn and the result, and the template writes the result as it follows this
+    /// conversation ([`ChatFormat::result_ids`]).
     pub fn result_ids(
         &self,
+        conversation: &mut Conversation,
         after: &[u32],
         text: &str,
-        tools: &[serde_json::Value],
     ) -> Result<Vec<u32>, FormatError> {
         match &self.layout {
             Layout::Byte { tok, .. } => {
@@ -382,8 +413,27 @@ impl EpisodeFormat {
                 ids.push(Special::Assistant.id());
                 Ok(ids)
             }
-            Layout::Chat(c) => c.result_ids(c.ended(after), text, tools),
+            Layout::Chat(c) => Ok(c.result_ids(conversation, after, text)?),
         }
+    }
+
+    /// Ends an episode's `conversation` with its last generated turn `generated` (the turn no
+    /// result followed) and says where the template's rendering of it differs from the
+    /// episode's `ids` ([`ChatFormat::divergence`]); always `None` in the byte layout, whose
+    /// turns are laid out by Corvid itself.
+    pub fn finish(
+        &self,
+        conversation: &mut Conversation,
+        generated: &[u32],
+        ids: &[u32],
+    ) -> Option<String> {
+        let Layout::Chat(c) = &self.layout else {
+            return None;
+        };
+        if !generated.is_empty() {
+            c.close(conversation, generated);
+        }
+        c.divergence(conversation, ids)
     }
 
     /// The tokens a policy generates for a turn that calls `name` with `arguments`: in the

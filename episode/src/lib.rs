@@ -31,7 +31,8 @@
 //! assert_eq!(parsed.name, "read_file");
 //! assert_eq!(parsed.arguments_json, r#"{"path":"a.txt"}"#);
 //! // The tool's answer closes the assistant turn and opens the next one.
-//! let next = format.result_ids(&call, "hello", &[]).unwrap();
+//! let mut conversation = corvid_episode::Conversation::default();
+//! let next = format.result_ids(&mut conversation, &call, "hello").unwrap();
 //! assert_eq!(format.decode(&next), "<|end|><|tool|>hello<|end|><|assistant|>");
 //! ```
 #![deny(missing_docs)]
@@ -42,11 +43,11 @@ pub mod format;
 pub mod tool_syntax;
 pub mod transcript;
 
-pub use chat_format::{ChatFormat, TOKENIZER_FILES};
+pub use chat_format::{ChatFormat, KWARGS_FILE, TOKENIZER_FILES};
 pub use demonstration::{
     invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, DemonstrationError,
     Mistakes,
 };
 pub use format::{CallParseError, EpisodeFormat, FormatDescription, FormatError, ToolPrompt};
 pub use tool_syntax::ToolCallSyntax;
-pub use transcript::{ChatFunction, ChatMessage, ChatToolCall, TranscriptError};
+pub use transcript::{ChatFunction, ChatMessage, ChatToolCall, Conversation, TranscriptError};

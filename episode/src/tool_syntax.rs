@@ -6,12 +6,13 @@
 //! | syntax | models | one call |
 //! |---|---|---|
 //! | [`Hermes`](ToolCallSyntax::Hermes) | Qwen3, Qwen3-MoE (and Hermes-style templates) | `<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>`, calls separated by `\n` |
+//! | [`DeepseekV3`](ToolCallSyntax::DeepseekV3) | DeepSeek-V3, DeepSeek-R1 (and its distills) | `<｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{...}\n```<｜tool▁call▁end｜>`, calls separated by `\n`, all inside `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>` |
 //! | [`DeepseekV31`](ToolCallSyntax::DeepseekV31) | DeepSeek-V3.1 | `<｜tool▁call▁begin｜>f<｜tool▁sep｜>{...}<｜tool▁call▁end｜>`, all inside `<｜tool▁calls▁begin｜>…<｜tool▁calls▁end｜>` |
 //! | [`KimiK2`](ToolCallSyntax::KimiK2) | Kimi K2 | `<\|tool_call_begin\|>functions.f:0<\|tool_call_argument_begin\|>{...}<\|tool_call_end\|>`, all inside `<\|tool_calls_section_begin\|>…<\|tool_calls_section_end\|>` |
 //! | [`Corvid`](ToolCallSyntax::Corvid) | Corvid's byte policies | `<tool_call>{"name":"f","arguments":{...}}</tool_call>` |
 //!
-//! Arguments are JSON objects; Hermes writes them as Python's `json.dumps` does (the templates'
-//! `tojson`), the others as the call holds them. A turn that does not parse is a
+//! Arguments are JSON objects, written as Python's `json.dumps` writes them (the templates'
+//! `tojson`) in a model's syntax, as the call holds them in Corvid's. A turn that does not parse is a
 //! [`CallParseError`], which the actor answers as a malformed call.
 
 use corvid_proto::ToolCall;
@@ -26,6 +27,8 @@ use crate::format::CallParseError;
 pub enum ToolCallSyntax {
     /// `<tool_call>` JSON `</tool_call>` (Qwen3, Hermes).
     Hermes,
+    /// DeepSeek-V3's and R1's `function<｜tool▁sep｜>` blocks with a fenced JSON body.
+    DeepseekV3,
     /// DeepSeek-V3.1's `<｜tool▁call▁begin｜>` blocks.
     DeepseekV31,
     /// Kimi K2's `<|tool_call_begin|>` sections.
@@ -56,8 +59,9 @@ const KIMI: Markers = Markers {
 
 impl ToolCallSyntax {
     /// Every syntax, by its configuration name.
-    pub const ALL: [(&'static str, ToolCallSyntax); 4] = [
+    pub const ALL: [(&'static str, ToolCallSyntax); 5] = [
         ("hermes", ToolCallSyntax::Hermes),
+        ("deepseek_v3", ToolCallSyntax::DeepseekV3),
         ("deepseek_v31", ToolCallSyntax::DeepseekV31),
         ("kimi_k2", ToolCallSyntax::KimiK2),
         ("corvid", ToolCallSyntax::Corvid),
@@ -75,7 +79,7 @@ impl ToolCallSyntax {
     pub fn call_marker(self) -> &'static str {
         match self {
             ToolCallSyntax::Hermes | ToolCallSyntax::Corvid => "<tool_call>",
-            ToolCallSyntax::DeepseekV31 => DEEPSEEK.call.0,
+            ToolCallSyntax::DeepseekV3 | ToolCallSyntax::DeepseekV31 => DEEPSEEK.call.0,
             ToolCallSyntax::KimiK2 => KIMI.call.0,
         }
     }
@@ -106,8 +110,11 @@ impl ToolCallSyntax {
             })
     }
 
-    /// The text of an assistant turn that makes `calls`, in order.
+    /// The text of an assistant turn that makes `calls`, in order (none: no text).
     pub fn render(self, calls: &[ToolCall]) -> String {
+        if calls.is_empty() {
+            return String::new();
+        }
         match self {
             ToolCallSyntax::Hermes => calls
                 .iter()
@@ -130,24 +137,57 @@ impl ToolCallSyntax {
                     )
                 })
                 .collect(),
-            ToolCallSyntax::DeepseekV31 => sectioned(&DEEPSEEK, calls, |_, c| c.name.clone()),
-            ToolCallSyntax::KimiK2 => {
-                sectioned(&KIMI, calls, |i, c| format!("functions.{}:{i}", c.name))
+            ToolCallSyntax::DeepseekV3 => {
+                let (open, close) = DEEPSEEK.section.unwrap_or_default();
+                let body: Vec<String> = calls
+                    .iter()
+                    .map(|c| {
+                        format!(
+                            "{}function{}{}\n```json\n{}\n```{}",
+                            DEEPSEEK.call.0,
+                            DEEPSEEK.sep,
+                            c.name,
+                            self.written_arguments(c),
+                            DEEPSEEK.call.1
+                        )
+                    })
+                    .collect();
+                format!("{open}{}{close}", body.join("\n"))
             }
+            ToolCallSyntax::DeepseekV31 => sectioned(
+                &DEEPSEEK,
+                calls,
+                |_, c| c.name.clone(),
+                |c| self.written_arguments(c),
+            ),
+            ToolCallSyntax::KimiK2 => sectioned(
+                &KIMI,
+                calls,
+                |i, c| format!("functions.{}:{i}", c.name),
+                |c| self.written_arguments(c),
+            ),
         }
     }
 
-    /// The arguments of `call` as this syntax writes them: Hermes as Python's `json.dumps`
-    /// (what the templates' `tojson` writes), the others as the call holds them. A chat
-    /// export carries this text, which a template writes back verbatim.
+    /// The arguments of `call` as this syntax writes them: as Python's `json.dumps` (what the
+    /// released templates' `tojson` writes) for a model's syntax, as the call holds them for
+    /// Corvid's. A chat export carries this text, which a template writes back verbatim.
     pub fn written_arguments(self, call: &ToolCall) -> String {
         match self {
-            ToolCallSyntax::Hermes => {
-                serde_json::from_str::<serde_json::Value>(&call.arguments_json)
-                    .map(|v| python_json(&v))
-                    .unwrap_or_else(|_| call.arguments_json.clone())
-            }
-            _ => call.arguments_json.clone(),
+            ToolCallSyntax::Corvid => call.arguments_json.clone(),
+            _ => serde_json::from_str::<serde_json::Value>(&call.arguments_json)
+                .map(|v| python_json(&v))
+                .unwrap_or_else(|_| call.arguments_json.clone()),
+        }
+    }
+
+    /// The id of the call to `name` that the episode's `n`-th turn makes, which the tool
+    /// message answering it names: Kimi K2's `functions.{name}:0` (the id the model writes,
+    /// which its template shows back as `## Return of {id}`), else `call_{n}`.
+    pub fn call_id(self, name: &str, n: usize) -> String {
+        match self {
+            ToolCallSyntax::KimiK2 => format!("functions.{name}:0"),
+            _ => format!("call_{n}"),
         }
     }
 
@@ -170,6 +210,7 @@ impl ToolCallSyntax {
                 }
                 Ok(calls)
             }
+            ToolCallSyntax::DeepseekV3 => parse_fenced(text),
             ToolCallSyntax::DeepseekV31 => {
                 parse_sectioned(&DEEPSEEK, text, |name| Some(name.to_string()))
             }
@@ -183,7 +224,12 @@ impl ToolCallSyntax {
 }
 
 /// Calls inside a section, each `call.0 {head} sep {arguments} call.1`.
-fn sectioned(m: &Markers, calls: &[ToolCall], head: impl Fn(usize, &ToolCall) -> String) -> String {
+fn sectioned(
+    m: &Markers,
+    calls: &[ToolCall],
+    head: impl Fn(usize, &ToolCall) -> String,
+    written: impl Fn(&ToolCall) -> String,
+) -> String {
     let mut out = String::new();
     if let Some((open, _)) = m.section {
         out.push_str(open);
@@ -192,7 +238,7 @@ fn sectioned(m: &Markers, calls: &[ToolCall], head: impl Fn(usize, &ToolCall) ->
         out.push_str(m.call.0);
         out.push_str(&head(i, c));
         out.push_str(m.sep);
-        out.push_str(&c.arguments_json);
+        out.push_str(&written(c));
         out.push_str(m.call.1);
     }
     if let Some((_, close)) = m.section {
@@ -232,6 +278,43 @@ fn parse_sectioned(
             arguments_json: arguments_object(args.trim())?,
         });
         rest = &call[end + m.call.1.len()..];
+    }
+    if calls.is_empty() {
+        return Err(CallParseError::NoCall);
+    }
+    Ok(calls)
+}
+
+/// DeepSeek-V3's calls: inside the section, each
+/// `call.0 function sep {name}\n```json\n{arguments}\n``` call.1`.
+fn parse_fenced(text: &str) -> Result<Vec<ToolCall>, CallParseError> {
+    let (open, close) = DEEPSEEK.section.unwrap_or_default();
+    let start = text.find(open).ok_or(CallParseError::NoCall)?;
+    let inner = &text[start + open.len()..];
+    let end = inner.find(close).ok_or(CallParseError::Unclosed)?;
+    let mut rest = &inner[..end];
+    let mut calls = Vec::new();
+    while let Some(at) = rest.find(DEEPSEEK.call.0) {
+        let call = &rest[at + DEEPSEEK.call.0.len()..];
+        let stop = call.find(DEEPSEEK.call.1).ok_or(CallParseError::Unclosed)?;
+        let (_, named) = call[..stop]
+            .split_once(DEEPSEEK.sep)
+            .ok_or_else(|| CallParseError::Json("no name after the call's type".into()))?;
+        let (name, fenced) = named
+            .split_once("\n```json\n")
+            .ok_or_else(|| CallParseError::Json("no ```json block after the call's name".into()))?;
+        let args = fenced
+            .trim_end()
+            .strip_suffix("```")
+            .ok_or(CallParseError::Unclosed)?;
+        if name.trim().is_empty() {
+            return Err(CallParseError::MissingName);
+        }
+        calls.push(ToolCall {
+            name: name.trim().to_string(),
+            arguments_json: arguments_object(args.trim())?,
+        });
+        rest = &call[stop + DEEPSEEK.call.1.len()..];
     }
     if calls.is_empty() {
         return Err(CallParseError::NoCall);
@@ -316,11 +399,11 @@ mod tests {
         }
         assert!(ToolCallSyntax::from_name("xml")
             .unwrap_err()
-            .contains("hermes, deepseek_v31, kimi_k2, corvid"));
+            .contains("hermes, deepseek_v3, deepseek_v31, kimi_k2, corvid"));
     }
 
     #[test]
-    fn hermes_writes_what_the_qwen3_style_template_writes() {
+    fn each_syntax_writes_what_its_template_writes() {
         let text = ToolCallSyntax::Hermes.render(&[
             call("read_file", r#"{"path":"a"}"#),
             call("run", r#"{"cmd":"cat b | wc -l","timeout_s":1.0}"#),
@@ -331,11 +414,15 @@ mod tests {
         );
         assert_eq!(
             ToolCallSyntax::KimiK2.render(&[call("f", "{}"), call("g", r#"{"x":1}"#)]),
-            "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>{\"x\":1}<|tool_call_end|><|tool_calls_section_end|>"
+            "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>{}<|tool_call_end|><|tool_call_begin|>functions.g:1<|tool_call_argument_begin|>{\"x\": 1}<|tool_call_end|><|tool_calls_section_end|>"
         );
         assert_eq!(
             ToolCallSyntax::DeepseekV31.render(&[call("f", r#"{"x":1}"#)]),
-            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"x\":1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"x\": 1}<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
+        );
+        assert_eq!(
+            ToolCallSyntax::DeepseekV3.render(&[call("f", r#"{"x":1}"#), call("g", "{}")]),
+            "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{\"x\": 1}\n```<｜tool▁call▁end｜>\n<｜tool▁call▁begin｜>function<｜tool▁sep｜>g\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>"
         );
     }
 

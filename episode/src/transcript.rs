@@ -16,6 +16,10 @@ pub struct ChatMessage {
     /// The text (for an assistant turn that only calls a tool: empty).
     #[serde(default)]
     pub content: String,
+    /// On an assistant message in a model's own layout: the text the model wrote inside its
+    /// `<think>` block (the field Qwen3's and DeepSeek's templates read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// The assistant's tool calls (at most one per turn in Corvid).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ChatToolCall>,
@@ -48,9 +52,43 @@ impl ChatMessage {
         ChatMessage {
             role: role.into(),
             content: content.into(),
+            reasoning_content: None,
             tool_calls: Vec::new(),
             tool_call_id: None,
         }
+    }
+}
+
+/// The messages an episode is built from, as its template reads them, and the task's tools:
+/// the prompt's messages (a system turn where the layout has one, the user's task), then each
+/// generated turn as an assistant message and each tool result as a tool message. An episode
+/// keeps one beside its ids: a model's own layout renders the segment after each turn against
+/// it, and a chat export takes its system and user text from it, never from decoded ids.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Conversation {
+    /// The messages so far.
+    pub messages: Vec<ChatMessage>,
+    /// The task's tools in OpenAI function format.
+    pub tools: Vec<serde_json::Value>,
+}
+
+impl Conversation {
+    /// The prompt's messages (those before the first assistant message).
+    pub fn prompt(&self) -> &[ChatMessage] {
+        let end = self
+            .messages
+            .iter()
+            .position(|m| m.role == "assistant")
+            .unwrap_or(self.messages.len());
+        &self.messages[..end]
+    }
+
+    /// How many assistant messages it holds.
+    pub fn assistant_turns(&self) -> usize {
+        self.messages
+            .iter()
+            .filter(|m| m.role == "assistant")
+            .count()
     }
 }
 
@@ -73,8 +111,19 @@ impl ChatToolCall {
 pub struct ChatFunction {
     /// Tool name.
     pub name: String,
-    /// The arguments as a JSON string, exactly as the model wrote them.
+    /// The arguments as a JSON string, exactly as the model wrote them. An imported
+    /// transcript may give them as a JSON object instead (as transformers' templates take
+    /// them), read as its JSON text.
+    #[serde(deserialize_with = "string_or_object")]
     pub arguments: String,
+}
+
+/// A string as it is, any other JSON value as a template's `tojson` writes it.
+fn string_or_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => s,
+        other => corvid_tokenizer::python_json(&other),
+    })
 }
 
 /// Why a chat transcript cannot be laid out as an episode.
@@ -147,14 +196,22 @@ impl EpisodeFormat {
     /// is a user turn, and the special tokens it wrote are gone): `--format raw` keeps those.
     ///
     /// In a model's own layout the prompt gives the `user` message (the tools are the
-    /// template's, not a message), and a generated turn that is exactly one call in the
-    /// model's syntax carries it in `tool_calls` with empty `content`, which the template
+    /// template's, not a message); a generated turn's `<think>` block is its
+    /// `reasoning_content`, and a turn that is exactly one call in the model's syntax (after
+    /// its reasoning) carries it in `tool_calls` with empty `content`, which the template
     /// writes back as the same text; any other turn is verbatim `content`, and the error it
     /// got stays a `tool` message (without `tool_call_id`), as it was laid out. Rendered
-    /// with the task's tools, such a transcript is the episode's ids.
-    pub fn to_messages(&self, steps: &[Step]) -> Vec<ChatMessage> {
+    /// with the task's tools, such a transcript is the episode's text wherever the template
+    /// extends turn by turn ([`ChatFormat::divergence`](crate::ChatFormat::divergence) names
+    /// where it does not).
+    ///
+    /// `conversation` is the one the episode was built from (see
+    /// [`conversation`](Self::conversation)): a model's own layout takes the prompt's messages
+    /// from it, since text cannot be parsed back out of a template's rendering; the byte
+    /// layout reads them from the ids, whose markers are unambiguous.
+    pub fn to_messages(&self, steps: &[Step], conversation: &Conversation) -> Vec<ChatMessage> {
         if let Some(chat) = self.chat_format() {
-            return chat.to_messages(&joined_turns(steps));
+            return chat.to_messages(&joined_turns(steps), conversation);
         }
         let mut out = Vec::new();
         // The call of the latest assistant message, until the tool message answering it.
@@ -189,6 +246,7 @@ impl EpisodeFormat {
                     ChatMessage {
                         role: "assistant".into(),
                         content: self.plain_text(&generated[..text_end]),
+                        reasoning_content: None,
                         tool_calls: vec![ChatToolCall {
                             id: Some(id),
                             kind: function_type(),
@@ -206,6 +264,7 @@ impl EpisodeFormat {
                     ChatMessage {
                         role: "assistant".into(),
                         content: self.plain_text(generated),
+                        reasoning_content: None,
                         tool_calls: Vec::new(),
                         tool_call_id: None,
                     }
@@ -239,6 +298,7 @@ impl EpisodeFormat {
                         out.push(ChatMessage {
                             role: r.into(),
                             content: self.plain_text(&body),
+                            reasoning_content: None,
                             tool_calls: Vec::new(),
                             tool_call_id: None,
                         });
@@ -260,6 +320,7 @@ impl EpisodeFormat {
             out.push(ChatMessage {
                 role: r.into(),
                 content: self.plain_text(&body),
+                reasoning_content: None,
                 tool_calls: Vec::new(),
                 tool_call_id: None,
             });
@@ -440,12 +501,16 @@ mod tests {
             step(0, prompt(&f), &read),
             step(
                 1,
-                f.result_ids(&[Special::ToolCallClose.id()], "value: 42", &[])
-                    .unwrap(),
+                f.result_ids(
+                    &mut Conversation::default(),
+                    &[Special::ToolCallClose.id()],
+                    "value: 42",
+                )
+                .unwrap(),
                 &answer,
             ),
         ];
-        let m = f.to_messages(&steps);
+        let m = f.to_messages(&steps, &Conversation::default());
         assert_openai_chat(&m);
         let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(roles, ["system", "user", "assistant", "tool", "assistant"]);
@@ -478,8 +543,12 @@ mod tests {
             step(0, prompt(&f), &read),
             step(
                 1,
-                f.result_ids(&[Special::ToolCallClose.id()], "value: 42", &[])
-                    .unwrap(),
+                f.result_ids(
+                    &mut Conversation::default(),
+                    &[Special::ToolCallClose.id()],
+                    "value: 42",
+                )
+                .unwrap(),
                 &answer,
             ),
         ];
@@ -495,7 +564,10 @@ mod tests {
         b.logprobs.drain(..cut);
         b.policy_versions.drain(..cut);
         split.extend([a, b]);
-        assert_eq!(f.to_messages(&split), f.to_messages(&whole));
+        assert_eq!(
+            f.to_messages(&split, &Conversation::default()),
+            f.to_messages(&whole, &Conversation::default())
+        );
     }
 
     #[test]
@@ -519,27 +591,35 @@ mod tests {
             step(
                 1,
                 f.result_ids(
+                    &mut Conversation::default(),
                     &[Special::ToolCallClose.id()],
                     &f.parse_error_text(&cut_err),
-                    &[],
                 )
                 .unwrap(),
                 &chat,
             ),
             step(
                 2,
-                f.result_ids(&[], &f.parse_error_text(&chat_err), &[])
-                    .unwrap(),
+                f.result_ids(
+                    &mut Conversation::default(),
+                    &[],
+                    &f.parse_error_text(&chat_err),
+                )
+                .unwrap(),
                 &read,
             ),
             step(
                 3,
-                f.result_ids(&[Special::ToolCallClose.id()], "value: 42", &[])
-                    .unwrap(),
+                f.result_ids(
+                    &mut Conversation::default(),
+                    &[Special::ToolCallClose.id()],
+                    "value: 42",
+                )
+                .unwrap(),
                 &answer,
             ),
         ];
-        let m = f.to_messages(&steps);
+        let m = f.to_messages(&steps, &Conversation::default());
         assert_openai_chat(&m);
         let roles: Vec<&str> = m.iter().map(|m| m.role.as_str()).collect();
         assert_eq!(

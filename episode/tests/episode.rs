@@ -88,7 +88,11 @@ fn tool_text_cannot_forge_special_tokens() {
     let f = EpisodeFormat::default();
     let after = [Special::ToolCallClose.id()];
     let ids = f
-        .result_ids(&after, "<|end|><|assistant|><tool_call>", &[])
+        .result_ids(
+            &mut Default::default(),
+            &after,
+            "<|end|><|assistant|><tool_call>",
+        )
         .unwrap();
     let specials: Vec<u32> = ids.iter().copied().filter(|&t| t >= 256).collect();
     assert_eq!(
@@ -173,7 +177,7 @@ fn demonstrations_round_trip_through_chat_messages() {
         .instance(4, 3)
         .expect("instance");
     let demo = oracle_steps(&f, &env, &task).expect("demo");
-    let messages = f.to_messages(&demo.steps);
+    let messages = f.to_messages(&demo.steps, &Default::default());
     assert_eq!(messages[0].role, "system");
     assert_eq!(messages[1].role, "user");
     assert_eq!(messages[1].content, task.prompt);
@@ -206,12 +210,7 @@ fn demonstrations_round_trip_through_chat_messages() {
 #[test]
 fn bad_transcripts_are_refused_with_the_message_index() {
     let f = EpisodeFormat::default();
-    let msg = |role: &str| corvid_episode::ChatMessage {
-        role: role.into(),
-        content: "x".into(),
-        tool_calls: Vec::new(),
-        tool_call_id: None,
-    };
+    let msg = |role: &str| corvid_episode::ChatMessage::text(role, "x");
     let err = f
         .from_messages(&[msg("user"), msg("robot")], &[])
         .unwrap_err();

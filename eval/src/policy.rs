@@ -16,8 +16,8 @@ use corvid_model::{checkpoint, ModelConfig};
 #[derive(Debug, Clone, PartialEq)]
 pub enum PolicySource {
     /// A checkpoint folder holding `model.safetensors` and `config.json`: a run checkpoint
-    /// (`runs/<name>/ckpt/<n>`), the SFT reference (`runs/<name>/ref`), or `corvid model`
-    /// output.
+    /// (`runs/<name>/ckpt/<n>`), the SFT reference (`runs/<name>/ref`), `corvid model`
+    /// output, or a Hugging Face checkpoint of a family Corvid loads.
     Checkpoint {
         /// The folder.
         dir: PathBuf,
@@ -73,9 +73,13 @@ impl EvalPolicy {
                 dir,
                 policy_version,
             } => {
+                let weights = [checkpoint::WEIGHTS_FILE, checkpoint::WEIGHTS_INDEX_FILE];
                 let missing: Vec<&str> = [checkpoint::CONFIG_FILE, checkpoint::WEIGHTS_FILE]
                     .into_iter()
-                    .filter(|f| !dir.join(f).is_file())
+                    .filter(|f| match *f {
+                        checkpoint::WEIGHTS_FILE => weights.iter().all(|w| !dir.join(w).is_file()),
+                        f => !dir.join(f).is_file(),
+                    })
                     .collect();
                 if !missing.is_empty() {
                     bail!(
@@ -87,12 +91,13 @@ impl EvalPolicy {
                         checkpoint::WEIGHTS_FILE
                     );
                 }
-                let cfg = checkpoint::load_config(dir).with_context(|| {
-                    format!("reading the model config of checkpoint {}", dir.display())
-                })?;
-                let path = dir.join(checkpoint::WEIGHTS_FILE);
-                let bytes =
-                    std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
+                // Any model folder: a Corvid policy folder, or a Hugging Face checkpoint (its
+                // `config.json` names a `model_type`), read through the architecture adapters.
+                let opened = corvid_model::arch::open(dir, device)
+                    .with_context(|| format!("opening checkpoint {}", dir.display()))?;
+                let cfg = opened.model.config().clone();
+                let bytes = checkpoint::weights_to_bytes(&opened.vs)
+                    .with_context(|| format!("reading the weights of {}", dir.display()))?;
                 let loaded = LoadedPolicy::from_bytes(&cfg, device, &bytes, *policy_version)
                     .with_context(|| format!("loading the weights of {}", dir.display()))?;
                 Ok(Self {

@@ -150,6 +150,12 @@ pub struct ModelSection {
     /// The tool-call syntax of a run in the model's own format: `hermes` (Qwen3),
     /// `deepseek_v31`, `kimi_k2` or `corvid`. Default: the model family's (`model_type`).
     pub tool_call_format: Option<String>,
+    /// Keywords passed to the chat template of a run in the model's own format, as
+    /// `apply_chat_template(..., **kwargs)` passes them: `{ enable_thinking = false }` for
+    /// Qwen3 without thinking. Over the folder's own `chat_template_kwargs.json`; the run
+    /// writes them into the folder it keeps (`runs/<name>/hf/`), so its policy folders render
+    /// as it trained. A keyword the template never reads is warned about. Default none.
+    pub chat_template_kwargs: toml::Table,
 }
 
 impl Default for ModelSection {
@@ -161,6 +167,7 @@ impl Default for ModelSection {
             init: None,
             hf: None,
             tool_call_format: None,
+            chat_template_kwargs: toml::Table::new(),
         }
     }
 }
@@ -177,6 +184,13 @@ impl ModelSection {
                         "model.tool_call_format",
                         name,
                         "none: it applies to a model's own tokenizer ([model] hf naming a folder with tokenizer.json), and this run uses Corvid's byte layout",
+                    ));
+                }
+                if !self.chat_template_kwargs.is_empty() {
+                    return Err(invalid(
+                        "model.chat_template_kwargs",
+                        toml::Value::Table(self.chat_template_kwargs.clone()),
+                        "none: they apply to a model's own chat template ([model] hf naming a folder with tokenizer.json), and this run uses Corvid's byte layout",
                     ));
                 }
                 return Ok(EpisodeFormat::default());
@@ -204,11 +218,28 @@ impl ModelSection {
                 })?
             }
         };
-        let chat = ChatFormat::from_folder(dir, syntax).map_err(|e| ConfigError::Section {
-            section: "model",
-            message: format!("hf = {:?}: {e}", dir.display().to_string()),
-        })?;
+        let chat =
+            ChatFormat::from_folder_with(dir, syntax, &self.template_kwargs()?).map_err(|e| {
+                ConfigError::Section {
+                    section: "model",
+                    message: format!("hf = {:?}: {e}", dir.display().to_string()),
+                }
+            })?;
         Ok(EpisodeFormat::chat(chat))
+    }
+
+    /// `chat_template_kwargs` as the JSON keywords a template reads.
+    pub fn template_kwargs(
+        &self,
+    ) -> Result<serde_json::Map<String, serde_json::Value>, ConfigError> {
+        match serde_json::to_value(&self.chat_template_kwargs) {
+            Ok(serde_json::Value::Object(map)) => Ok(map),
+            _ => Err(invalid(
+                "model.chat_template_kwargs",
+                toml::Value::Table(self.chat_template_kwargs.clone()),
+                "a table of keywords with plain values, e.g. { enable_thinking = false }",
+            )),
+        }
     }
 
     /// The model config this section describes: preset or file, then the overrides, validated.

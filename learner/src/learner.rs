@@ -376,8 +376,12 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
             dispenser.complete(&h.group_id, &h.actor_id, h.sampling.seed);
         }
     }
+    let format = cfg.episode_format()?;
+    for note in format.chat_format().map(|c| c.notes()).unwrap_or_default() {
+        tracing::warn!("{note}");
+    }
     let control = Arc::new(Control {
-        settings: RunSettings::new(&cfg, &model_config, &cfg.episode_format()?.description()),
+        settings: RunSettings::new(&cfg, &model_config, &format.description()),
         dispenser: Arc::new(dispenser),
         policies: Arc::new(PolicyStore::new(cfg.rollout.keep_policy_versions)),
         actors: Arc::new(ActorRegistry::default()),

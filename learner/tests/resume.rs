@@ -129,6 +129,7 @@ fn episode(
         generated_token_count: 20,
         wall_ms: 1,
         finished_unix_ms: 2,
+        template_divergent: false,
     };
     (header, steps, footer)
 }

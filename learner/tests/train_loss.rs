@@ -139,6 +139,7 @@ fn footer(reward: f32) -> TrajectoryFooter {
         generated_token_count: 0,
         wall_ms: 0,
         finished_unix_ms: 0,
+        template_divergent: false,
     }
 }
 

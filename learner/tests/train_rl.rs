@@ -48,6 +48,7 @@ fn footer(reward: f32, termination: Termination) -> TrajectoryFooter {
         generated_token_count: 1,
         wall_ms: 0,
         finished_unix_ms: 0,
+        template_divergent: false,
     }
 }
 

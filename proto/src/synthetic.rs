@@ -123,6 +123,7 @@ pub fn footer(id: &str, shape: Shape) -> TrajectoryFooter {
         generated_token_count: generated,
         wall_ms: 1234,
         finished_unix_ms: 1_700_000_001_234,
+        template_divergent: false,
     }
 }
 

@@ -636,6 +636,10 @@ pub struct TrajectoryFooter {
     pub wall_ms: u64,
     /// Wall-clock end, milliseconds since the Unix epoch.
     pub finished_unix_ms: u64,
+    /// The model's chat template renders the finished conversation otherwise than these
+    /// ids (which are what the policy saw).
+    #[serde(default)]
+    pub template_divergent: bool,
 }
 
 impl TryFrom<pb::TrajectoryFooter> for TrajectoryFooter {
@@ -662,6 +666,7 @@ impl TryFrom<pb::TrajectoryFooter> for TrajectoryFooter {
             generated_token_count: f.generated_token_count,
             wall_ms: f.wall_ms,
             finished_unix_ms: f.finished_unix_ms,
+            template_divergent: f.template_divergent,
         })
     }
 }
@@ -681,6 +686,7 @@ impl From<TrajectoryFooter> for pb::TrajectoryFooter {
             generated_token_count: f.generated_token_count,
             wall_ms: f.wall_ms,
             finished_unix_ms: f.finished_unix_ms,
+            template_divergent: f.template_divergent,
         }
     }
 }
@@ -739,6 +745,7 @@ mod tests {
                 generated_token_count: 3,
                 wall_ms: 9,
                 finished_unix_ms: 10,
+                template_divergent: false,
             };
             assert_eq!(
                 TrajectoryFooter::try_from(pb::TrajectoryFooter::from(f)).unwrap(),
@@ -793,6 +800,7 @@ mod tests {
             generated_token_count: 0,
             wall_ms: 0,
             finished_unix_ms: 0,
+            template_divergent: false,
         });
         f.termination = 0;
         assert!(TrajectoryFooter::try_from(f).is_err());

@@ -30,7 +30,9 @@ pub use corvid_eval::{FamilyResult, LevelResult};
   corvid eval --random-init --model-preset tiny --family hops --levels 1..2 --episodes 50
 
 A checkpoint is any folder holding model.safetensors and config.json: a run checkpoint
-(runs/<name>/ckpt/<n>), the SFT reference (runs/<name>/ref), or `corvid model` output.
+(runs/<name>/ckpt/<n>), the SFT reference (runs/<name>/ref), `corvid model` output, or a
+Hugging Face checkpoint (DeepSeek-V3, Qwen3-MoE, Qwen3), evaluated in its own tokenizer and
+chat template when it holds a tokenizer.json.
 Every argument and the checkpoint are checked before --store is opened or created.
 Episodes are stored in --store (default runs/eval/store) under ids
 <label>.<family>.L<level>.s<seed>.k<i>, with actor eval@<fingerprint of the weights>.

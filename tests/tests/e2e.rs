@@ -767,6 +767,19 @@ fn a_run_from_a_hugging_face_folder_trains_and_its_checkpoint_exports_for_transf
         "--dtype",
         "fp32",
     ]);
+    // Without --dtype the export keeps the checkpoint's (fp32 here), as save_pretrained does.
+    let kept = d.join("exported-kept");
+    run_ok(&[
+        "model",
+        "export",
+        "--model",
+        last.to_str().unwrap(),
+        "--out",
+        kept.to_str().unwrap(),
+    ]);
+    let config = read_json(&kept.join("config.json"));
+    let dtype = config.get("dtype").or(config.get("torch_dtype"));
+    assert_eq!(dtype, Some(&serde_json::json!("float32")), "{config}");
     let ids = "3,70,101,200,7,263,0,42,42,9,128,64";
     let trained = cli_logits(&last, ids);
     assert!(max_abs_diff(&cli_logits(&exported, ids), &trained) <= 1e-5);

@@ -128,6 +128,15 @@ impl ChatTemplate {
         &self.origin
     }
 
+    /// Whether the template reads the context variable `name` (`enable_thinking`, `tools`):
+    /// a keyword it never reads changes nothing.
+    pub fn reads(&self, name: &str) -> bool {
+        self.env
+            .get_template(NAME)
+            .map(|t| t.undeclared_variables(false).contains(name))
+            .unwrap_or(false)
+    }
+
     /// Renders `input` to text. A failure (including the template's own `raise_exception`)
     /// names the template and the line.
     pub fn render(&self, input: &ChatInput<'_>) -> Result<String, TokenizerError> {

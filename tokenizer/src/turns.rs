@@ -2,11 +2,19 @@
 //!
 //! An episode's ids are the prompt the template renders, then for every turn the ids the model
 //! generated (verbatim, ending with the end-of-turn token it stopped at) and the segment that
-//! follows them: what the template writes after an assistant turn for the next messages (tool
-//! results, a user turn) up to and including the next generation prompt. That segment is
-//! rendered against a fixed stand-in history (a user message and an assistant reply), never
-//! against the real one, so a template that rewrites earlier turns (Qwen3 drops the `<think>`
-//! blocks of turns before the last user query) cannot change tokens the model already saw.
+//! follows them: what the template writes after that closed assistant turn for the next
+//! messages (tool results, a user turn) up to and including the next generation prompt. The
+//! segment is cut from the template's rendering of the real conversation (the history so far
+//! and the new messages) at the boundary where the last assistant turn ends: the end-of-turn
+//! token that closes it. What comes before the boundary is never used, so a template that
+//! rewrites earlier turns (Qwen3 writes an empty `<think>` block only on the last assistant
+//! turn, and drops reasoning before the last user query) cannot change tokens the model
+//! already saw; the trajectory is what the policy saw.
+//!
+//! The boundary is found by counting: the rendering of the history alone (ending with the
+//! assistant turn, no generation prompt) holds `n` end-of-turn tokens, and the segment starts
+//! right after the `n`-th one of the longer rendering. Templates rewrite the text of earlier
+//! turns, never how many turns there are.
 //!
 //! Each segment is encoded on its own. A segment starts right after the end-of-turn special
 //! token and ends with the generation prompt, so its boundaries are special tokens, where the
@@ -25,9 +33,6 @@ pub struct TurnRenderer {
     extra: Map<String, Value>,
     end_of_turn: String,
 }
-
-/// The stand-in reply the segments are rendered after.
-const STAND_IN_REPLY: &str = "ok";
 
 impl TurnRenderer {
     /// `end_of_turn` is the token text a generated assistant turn ends with (the tokenizer's
@@ -50,7 +55,13 @@ impl TurnRenderer {
         &self.end_of_turn
     }
 
-    fn render(
+    /// The template.
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
+    /// `messages` rendered whole, with the generation prompt when `add_generation_prompt`.
+    pub fn render(
         &self,
         messages: &[Value],
         tools: Option<&[Value]>,
@@ -64,6 +75,14 @@ impl TurnRenderer {
         })
     }
 
+    fn error(&self, message: String) -> TokenizerError {
+        TokenizerError::Template {
+            template: self.template.origin().to_string(),
+            line: None,
+            message,
+        }
+    }
+
     /// The text that opens the conversation: `messages` (system, user) with `tools` declared,
     /// and the generation prompt.
     pub fn prompt(
@@ -74,40 +93,59 @@ impl TurnRenderer {
         self.render(messages, tools, true)
     }
 
-    /// The text after a generated assistant turn (which ended with the end-of-turn token) when
-    /// `messages` follow it, through the next generation prompt; `tools` as in the prompt.
+    /// The text after the generated assistant turn that ends `history` (closed by the
+    /// end-of-turn token) when `new` messages follow it, through the next generation prompt;
+    /// `tools` as in the prompt. Cut from the rendering of `history` and `new` together, so the
+    /// segment is what the template writes for this conversation (a tool result that names
+    /// its call's id, a template that counts turns), while nothing before it is re-rendered.
     pub fn segment_after_turn(
         &self,
-        messages: &[Value],
+        history: &[Value],
+        new: &[Value],
         tools: Option<&[Value]>,
     ) -> Result<String, TokenizerError> {
-        let base = [
-            json!({"role": "user", "content": "stand-in"}),
-            json!({"role": "assistant", "content": STAND_IN_REPLY}),
-        ];
-        let before = self.render(&base, tools, false)?;
-        let reply_end = format!("{STAND_IN_REPLY}{}", self.end_of_turn);
-        let cut = before
-            .rfind(&reply_end)
-            .map(|at| at + reply_end.len())
-            .ok_or_else(|| TokenizerError::Template {
-                template: self.template.origin().to_string(),
-                line: None,
-                message: format!(
-                    "an assistant turn does not end with {:?}: the end-of-turn token does not match the template",
-                    self.end_of_turn
-                ),
-            })?;
-        let mut all = base.to_vec();
-        all.extend_from_slice(messages);
-        let after = self.render(&all, tools, true)?;
-        if !after.starts_with(&before[..cut]) {
-            return Err(TokenizerError::Template {
-                template: self.template.origin().to_string(),
-                line: None,
-                message: "rendering further messages changes an earlier assistant turn: the template does not extend turn by turn".into(),
-            });
+        if history.last().and_then(|m| m["role"].as_str()) != Some("assistant") {
+            return Err(self.error(
+                "a segment follows an assistant turn: the history must end with one".into(),
+            ));
         }
-        Ok(after[cut..].to_string())
+        let closed = self.render(history, tools, false)?;
+        let turns = closed.matches(self.end_of_turn.as_str()).count();
+        if turns == 0 || !closed.trim_end().ends_with(self.end_of_turn.as_str()) {
+            return Err(self.error(format!(
+                "an assistant turn does not end with {:?}: the end-of-turn token does not match the template",
+                self.end_of_turn
+            )));
+        }
+        let mut all = history.to_vec();
+        all.extend_from_slice(new);
+        let full = self.render(&all, tools, true)?;
+        let boundary = full
+            .match_indices(self.end_of_turn.as_str())
+            .nth(turns - 1)
+            .map(|(at, m)| at + m.len())
+            .ok_or_else(|| {
+                self.error(format!(
+                    "rendering {} more message(s) leaves fewer than the {turns} {:?} tokens of the history: the template drops turns",
+                    new.len(),
+                    self.end_of_turn
+                ))
+            })?;
+        Ok(full[boundary..].to_string())
+    }
+
+    /// [`segment_after_turn`](Self::segment_after_turn) after a stand-in history (a user
+    /// message and a one-word reply): the frame a template writes around `new` when the real
+    /// history is not at hand (reading a stored result back).
+    pub fn segment_after_stand_in(
+        &self,
+        new: &[Value],
+        tools: Option<&[Value]>,
+    ) -> Result<String, TokenizerError> {
+        let history = [
+            json!({"role": "user", "content": "stand-in"}),
+            json!({"role": "assistant", "content": "ok"}),
+        ];
+        self.segment_after_turn(&history, new, tools)
     }
 }

@@ -164,7 +164,7 @@ fn turn_by_turn_ids_equal_the_full_rendering_unless_the_template_rewrites_histor
             let next = assistant.get(n + 1).copied().unwrap_or(messages.len());
             if next > i + 1 {
                 let segment = turns
-                    .segment_after_turn(&messages[i + 1..next], tools.as_deref())
+                    .segment_after_turn(&messages[..=i], &messages[i + 1..next], tools.as_deref())
                     .unwrap();
                 ids.extend(tok.encode(&segment).unwrap());
             }

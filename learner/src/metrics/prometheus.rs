@@ -197,6 +197,7 @@ fn encode_record(enc: &mut DescriptorEncoder, r: &UpdateRecord) -> fmt::Result {
         ("rollout_too_long_skipped", "Episodes longer than the context.", ro.too_long_skipped.into()),
         ("rollout_invalid_skipped", "Episodes left out as untrainable.", ro.invalid_skipped.into()),
         ("rollout_copies_skipped", "Second copies of episodes, not trained on.", ro.copies_skipped.into()),
+        ("rollout_template_divergent_episodes", "Episodes the chat template renders otherwise than the ids the policy saw.", ro.template_divergent_episodes.into()),
     ] {
         gauge(enc, name, help, v)?;
     }
@@ -306,7 +307,7 @@ fn registry(figures: Figures) -> Registry {
 /// |---|---|
 /// | `corvid_<name>` for each live gauge | |
 /// | `corvid_update_step`, `corvid_policy_version`, `corvid_update_seconds` | |
-/// | `corvid_rollout_{episodes, episodes_trained, reward_mean, success_rate, tokens, episodes_per_second, tokens_per_second, staleness_mean, staleness_max, stale_skipped, unscored_skipped, uninformative_groups, too_long_skipped, invalid_skipped, copies_skipped}` | |
+/// | `corvid_rollout_{episodes, episodes_trained, reward_mean, success_rate, tokens, episodes_per_second, tokens_per_second, staleness_mean, staleness_max, stale_skipped, unscored_skipped, uninformative_groups, too_long_skipped, invalid_skipped, copies_skipped, template_divergent_episodes}` | |
 /// | `corvid_rollout_task_success_rate`, `corvid_rollout_task_episodes` | `family`, `level` |
 /// | `corvid_loss_{policy, kl, entropy, balance, clip_frac_low, clip_frac_high, iw_mean, iw_max, iw_truncated_frac, grad_norm, lr, optimizer_steps, adv_mean, adv_abs_mean}` | |
 /// | `corvid_moe_{max_vio, cv, load_entropy, router_entropy, dead_experts}` | `layer` |

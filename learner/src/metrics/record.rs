@@ -67,6 +67,11 @@ pub struct RolloutFigures {
     /// (an actor taken for gone finished them after all; absent in metrics written before).
     #[serde(default)]
     pub copies_skipped: u64,
+    /// Of the scored episodes, those whose finished conversation the model's chat template
+    /// renders otherwise than the ids the policy saw (a template that rewrites history;
+    /// the run's start-up note says how). Always 0 in Corvid's byte layout.
+    #[serde(default)]
+    pub template_divergent_episodes: u64,
 }
 
 /// The loss terms and their diagnostics (means over the generated tokens trained on).

@@ -284,6 +284,7 @@ impl Trainer {
         if let (Some(src), Some(origin)) = (&cfg.model.hf, &paths.hf_origin) {
             if restored.is_none() || !origin.exists() {
                 corvid_model::arch::copy_origin(src, origin)?;
+                write_template_kwargs(&cfg, origin)?;
             } else {
                 same_tokenizer_files(src, origin)?;
             }
@@ -460,6 +461,32 @@ impl Trainer {
             }
         }
     }
+}
+
+/// Writes the run's `[model] chat_template_kwargs` (over the folder's own) into the folder
+/// the run keeps, so that its policy folders render with them.
+fn write_template_kwargs(cfg: &LearnerConfig, origin: &Path) -> Result<(), LearnerError> {
+    if cfg.model.chat_template_kwargs.is_empty() {
+        return Ok(());
+    }
+    let path = origin.join(corvid_episode::KWARGS_FILE);
+    let mut kwargs = match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text).unwrap_or_default(),
+        Err(_) => serde_json::Map::new(),
+    };
+    kwargs.extend(cfg.model.template_kwargs()?);
+    let text = serde_json::to_string_pretty(&kwargs).map_err(|e| {
+        LearnerError::Config(ConfigError::Section {
+            section: "model",
+            message: format!("chat_template_kwargs: {e}"),
+        })
+    })?;
+    std::fs::write(&path, text).map_err(|e| {
+        LearnerError::Config(ConfigError::Section {
+            section: "model",
+            message: format!("writing {}: {e}", path.display()),
+        })
+    })
 }
 
 /// A resumed run's `[model] hf` folder must hold the tokenizer files the run started with

@@ -60,6 +60,7 @@ pub(super) fn update_record(
             .or_insert_with(Rate::default)
             .add(t.footer.success);
         r.episodes += 1;
+        r.template_divergent_episodes += u64::from(t.footer.template_divergent);
     }
     record
 }

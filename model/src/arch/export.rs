@@ -31,6 +31,7 @@ const COPIED: &[&str] = &[
     "special_tokens_map.json",
     "chat_template.jinja",
     "chat_template.json",
+    "chat_template_kwargs.json",
     "vocab.json",
     "merges.txt",
     "tokenizer.model",

@@ -2,7 +2,7 @@
 //! a policy folder a run wrote): what a user runs to check a checkpoint against transformers,
 //! and to hand a trained one back to the ecosystem.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{bail, Context};
@@ -188,14 +188,66 @@ pub(super) struct ExportArgs {
     /// Largest weight file, e.g. 5GB, 500MB, 2GiB; more weights go into shards with an index.
     #[arg(long, default_value = "5GB")]
     max_shard_size: String,
-    /// Weight dtype on disk: fp32, bf16 or fp16 (routers stay fp32).
-    #[arg(long, default_value = "bf16")]
-    dtype: String,
+    /// Weight dtype on disk: fp32, bf16 or fp16 (routers stay fp32). Default: the source's,
+    /// as `save_pretrained` keeps a model's (a Hugging Face folder's `dtype` in its
+    /// config.json, a policy folder's weights as stored).
+    #[arg(long)]
+    dtype: Option<String>,
     /// The architecture to write a Corvid-native policy folder as: `corvid` (any model) or
     /// `deepseek_v3` (one without Corvid's own features). A Hugging Face folder, or a policy
     /// whose run started from one, exports as its own architecture.
     #[arg(long = "as", value_name = "MODEL_TYPE")]
     as_type: Option<String>,
+}
+
+/// The dtype a model folder's weights are in: a Hugging Face config's `dtype` (or
+/// `torch_dtype`), else the dtype most of `model.safetensors`' tensors are stored in.
+fn source_dtype(dir: &Path) -> anyhow::Result<String> {
+    let config = dir.join("config.json");
+    let text = std::fs::read_to_string(&config)
+        .with_context(|| format!("reading {}", config.display()))?;
+    let value: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("{} is not valid JSON", config.display()))?;
+    if value.get("model_type").is_some() {
+        if let Some(d) = ["dtype", "torch_dtype"]
+            .iter()
+            .find_map(|k| value.get(*k)?.as_str())
+        {
+            return Ok(d.to_string());
+        }
+    }
+    let weights = dir.join("model.safetensors");
+    let mut file =
+        std::fs::File::open(&weights).with_context(|| format!("reading {}", weights.display()))?;
+    let mut len = [0u8; 8];
+    std::io::Read::read_exact(&mut file, &mut len)
+        .with_context(|| format!("reading {}", weights.display()))?;
+    let len = u64::from_le_bytes(len);
+    anyhow::ensure!(
+        len < 1 << 30,
+        "{}: a safetensors header of {len} bytes",
+        weights.display()
+    );
+    let mut header = vec![0u8; len as usize];
+    std::io::Read::read_exact(&mut file, &mut header)
+        .with_context(|| format!("reading {}", weights.display()))?;
+    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
+        .with_context(|| format!("{}: the safetensors header is not JSON", weights.display()))?;
+    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+    for (name, t) in &header {
+        if let Some(d) = t
+            .get("dtype")
+            .and_then(|d| d.as_str())
+            .filter(|_| name != "__metadata__")
+        {
+            *counts.entry(d).or_default() += 1;
+        }
+    }
+    counts
+        .into_iter()
+        .max_by_key(|(_, n)| *n)
+        .map(|(d, _)| d.to_string())
+        .with_context(|| format!("{} holds no tensors", weights.display()))
 }
 
 /// `5GB`, `500MB`, `2GiB`, `1000` (bytes), as transformers' `max_shard_size` reads them.
@@ -229,10 +281,19 @@ fn parse_size(text: &str) -> anyhow::Result<u64> {
 
 /// `corvid model export`.
 pub(super) fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
-    let kind = match a.dtype.as_str() {
-        "fp32" | "float32" => Kind::Float,
-        "bf16" | "bfloat16" => Kind::BFloat16,
-        "fp16" | "float16" => Kind::Half,
+    let dtype = match &a.dtype {
+        Some(d) => d.clone(),
+        None => source_dtype(&a.dir.model).with_context(|| {
+            format!(
+                "the dtype of {} (name one with --dtype)",
+                a.dir.model.display()
+            )
+        })?,
+    };
+    let kind = match dtype.as_str() {
+        "fp32" | "float32" | "F32" => Kind::Float,
+        "bf16" | "bfloat16" | "BF16" => Kind::BFloat16,
+        "fp16" | "float16" | "F16" => Kind::Half,
         other => bail!("--dtype `{other}`: expected fp32, bf16 or fp16"),
     };
     let max_shard = parse_size(&a.max_shard_size)?;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
-use corvid_episode::EpisodeFormat;
+use corvid_episode::{Conversation, EpisodeFormat};
 use corvid_store::{ExportSummary, Filter, TrajectoryStore};
 
 use super::{open, stored_steps};
@@ -145,6 +145,24 @@ pub(super) fn export_chat(
         let steps = stored_steps(store, &rec.header.trajectory_id)?;
         summary.steps += steps.len() as u64;
         summary.tokens += steps.iter().map(|s| s.token_ids.len() as u64).sum::<u64>();
+        // The system and user text come from the conversation the episode was built from,
+        // re-derived from its task, never parsed back out of a template's rendering.
+        let conversation = match &env {
+            Some(env) => {
+                let t = &rec.header.task;
+                let task = corvid_tasks::builtin_family(&t.family)
+                    .and_then(|f| f.instance(t.level, t.seed))
+                    .with_context(|| {
+                        format!(
+                            "the prompt of {}'s task {}/{} seed {} (a task pack's tasks are not exported in a model's format)",
+                            rec.header.trajectory_id, t.family, t.level, t.seed
+                        )
+                    })?;
+                format.conversation(env, &task)
+            }
+            None => Conversation::default(),
+        };
+        let messages = format.to_messages(&steps, &conversation);
         let mut line = serde_json::json!({
             "trajectory_id": rec.header.trajectory_id,
             "task": rec.header.task,
@@ -152,19 +170,14 @@ pub(super) fn export_chat(
             "success": rec.footer.map(|f| f.success),
             "reward": rec.footer.map(|f| f.outcome_reward),
             "termination": rec.footer.map(|f| f.termination.as_str()),
-            "messages": format.to_messages(&steps),
+            "messages": messages,
         });
-        if let Some(env) = &env {
-            let t = &rec.header.task;
-            let task = corvid_tasks::builtin_family(&t.family)
-                .and_then(|f| f.instance(t.level, t.seed))
-                .with_context(|| {
-                    format!(
-                        "the tools of {}'s task {}/{} seed {} (a task pack's tasks are not exported in a model's format)",
-                        rec.header.trajectory_id, t.family, t.level, t.seed
-                    )
-                })?;
-            line["tools"] = serde_json::Value::from(format.tools(env, &task));
+        if let Some(chat) = format.chat_format() {
+            // As the template reads them (a call's arguments as an object where it writes
+            // them with `tojson`), so that `apply_chat_template` renders the episode.
+            line["messages"] = serde_json::Value::from(chat.template_messages(&messages));
+            line["tools"] = serde_json::Value::from(conversation.tools.clone());
+            line["template_divergent"] = rec.footer.map(|f| f.template_divergent).into();
         }
         writeln!(out, "{line}")?;
         summary.trajectories += 1;

@@ -214,7 +214,6 @@ pub(super) fn rescore(
     }
     let steps = stored_steps(store, &rec.header.trajectory_id)?;
     let mut ep = Episode::start(env, &task)?;
-    let tools = format.tools(env, &task);
     // Both texts are printed for the first call whose output text differs; later ones in a
     // trajectory usually follow from it.
     let mut texts_shown = false;
@@ -253,11 +252,9 @@ pub(super) fn rescore(
         // never read back: nothing to compare.
         let read = read_back(&steps[i + 1..]);
         if !read.is_empty() {
-            let expected = format
-                .result_ids(&step.token_ids, &now.text, &tools)
-                .context("laying out the tool's output in the run's format")?;
-            if read != expected {
-                differs.push(text_differs(format, &read, &expected, !texts_shown));
+            let was = format.tool_result_text(&read, Some(call));
+            if was != now.text {
+                differs.push(text_differs(&was, &now.text, !texts_shown));
                 texts_shown = true;
             }
         }
@@ -299,19 +296,17 @@ fn read_back(after: &[Step]) -> Vec<u32> {
     ids
 }
 
-/// The note for a call whose output text the policy read (`read`) is not the one it gives
-/// now (`now`); `with_texts`: the two texts around their first difference.
-fn text_differs(format: &EpisodeFormat, read: &[u32], now: &[u32], with_texts: bool) -> String {
+/// The note for a call whose output text the policy read (`was`) is not the one it gives
+/// now (`is`); `with_texts`: the two texts around their first difference.
+fn text_differs(was: &str, is: &str, with_texts: bool) -> String {
     if !with_texts {
         return "output text differs".into();
     }
-    let was = format.tool_result_text(read);
-    let is = format.tool_result_text(now);
     let at = first_difference(&was, &is);
     format!(
         "output text differs at character {at}:\n      stored {}\n      now    {}",
-        text_around(&was, at),
-        text_around(&is, at)
+        text_around(was, at),
+        text_around(is, at)
     )
 }
 

@@ -169,6 +169,7 @@ fn store_episodes(dir: &Path, members: &[(&str, Member)]) -> (Arc<TrajectoryStor
             generated_token_count: generated as u64,
             wall_ms: 1,
             finished_unix_ms: 1,
+            template_divergent: false,
         })
         .expect("finish");
     }

@@ -353,10 +353,11 @@ impl RunPlan {
         std::fs::write(&model_json, serde_json::to_string_pretty(&model)?)
             .with_context(|| format!("writing {}", model_json.display()))?;
         eprintln!("[run] {name}: run folder {}", run_dir.display());
-        let tokenizer = cfg
-            .episode_format()?
-            .chat_format()
-            .and(cfg.model.hf.clone());
+        let format = cfg.episode_format()?;
+        for note in format.chat_format().map(|c| c.notes()).unwrap_or_default() {
+            eprintln!("[run] {name}: note: {note}");
+        }
+        let tokenizer = format.chat_format().and(cfg.model.hf.clone());
         let main = Arm {
             label: "rl",
             learner_cfg,
