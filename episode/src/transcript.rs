@@ -13,8 +13,8 @@ use crate::format::EpisodeFormat;
 pub struct ChatMessage {
     /// `system`, `user`, `assistant` or `tool`.
     pub role: String,
-    /// The text (for an assistant turn that only calls a tool: empty).
-    #[serde(default)]
+    /// The text (for an assistant turn that only calls a tool: empty; `null` reads as empty).
+    #[serde(default, deserialize_with = "null_as_empty")]
     pub content: String,
     /// On an assistant message in a model's own layout: the text the model wrote inside its
     /// `<think>` block (the field Qwen3's and DeepSeek's templates read).
@@ -116,6 +116,11 @@ pub struct ChatFunction {
     /// them), read as its JSON text.
     #[serde(deserialize_with = "string_or_object")]
     pub arguments: String,
+}
+
+/// A string, or `null` as the empty string (OpenAI writes a call-only turn's content so).
+fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(Option::<String>::deserialize(d)?.unwrap_or_default())
 }
 
 /// A string as it is, any other JSON value as a template's `tojson` writes it.

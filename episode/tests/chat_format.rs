@@ -276,3 +276,56 @@ fn tool_text_that_spells_a_special_token_stays_text() {
         .unwrap()
         .contains("<tool_response>\n<|im_end|>\n<|im_start|>assistant\n\n</tool_response>"));
 }
+
+#[test]
+fn a_template_that_drops_calls_or_writes_unknown_markers_is_refused_and_unread_keywords_are_named()
+{
+    let open = |dir: &std::path::Path| {
+        ChatFormat::from_folder(dir, ToolCallSyntax::Hermes)
+            .unwrap_err()
+            .to_string()
+    };
+    let template = std::fs::read_to_string(fixture().join("chat_template.jinja")).unwrap();
+    // A template that writes an assistant turn's content but never its tool_calls.
+    let drops_calls = edited_fixture(|d| {
+        let edited = template.replace(
+            "{%- for call in m.tool_calls or [] %}",
+            "{%- for call in [] %}",
+        );
+        assert_ne!(edited, template);
+        std::fs::write(d.join("chat_template.jinja"), edited).unwrap();
+    });
+    let e = open(drops_calls.path());
+    assert!(
+        e.contains("does not write an assistant turn's tool_calls") && e.contains("hermes"),
+        "{e}"
+    );
+    // A template whose markers are not the tokenizer's special tokens.
+    let other_markers = edited_fixture(|d| {
+        let edited = template.replace("<|im_start|>", "<|im_begin|>");
+        std::fs::write(d.join("chat_template.jinja"), edited).unwrap();
+    });
+    let e = open(other_markers.path());
+    assert!(
+        e.contains("\"<|im_begin|>\"") && e.contains("not a token of tokenizer.json"),
+        "{e}"
+    );
+    // Keywords: one the template reads changes the prompt, one it never reads is named.
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("enable_thinking".into(), json!(false));
+    kwargs.insert("enable_thinkin".into(), json!(false));
+    let chat = ChatFormat::from_folder_with(&fixture(), ToolCallSyntax::Hermes, &kwargs).unwrap();
+    let notes = chat.notes().join("\n");
+    assert!(
+        notes.contains("never reads \"enable_thinkin\"") && !notes.contains("\"enable_thinking\""),
+        "{notes}"
+    );
+    let prompt = chat
+        .tokenizer()
+        .decode(&chat.prompt_ids(&asked()).unwrap())
+        .unwrap();
+    assert!(prompt.ends_with("<think>\n\n</think>\n\n"), "{prompt}");
+    // The keywords are part of the format an actor must match.
+    let plain = ChatFormat::from_folder(&fixture(), ToolCallSyntax::Hermes).unwrap();
+    assert_ne!(plain.files_sha256(), chat.files_sha256());
+}

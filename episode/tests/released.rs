@@ -8,7 +8,8 @@
 //! - the prompt transformers renders;
 //! - after each generated turn, exactly the segment cut from transformers' rendering of the
 //!   real conversation at the end of that turn;
-//! - a conversation whose messages are the ones transformers rendered (the chat export);
+//! - a conversation whose messages are the ones transformers rendered (the chat export),
+//!   which imports back as the same episode;
 //! - where the template extends turn by turn, the ids of transformers' full rendering, and
 //!   where it does not, a named difference ([`ChatFormat::divergence`]).
 
@@ -16,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use corvid_episode::{ChatFormat, ChatMessage, Conversation, ToolCallSyntax};
+use corvid_episode::{ChatFormat, ChatMessage, Conversation, EpisodeFormat, ToolCallSyntax};
 use corvid_proto::ToolCall;
 use corvid_tokenizer::{ChatTemplate, TurnRenderer};
 use serde_json::{Map, Value};
@@ -80,6 +81,11 @@ fn kwargs_of(line: &Value) -> Map<String, Value> {
     line["kwargs"].as_object().cloned().unwrap_or_default()
 }
 
+/// The folder's episode format with the case's keywords.
+fn chat_layout(dir: &Path, syntax: ToolCallSyntax, line: &Value) -> EpisodeFormat {
+    EpisodeFormat::chat(ChatFormat::from_folder_with(dir, syntax, &kwargs_of(line)).unwrap())
+}
+
 /// Builds the case's episode turn by turn in the folder's [`ChatFormat`], checks each piece
 /// against the oracle and returns the named difference, if any.
 fn episode_in_format(dir: &Path, line: &Value) -> Option<String> {
@@ -134,6 +140,17 @@ fn episode_in_format(dir: &Path, line: &Value) -> Option<String> {
         Value::from(chat.template_messages(&conversation.messages)),
         line["messages"],
         "{what}: the conversation"
+    );
+    // The export imports back as the episode: reasoning where the template puts it, each
+    // segment against the transcript's own history.
+    let exported: Vec<ChatMessage> = serde_json::from_value(line["messages"].clone()).unwrap();
+    let (again, _) = chat_layout(dir, syntax, line)
+        .from_messages(&exported, &conversation.tools)
+        .unwrap();
+    assert_eq!(
+        tok.decode(&again).unwrap(),
+        tok.decode(&ids).unwrap(),
+        "{what}: import"
     );
     let want: Vec<u32> = serde_json::from_value(line["full_ids"].clone()).unwrap();
     let divergence = chat.divergence(&conversation, &ids);

@@ -727,6 +727,88 @@ fn hf_run_config(hf: &Path, run: &str) -> String {
         + run
 }
 
+/// A run on a Qwen3 folder as a user brings it: Qwen3's released `tokenizer.json` (151,669
+/// ids) and chat template (`.corvid/released/qwen3`), tiny random weights. SFT, RL and
+/// evaluation run in that template, although it rewrites history (the empty think block on
+/// the last assistant turn only): the run names the difference at start-up, counts every
+/// such episode in its metrics, and each stored episode's chat export renders back through
+/// transformers' `apply_chat_template`, exactly or with the flagged difference.
+#[test]
+fn a_run_on_a_released_qwen3_folder_names_its_template_divergence_and_exports_for_transformers() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let hf = d.join("qwen3-tiny");
+    let python = root.join(".corvid/venv/bin/python");
+    let out = Command::new(&python)
+        .arg(root.join("scripts/released_qwen3_tiny.py"))
+        .arg("--released")
+        .arg(root.join(".corvid/released"))
+        .arg("--out")
+        .arg(&hf)
+        .output()
+        .expect("python");
+    assert!(
+        out.status.success(),
+        "writing the Qwen3 folder: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Qwen3's tool prompt is ~400 of its ids; a 151,936-row head makes each position's
+    // logits 0.6 MB, so rows and micro-batches stay short.
+    let config = hf_run_config(&hf, ONE_ACTOR_RUN)
+        .replace("seq_len = 512", "seq_len = 1024")
+        .replace(
+            "[rl]\ngroups_per_update = 2",
+            "[rl]\nmicro_batch_tokens = 1024\ngroups_per_update = 2",
+        );
+    assert!(config.contains("seq_len = 1024") && config.contains("micro_batch_tokens = 1024"));
+    let log = run_to_the_end(d, &config);
+    assert!(
+        log.contains("does not extend turn by turn") && log.contains("<think>"),
+        "the start-up note names the difference: {log}"
+    );
+    let r = d.join("runs/n");
+    let (mut episodes, mut divergent) = (0, 0);
+    for line in read(&r.join("metrics/metrics.jsonl")).lines() {
+        let m: serde_json::Value = serde_json::from_str(line).expect("metrics line");
+        episodes += m["rollout"]["episodes"].as_u64().unwrap_or(0);
+        divergent += m["rollout"]["template_divergent_episodes"]
+            .as_u64()
+            .unwrap_or(0);
+    }
+    // The random policy never writes a think block, which the template adds to the last turn.
+    assert!(
+        episodes > 0 && divergent == episodes,
+        "{episodes} episodes, {divergent} divergent"
+    );
+    let out = Command::new(&python)
+        .arg(root.join("scripts/hf_round_trip.py"))
+        .args(["--run", "runs/n", "--episodes", "2", "--corvid"])
+        .arg(corvid())
+        .current_dir(d)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("python");
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "round trip failed: {summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_str(&summary).expect("summary JSON");
+    let renders = &summary["renders"];
+    for store in ["train", "eval"] {
+        assert!(renders[store]["episodes"].as_u64() >= Some(2), "{summary}");
+        assert!(
+            renders[store]["template_divergent"].as_u64() >= Some(1),
+            "{summary}"
+        );
+        assert_eq!(renders[store]["failed"], 0, "{summary}");
+    }
+}
+
 /// `[model] hf`: a run starts from a Hugging Face Qwen3-MoE folder, SFT and RL train it (the
 /// actor decodes it), and its last checkpoint exports to a folder transformers loads with the
 /// checkpoint's logits.
