@@ -422,7 +422,7 @@ impl EpisodeRun {
         verdict: Option<&Verdict>,
     ) -> TrajectoryFooter {
         let success = termination.is_scored() && verdict.is_some_and(Verdict::passed);
-        let template_divergent = self.turns_finished > 0 && {
+        let template_divergent = self.turns_finished > 0 && format.chat_format().is_some() && {
             let divergence = self.template_divergence(format);
             if let Some(d) = &divergence {
                 tracing::debug!(episode = %self.header.trajectory_id, "template divergence: {d}");

@@ -727,6 +727,29 @@ fn hf_run_config(hf: &Path, run: &str) -> String {
         + run
 }
 
+/// `scripts/hf_round_trip.py` on the run `d/runs/n` (2 greedy episodes): its JSON summary,
+/// after it exited 0.
+fn hf_round_trip(d: &Path) -> serde_json::Value {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(root.join(".corvid/venv/bin/python"))
+        .arg(root.join("scripts/hf_round_trip.py"))
+        .args(["--run", "runs/n", "--episodes", "2", "--corvid"])
+        .arg(corvid())
+        .current_dir(d)
+        .env("HF_HUB_OFFLINE", "1")
+        .env("TRANSFORMERS_VERBOSITY", "error")
+        .env("OMP_NUM_THREADS", "1")
+        .output()
+        .expect("python");
+    let summary = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "round trip failed: {summary}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&summary).expect("summary JSON")
+}
+
 /// A run on a Qwen3 folder as a user brings it: Qwen3's released `tokenizer.json` (151,669
 /// ids) and chat template (`.corvid/released/qwen3`), tiny random weights. SFT, RL and
 /// evaluation run in that template, although it rewrites history (the empty think block on
@@ -781,23 +804,26 @@ fn a_run_on_a_released_qwen3_folder_names_its_template_divergence_and_exports_fo
         episodes > 0 && divergent == episodes,
         "{episodes} episodes, {divergent} divergent"
     );
-    let out = Command::new(&python)
-        .arg(root.join("scripts/hf_round_trip.py"))
-        .args(["--run", "runs/n", "--episodes", "2", "--corvid"])
-        .arg(corvid())
-        .current_dir(d)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .expect("python");
-    let summary = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "round trip failed: {summary}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: serde_json::Value = serde_json::from_str(&summary).expect("summary JSON");
+    // `corvid eval` takes the Hugging Face folder itself, in its own tokenizer and template.
+    let evaluated = run_ok(&[
+        "eval",
+        "--checkpoint",
+        hf.to_str().unwrap(),
+        "--family",
+        "hops",
+        "--levels",
+        "1",
+        "--episodes",
+        "2",
+        "--max-new-tokens",
+        "8",
+        "--store",
+        d.join("hf-eval").to_str().unwrap(),
+        "--json",
+    ]);
+    let evaluated: serde_json::Value = serde_json::from_str(&evaluated).expect("eval JSON");
+    assert_eq!(evaluated["checkpoint"], hf.to_str().unwrap(), "{evaluated}");
+    let summary = hf_round_trip(d);
     let renders = &summary["renders"];
     for store in ["train", "eval"] {
         assert!(renders[store]["episodes"].as_u64() >= Some(2), "{summary}");
@@ -922,23 +948,7 @@ fn a_run_in_a_models_own_tokenizer_stores_the_ids_of_its_template() {
         std::fs::read(r.join("hf/tokenizer.json")).expect("run's tokenizer"),
         std::fs::read(hf.join("tokenizer.json")).expect("fixture's tokenizer")
     );
-    let out = Command::new(root.join(".corvid/venv/bin/python"))
-        .arg(root.join("scripts/hf_round_trip.py"))
-        .args(["--run", "runs/n", "--episodes", "2", "--corvid"])
-        .arg(corvid())
-        .current_dir(d)
-        .env("HF_HUB_OFFLINE", "1")
-        .env("TRANSFORMERS_VERBOSITY", "error")
-        .env("OMP_NUM_THREADS", "1")
-        .output()
-        .expect("python");
-    let summary = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "round trip failed: {summary}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let summary: serde_json::Value = serde_json::from_str(&summary).expect("summary JSON");
+    let summary = hf_round_trip(d);
     // Episodes whose text is not the tokenizer's encoding of it (a barely trained policy
     // samples odd ids) render to the same text; none renders to another.
     let renders = &summary["renders"];

@@ -302,7 +302,7 @@ fn text_differs(was: &str, is: &str, with_texts: bool) -> String {
     if !with_texts {
         return "output text differs".into();
     }
-    let at = first_difference(&was, &is);
+    let at = first_difference(was, is);
     format!(
         "output text differs at character {at}:\n      stored {}\n      now    {}",
         text_around(was, at),
