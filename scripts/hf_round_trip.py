@@ -72,9 +72,11 @@ def check_renders(tok, raws, chats, kwargs):
     template reads as a reasoning block and lays out again (or drops, before the last user turn),
     rewriting history that Corvid stored as sampled (a barely trained policy writes it by chance).
     `template_divergent`: the run flagged the episode (its export's `template_divergent`) because
-    the template renders the finished conversation otherwise than the ids the policy saw (Qwen3's
-    empty think block on the last turn only), and the text differs; a flagged episode whose text
-    renders back unchanged fails, as does anything else.
+    the template renders the finished conversation otherwise than the ids the policy saw, and the
+    two texts differ only by empty think blocks (Qwen3's template writes one on the last assistant
+    turn only) and an unclosed last turn's `<|im_end|>` (one with a `<think>` block the template
+    lays out again counts as `reasoning_rewritten`); a flagged episode that renders back unchanged, or differs otherwise, fails, as
+    does anything else.
     """
     chats = {c["trajectory_id"]: c for c in chats}
     special = set(tok.added_tokens_decoder)
@@ -93,12 +95,20 @@ def check_renders(tok, raws, chats, kwargs):
         at = next((k for k in range(min(len(ids), len(want))) if ids[k] != want[k]),
                   min(len(ids), len(want)))
         if chat.get("template_divergent"):
-            if want_text.rstrip() != text.rstrip():
+            # Compared without empty think blocks, and with an unclosed last turn closed.
+            def bare(t):
+                t = t.replace("<think>\n\n</think>\n\n", "").rstrip()
+                return t.removesuffix("<|im_end|>").rstrip()
+            if want_text.rstrip() != text.rstrip() and bare(want_text) == bare(text):
                 counts["template_divergent"] += 1
                 continue
+            if any(m["role"] == "assistant" and m.get("reasoning_content") is not None
+                   for m in chat["messages"]):
+                counts["reasoning_rewritten"] += 1
+                continue
             counts["failed"] += 1
-            bad.append(dict(id=tid, at=at, stored="flagged template_divergent",
-                            transformers="renders the stored text unchanged"))
+            bad.append(dict(id=tid, at=at, stored="flagged template_divergent: " + text[-200:],
+                            transformers=want_text[-200:]))
         elif suffix is not None and want == ids + tok(suffix, add_special_tokens=False)["input_ids"]:
             counts["exact" if suffix == "\n" else "unclosed"] += 1
         elif suffix is not None and at < len(ids) and mask[at]:

@@ -11,14 +11,19 @@
 //!   evaluator counts, the tool-result span `replay` shows. Nobody else reads the
 //!   tokenizer's specials.
 //! - [`ChatFormat`] ([`chat_format`]): the same operations for a Hugging Face model, in its
-//!   own tokenizer, chat template and tool-call syntax, never re-rendering history; an
-//!   `EpisodeFormat` holds one for a run in the model's own format
-//!   ([`EpisodeFormat::for_model_folder`]), and its [`FormatDescription`] (tokenizer hash,
-//!   syntax) is what actors must match.
+//!   own tokenizer, chat template and tool-call syntax, token-in-token-out: the generated ids
+//!   are kept as sampled, and each segment after a turn is cut from the template's rendering
+//!   of the episode's real [`Conversation`] at the end of that turn, never re-rendering
+//!   history; where a template rewrites history (Qwen3), the difference is named
+//!   ([`ChatFormat::notes`], [`ChatFormat::divergence`]), never an error. An `EpisodeFormat`
+//!   holds one for a run in the model's own format ([`EpisodeFormat::for_model_folder`]), and
+//!   its [`FormatDescription`] (tokenizer hash, syntax, template keywords) is what actors must
+//!   match.
 //! - [`ToolCallSyntax`] ([`tool_syntax`]): the tool-call text of each model family (Hermes /
-//!   Qwen3, DeepSeek-V3.1, Kimi K2, Corvid's own), written and read back.
-//! - [`transcript`]: an episode read back as an OpenAI-style chat ([`ChatMessage`]) and a
-//!   chat laid out as an episode's exact tokens (`replay export --format chat`, SFT imports).
+//!   Qwen3, DeepSeek-V3 and R1, DeepSeek-V3.1, Kimi K2, Corvid's own), written and read back.
+//! - [`transcript`]: the [`Conversation`] an episode is built from, an episode read back as an
+//!   OpenAI-style chat ([`ChatMessage`]) and a chat laid out as an episode's exact tokens
+//!   (`replay export --format chat`, SFT imports).
 //! - [`demonstration`]: a task's oracle plan run in the real sandbox and laid out in the
 //!   format ([`oracle_steps`]), with [`Mistakes`] injected to teach recovery; the process
 //!   reward of a malformed turn ([`invalid_call_reward`]).
