@@ -544,8 +544,13 @@ impl ChatFormat {
             Ok(text) => text,
             Err(e) => return Some(format!("the finished conversation does not render: {e}")),
         };
-        let stored = self.decode_lossy(ids);
-        let (want, have) = (rendered.trim_end(), stored.trim_end());
+        let eot = self.turns.end_of_turn();
+        let mut stored = self.decode_lossy(ids).trim_end().to_string();
+        // A last turn cut by the budget is closed by the template, as the next segment would.
+        if !stored.ends_with(eot) {
+            stored.push_str(eot);
+        }
+        let (want, have) = (rendered.trim_end(), stored.as_str());
         if want == have {
             return None;
         }
@@ -564,7 +569,6 @@ impl ChatFormat {
         let snippet = |s: &str| -> String { s[context..].chars().take(48).collect() };
         // The turn: how many assistant turns the template closes before the difference, each
         // one's end taken from its rendering of the conversation through that turn.
-        let eot = self.turns.end_of_turn();
         let assistant: Vec<usize> = (0..=end)
             .filter(|&i| conversation.messages[i].role == "assistant")
             .collect();

@@ -89,6 +89,19 @@ fn a_turn_cut_by_the_budget_is_closed_and_a_bad_call_is_named() {
         "{text}"
     );
     assert!(text.ends_with("<|im_start|>assistant\n"), "{text}");
+    // An episode of this append-only template whose turns were cut, the last one included,
+    // renders as it was built: no difference is named.
+    let mut conversation = asked();
+    let mut ids = format.prompt_ids(&conversation).unwrap();
+    ids.extend(&cut);
+    ids.extend(
+        format
+            .result_ids(&mut conversation, &cut, "error: unclosed")
+            .unwrap(),
+    );
+    ids.extend(&cut);
+    format.close(&mut conversation, &cut);
+    assert_eq!(format.divergence(&conversation, &ids), None);
     // A folder without an end token cannot hold an episode.
     let tmp = tempfile::tempdir().unwrap();
     for f in ["tokenizer.json", "chat_template.jinja"] {
