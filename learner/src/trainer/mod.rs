@@ -287,6 +287,7 @@ impl Trainer {
                 write_template_kwargs(&cfg, origin)?;
             } else {
                 same_tokenizer_files(src, origin)?;
+                same_template_kwargs(&cfg, src, origin)?;
             }
         }
         tracing::info!(?device, weights = ?kind, routers = "Float", "policy built");
@@ -463,6 +464,38 @@ impl Trainer {
     }
 }
 
+/// The template keywords of a folder's `chat_template_kwargs.json` (none without one).
+fn folder_kwargs(dir: &Path) -> serde_json::Map<String, serde_json::Value> {
+    std::fs::read_to_string(dir.join(corvid_episode::KWARGS_FILE))
+        .ok()
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default()
+}
+
+/// A resumed run renders with the template keywords it started with (its `hf/` copy): the
+/// stored episodes were laid out with them.
+fn same_template_kwargs(
+    cfg: &LearnerConfig,
+    src: &Path,
+    origin: &Path,
+) -> Result<(), LearnerError> {
+    let mut now = folder_kwargs(src);
+    now.extend(cfg.model.template_kwargs()?);
+    let then = folder_kwargs(origin);
+    if now == then {
+        return Ok(());
+    }
+    Err(LearnerError::Config(ConfigError::Invalid {
+        field: "model.chat_template_kwargs".into(),
+        value: serde_json::Value::from(now).to_string(),
+        why: format!(
+            "the run started with {} ({}): the stored episodes were rendered with those; restore them or start a new run",
+            serde_json::Value::from(then),
+            origin.join(corvid_episode::KWARGS_FILE).display()
+        ),
+    }))
+}
+
 /// Writes the run's `[model] chat_template_kwargs` (over the folder's own) into the folder
 /// the run keeps, so that its policy folders render with them.
 fn write_template_kwargs(cfg: &LearnerConfig, origin: &Path) -> Result<(), LearnerError> {
@@ -470,10 +503,7 @@ fn write_template_kwargs(cfg: &LearnerConfig, origin: &Path) -> Result<(), Learn
         return Ok(());
     }
     let path = origin.join(corvid_episode::KWARGS_FILE);
-    let mut kwargs = match std::fs::read_to_string(&path) {
-        Ok(text) => serde_json::from_str(&text).unwrap_or_default(),
-        Err(_) => serde_json::Map::new(),
-    };
+    let mut kwargs = folder_kwargs(origin);
     kwargs.extend(cfg.model.template_kwargs()?);
     let text = serde_json::to_string_pretty(&kwargs).map_err(|e| {
         LearnerError::Config(ConfigError::Section {
@@ -509,4 +539,34 @@ fn same_tokenizer_files(src: &Path, origin: &Path) -> Result<(), LearnerError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod template_kwargs_tests {
+    use super::*;
+
+    fn config(kwargs: &str) -> LearnerConfig {
+        LearnerConfig::from_toml(&format!("[model]\nchat_template_kwargs = {kwargs}\n"))
+            .expect("config")
+    }
+
+    #[test]
+    fn a_resumed_run_keeps_the_template_keywords_it_started_with() {
+        let src = tempfile::tempdir().unwrap();
+        let origin = tempfile::tempdir().unwrap();
+        let started = config("{ enable_thinking = false }");
+        write_template_kwargs(&started, origin.path()).unwrap();
+        assert_eq!(
+            folder_kwargs(origin.path()),
+            started.model.template_kwargs().unwrap()
+        );
+        same_template_kwargs(&started, src.path(), origin.path()).expect("the same keywords");
+        let e = same_template_kwargs(&config("{}"), src.path(), origin.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("chat_template_kwargs") && e.contains("\"enable_thinking\":false"),
+            "{e}"
+        );
+    }
 }
