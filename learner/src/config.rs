@@ -148,7 +148,8 @@ pub struct ModelSection {
     /// vocabulary must cover its 264 ids).
     pub hf: Option<PathBuf>,
     /// The tool-call syntax of a run in the model's own format: `hermes` (Qwen3),
-    /// `deepseek_v31`, `kimi_k2` or `corvid`. Default: the model family's (`model_type`).
+    /// `deepseek_v3` (DeepSeek-V3, R1), `deepseek_v31`, `kimi_k2` or `corvid`. Default: the
+    /// model family's (`model_type`).
     pub tool_call_format: Option<String>,
     /// Keywords passed to the chat template of a run in the model's own format, as
     /// `apply_chat_template(..., **kwargs)` passes them: `{ enable_thinking = false }` for

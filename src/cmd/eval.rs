@@ -53,8 +53,8 @@ pub struct EvalArgs {
     /// Model config JSON for --random-init (overrides --model-preset).
     #[arg(long, value_name = "FILE", conflicts_with = "checkpoint")]
     pub model_config: Option<PathBuf>,
-    /// Tool-call syntax of a checkpoint in its model's own format (hermes, deepseek_v31,
-    /// kimi_k2, corvid); default the model family's. A checkpoint whose folder (or its hf/)
+    /// Tool-call syntax of a checkpoint in its model's own format (hermes, deepseek_v3,
+    /// deepseek_v31, kimi_k2, corvid); default the model family's. A checkpoint whose folder (or its hf/)
     /// holds a tokenizer.json is evaluated in that tokenizer and chat template.
     #[arg(long, value_name = "NAME")]
     pub tool_call_format: Option<String>,

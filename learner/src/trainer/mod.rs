@@ -545,9 +545,15 @@ fn same_tokenizer_files(src: &Path, origin: &Path) -> Result<(), LearnerError> {
 mod template_kwargs_tests {
     use super::*;
 
+    /// A config whose `[model] chat_template_kwargs` is `kwargs` (set after parsing: a
+    /// config without a tokenizer folder refuses them).
     fn config(kwargs: &str) -> LearnerConfig {
-        LearnerConfig::from_toml(&format!("[model]\nchat_template_kwargs = {kwargs}\n"))
-            .expect("config")
+        let mut cfg = LearnerConfig::from_toml("").expect("config");
+        cfg.model.chat_template_kwargs = toml::from_str(&format!("k = {kwargs}")).map_or_else(
+            |e| panic!("{e}"),
+            |t: toml::Table| t["k"].as_table().cloned().expect("a table"),
+        );
+        cfg
     }
 
     #[test]
