@@ -402,9 +402,12 @@ impl EpisodeRun {
         (steps, self.decide(answered))
     }
 
-    /// Where the template's rendering of the finished conversation differs from the ids
-    /// the episode recorded ([`EpisodeFormat::finish`]); `None` in the byte layout.
-    pub fn template_divergence(&self, format: &EpisodeFormat) -> Option<String> {
+    /// Whether the template renders the finished conversation otherwise than the ids the
+    /// episode recorded ([`EpisodeFormat::finish`]); false in the byte layout.
+    pub fn template_divergent(&self, format: &EpisodeFormat) -> bool {
+        if self.turns_finished == 0 || format.chat_format().is_none() {
+            return false;
+        }
         let mut conversation = self.conversation.clone();
         let unclosed = conversation.assistant_turns() < self.turns_finished;
         let last: &[u32] = if unclosed { &self.last_generated } else { &[] };
@@ -422,13 +425,7 @@ impl EpisodeRun {
         verdict: Option<&Verdict>,
     ) -> TrajectoryFooter {
         let success = termination.is_scored() && verdict.is_some_and(Verdict::passed);
-        let template_divergent = self.turns_finished > 0 && format.chat_format().is_some() && {
-            let divergence = self.template_divergence(format);
-            if let Some(d) = &divergence {
-                tracing::debug!(episode = %self.header.trajectory_id, "template divergence: {d}");
-            }
-            divergence.is_some()
-        };
+        let template_divergent = self.template_divergent(format);
         TrajectoryFooter {
             template_divergent,
             outcome_reward: if success { 1.0 } else { 0.0 },

@@ -19,7 +19,7 @@
 //! [`ChatFormat::divergence`] names the difference for one episode.
 //!
 //! Keywords a run passes to the template (`enable_thinking`) live in the folder's
-//! `chat_template_kwargs.json`, one of the [`TOKENIZER_FILES`], so actors and readers of a
+//! [`KWARGS_FILE`] and are hashed with the [`TOKENIZER_FILES`], so actors and readers of a
 //! policy folder render with the same ones.
 
 use std::path::Path;
@@ -86,8 +86,9 @@ fn config_error(dir: &Path, problem: impl Into<String>) -> TokenizerError {
     }
 }
 
-/// The keywords of a tokenizer folder's [`KWARGS_FILE`]; none when it has none.
-fn read_kwargs(dir: &Path) -> Result<Map<String, Value>, TokenizerError> {
+/// The keywords of a tokenizer folder's [`KWARGS_FILE`]; none when it has none, an error
+/// naming the file when it is not a JSON object.
+pub fn read_template_kwargs(dir: &Path) -> Result<Map<String, Value>, TokenizerError> {
     let path = dir.join(KWARGS_FILE);
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
@@ -177,7 +178,7 @@ impl ChatFormat {
         })?;
         let pad = id_of("pad_token")?.map_or(eos, |(_, id)| id);
         let mut notes = Vec::new();
-        let mut in_effect = read_kwargs(dir)?;
+        let mut in_effect = read_template_kwargs(dir)?;
         in_effect.extend(kwargs.clone());
         for (key, value) in &in_effect {
             if !template.reads(key) {
@@ -526,12 +527,21 @@ impl ChatFormat {
             .collect()
     }
 
-    /// Where the template's rendering of the finished `conversation` (through its last
-    /// assistant turn) differs from the episode's `ids` as text: the turn, and what each
-    /// holds there; `None` when they agree. Text, not ids, is compared, so a tokenisation
-    /// the model sampled (or tool text spelling a special token, kept plain) is no
-    /// difference; only what the template writes is.
-    pub fn divergence(&self, conversation: &Conversation, ids: &[u32]) -> Option<String> {
+    /// Whether the template renders the finished `conversation` otherwise than the episode's
+    /// `ids` ([`divergence`](Self::divergence) without naming where: one rendering).
+    pub fn diverges(&self, conversation: &Conversation, ids: &[u32]) -> bool {
+        self.differing_texts(conversation, ids).is_some()
+    }
+
+    /// The index of the last assistant message, the template's rendering of the conversation
+    /// through it and the episode's text (a last turn cut by the budget closed, as the
+    /// template closes it), when the two differ (trailing whitespace aside); the rendering's
+    /// error when it fails.
+    fn differing_texts(
+        &self,
+        conversation: &Conversation,
+        ids: &[u32],
+    ) -> Option<Result<(usize, String, String), TokenizerError>> {
         let end = conversation
             .messages
             .iter()
@@ -542,18 +552,29 @@ impl ChatFormat {
             .render(&messages, Some(&conversation.tools), false)
         {
             Ok(text) => text,
-            Err(e) => return Some(format!("the finished conversation does not render: {e}")),
+            Err(e) => return Some(Err(e)),
         };
         let eot = self.turns.end_of_turn();
         let mut stored = self.decode_lossy(ids).trim_end().to_string();
-        // A last turn cut by the budget is closed by the template, as the next segment would.
         if !stored.ends_with(eot) {
             stored.push_str(eot);
         }
+        (rendered.trim_end() != stored).then_some(Ok((end, rendered, stored)))
+    }
+
+    /// Where the template's rendering of the finished `conversation` (through its last
+    /// assistant turn) differs from the episode's `ids` as text: the turn, and what each
+    /// holds there; `None` when they agree. Text, not ids, is compared, so a tokenisation
+    /// the model sampled (or tool text spelling a special token, kept plain) is no
+    /// difference; only what the template writes is.
+    pub fn divergence(&self, conversation: &Conversation, ids: &[u32]) -> Option<String> {
+        let (end, rendered, stored) = match self.differing_texts(conversation, ids)? {
+            Ok(texts) => texts,
+            Err(e) => return Some(format!("the finished conversation does not render: {e}")),
+        };
         let (want, have) = (rendered.trim_end(), stored.as_str());
-        if want == have {
-            return None;
-        }
+        let eot = self.turns.end_of_turn();
+        let messages = self.template_messages(&conversation.messages[..=end]);
         let at = want
             .char_indices()
             .zip(have.chars())
@@ -730,10 +751,7 @@ impl ChatFormat {
                     .filter(|m| m.role == "assistant")
                     .and_then(|m| m.tool_calls.first())
                     .cloned();
-                let call = answered.as_ref().map(|c| ToolCall {
-                    name: c.function.name.clone(),
-                    arguments_json: c.function.arguments.clone(),
-                });
+                let call = answered.as_ref().map(|c| c.function.call());
                 let mut m = ChatMessage::text(
                     "tool",
                     self.tool_result_text(&ids[..first_gen], call.as_ref()),
@@ -775,14 +793,7 @@ impl ChatFormat {
                 }
             }
         }
-        let calls: Vec<ToolCall> = m
-            .tool_calls
-            .iter()
-            .map(|c| ToolCall {
-                name: c.function.name.clone(),
-                arguments_json: c.function.arguments.clone(),
-            })
-            .collect();
+        let calls: Vec<ToolCall> = m.tool_calls.iter().map(|c| c.function.call()).collect();
         let sep = if m.content.is_empty() || calls.is_empty() {
             ""
         } else {

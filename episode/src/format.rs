@@ -418,22 +418,17 @@ impl EpisodeFormat {
     }
 
     /// Ends an episode's `conversation` with its last generated turn `generated` (the turn no
-    /// result followed) and says where the template's rendering of it differs from the
-    /// episode's `ids` ([`ChatFormat::divergence`]); always `None` in the byte layout, whose
+    /// result followed) and says whether the template renders it otherwise than the
+    /// episode's `ids` ([`ChatFormat::diverges`]); always false in the byte layout, whose
     /// turns are laid out by Corvid itself.
-    pub fn finish(
-        &self,
-        conversation: &mut Conversation,
-        generated: &[u32],
-        ids: &[u32],
-    ) -> Option<String> {
+    pub fn finish(&self, conversation: &mut Conversation, generated: &[u32], ids: &[u32]) -> bool {
         let Layout::Chat(c) = &self.layout else {
-            return None;
+            return false;
         };
         if !generated.is_empty() {
             c.close(conversation, generated);
         }
-        c.divergence(conversation, ids)
+        c.diverges(conversation, ids)
     }
 
     /// The tokens a policy generates for a turn that calls `name` with `arguments`: in the

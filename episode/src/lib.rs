@@ -48,7 +48,7 @@ pub mod format;
 pub mod tool_syntax;
 pub mod transcript;
 
-pub use chat_format::{ChatFormat, KWARGS_FILE, TOKENIZER_FILES};
+pub use chat_format::{read_template_kwargs, ChatFormat, KWARGS_FILE, TOKENIZER_FILES};
 pub use demonstration::{
     invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, DemonstrationError,
     Mistakes,

@@ -118,6 +118,16 @@ pub struct ChatFunction {
     pub arguments: String,
 }
 
+impl ChatFunction {
+    /// The call, as a turn's parse gives it.
+    pub fn call(&self) -> ToolCall {
+        ToolCall {
+            name: self.name.clone(),
+            arguments_json: self.arguments.clone(),
+        }
+    }
+}
+
 /// A string, or `null` as the empty string (OpenAI writes a call-only turn's content so).
 fn null_as_empty<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
     Ok(Option::<String>::deserialize(d)?.unwrap_or_default())

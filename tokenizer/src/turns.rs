@@ -21,7 +21,7 @@
 //! tokenizer splits anyway: for a template whose full rendering extends turn by turn, the
 //! concatenation equals the tokenisation of the full rendering (tested on every fixture).
 
-use serde_json::{json, Map, Value};
+use serde_json::{Map, Value};
 
 use crate::template::{ChatInput, ChatTemplate};
 use crate::TokenizerError;
@@ -132,20 +132,5 @@ impl TurnRenderer {
                 ))
             })?;
         Ok(full[boundary..].to_string())
-    }
-
-    /// [`segment_after_turn`](Self::segment_after_turn) after a stand-in history (a user
-    /// message and a one-word reply): the frame a template writes around `new` when the real
-    /// history is not at hand (reading a stored result back).
-    pub fn segment_after_stand_in(
-        &self,
-        new: &[Value],
-        tools: Option<&[Value]>,
-    ) -> Result<String, TokenizerError> {
-        let history = [
-            json!({"role": "user", "content": "stand-in"}),
-            json!({"role": "assistant", "content": "ok"}),
-        ];
-        self.segment_after_turn(&history, new, tools)
     }
 }

@@ -465,11 +465,13 @@ impl Trainer {
 }
 
 /// The template keywords of a folder's `chat_template_kwargs.json` (none without one).
-fn folder_kwargs(dir: &Path) -> serde_json::Map<String, serde_json::Value> {
-    std::fs::read_to_string(dir.join(corvid_episode::KWARGS_FILE))
-        .ok()
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .unwrap_or_default()
+fn folder_kwargs(dir: &Path) -> Result<serde_json::Map<String, serde_json::Value>, LearnerError> {
+    corvid_episode::read_template_kwargs(dir).map_err(|e| {
+        LearnerError::Config(ConfigError::Section {
+            section: "model",
+            message: e.to_string(),
+        })
+    })
 }
 
 /// A resumed run renders with the template keywords it started with (its `hf/` copy): the
@@ -479,9 +481,9 @@ fn same_template_kwargs(
     src: &Path,
     origin: &Path,
 ) -> Result<(), LearnerError> {
-    let mut now = folder_kwargs(src);
+    let mut now = folder_kwargs(src)?;
     now.extend(cfg.model.template_kwargs()?);
-    let then = folder_kwargs(origin);
+    let then = folder_kwargs(origin)?;
     if now == then {
         return Ok(());
     }
@@ -503,7 +505,7 @@ fn write_template_kwargs(cfg: &LearnerConfig, origin: &Path) -> Result<(), Learn
         return Ok(());
     }
     let path = origin.join(corvid_episode::KWARGS_FILE);
-    let mut kwargs = folder_kwargs(origin);
+    let mut kwargs = folder_kwargs(origin)?;
     kwargs.extend(cfg.model.template_kwargs()?);
     let text = serde_json::to_string_pretty(&kwargs).map_err(|e| {
         LearnerError::Config(ConfigError::Section {
@@ -563,7 +565,7 @@ mod template_kwargs_tests {
         let started = config("{ enable_thinking = false }");
         write_template_kwargs(&started, origin.path()).unwrap();
         assert_eq!(
-            folder_kwargs(origin.path()),
+            folder_kwargs(origin.path()).unwrap(),
             started.model.template_kwargs().unwrap()
         );
         same_template_kwargs(&started, src.path(), origin.path()).expect("the same keywords");

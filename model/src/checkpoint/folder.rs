@@ -13,9 +13,9 @@ use ::safetensors::tensor::TensorView;
 use corvid_durable::replace_file;
 use memmap2::{Mmap, UncheckedAdvice};
 use serde::Deserialize;
-use tch::{nn, Device};
+use tch::{nn, Device, Kind};
 
-use super::safetensors::{bad, load_views, parse, weights_to_bytes, HEADER};
+use super::safetensors::{bad, kind_and_shape, load_views, parse, weights_to_bytes, HEADER};
 use crate::config::ModelConfig;
 use crate::policy::MoePolicy;
 use crate::precision::weight_kind_for;
@@ -46,6 +46,26 @@ pub fn save(vs: &nn::VarStore, cfg: &ModelConfig, dir: &Path) -> Result<(), Mode
     let config = dir.join(CONFIG_FILE);
     let text = serde_json::to_string_pretty(cfg).expect("config serialises");
     replace_file(&config, text.as_bytes()).map_err(io(&config))
+}
+
+/// The kind most of a folder's weights are stored in (`model.safetensors` or its shards, read
+/// through the maps, nothing copied): what an export keeps unless told otherwise.
+pub fn stored_kind(dir: &Path) -> Result<Kind, ModelError> {
+    with_views(dir, |views, _| {
+        let mut counts: Vec<(Kind, usize)> = Vec::new();
+        for (name, view) in views {
+            let (kind, _) = kind_and_shape(name, view)?;
+            match counts.iter_mut().find(|(k, _)| *k == kind) {
+                Some((_, n)) => *n += 1,
+                None => counts.push((kind, 1)),
+            }
+        }
+        counts
+            .into_iter()
+            .max_by_key(|(_, n)| *n)
+            .map(|(kind, _)| kind)
+            .ok_or_else(|| bad(HEADER, "the folder's weights hold no tensors"))
+    })
 }
 
 /// Reads the config of a checkpoint folder.

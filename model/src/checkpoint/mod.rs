@@ -14,7 +14,8 @@ mod folder;
 mod safetensors;
 
 pub use self::folder::{
-    load, load_config, load_weights, save, CONFIG_FILE, WEIGHTS_FILE, WEIGHTS_INDEX_FILE,
+    load, load_config, load_weights, save, stored_kind, CONFIG_FILE, WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
 };
 pub(crate) use self::folder::{with_views, Release};
 pub(crate) use self::safetensors::{kind_and_shape, tensors_to_bytes};

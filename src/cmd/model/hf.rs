@@ -200,54 +200,37 @@ pub(super) struct ExportArgs {
     as_type: Option<String>,
 }
 
+/// A dtype by name: `--dtype`'s short names, or a Hugging Face config's (`float32`, ...).
+fn parse_dtype(name: &str) -> Option<Kind> {
+    Some(match name {
+        "fp32" | "float32" => Kind::Float,
+        "bf16" | "bfloat16" => Kind::BFloat16,
+        "fp16" | "float16" => Kind::Half,
+        _ => return None,
+    })
+}
+
 /// The dtype a model folder's weights are in: a Hugging Face config's `dtype` (or
-/// `torch_dtype`), else the dtype most of `model.safetensors`' tensors are stored in.
-fn source_dtype(dir: &Path) -> anyhow::Result<String> {
+/// `torch_dtype`), else the kind most of its stored tensors have.
+fn source_kind(dir: &Path) -> anyhow::Result<Kind> {
     let config = dir.join("config.json");
     let text = std::fs::read_to_string(&config)
         .with_context(|| format!("reading {}", config.display()))?;
     let value: serde_json::Value = serde_json::from_str(&text)
         .with_context(|| format!("{} is not valid JSON", config.display()))?;
-    if value.get("model_type").is_some() {
-        if let Some(d) = ["dtype", "torch_dtype"]
-            .iter()
-            .find_map(|k| value.get(*k)?.as_str())
-        {
-            return Ok(d.to_string());
-        }
+    let named = ["dtype", "torch_dtype"]
+        .iter()
+        .find_map(|k| value.get(*k)?.as_str())
+        .filter(|_| value.get("model_type").is_some());
+    match named {
+        Some(d) => parse_dtype(d).with_context(|| {
+            format!(
+                "{}: dtype `{d}` is not fp32, bf16 or fp16",
+                config.display()
+            )
+        }),
+        None => Ok(corvid_model::checkpoint::stored_kind(dir)?),
     }
-    let weights = dir.join("model.safetensors");
-    let mut file =
-        std::fs::File::open(&weights).with_context(|| format!("reading {}", weights.display()))?;
-    let mut len = [0u8; 8];
-    std::io::Read::read_exact(&mut file, &mut len)
-        .with_context(|| format!("reading {}", weights.display()))?;
-    let len = u64::from_le_bytes(len);
-    anyhow::ensure!(
-        len < 1 << 30,
-        "{}: a safetensors header of {len} bytes",
-        weights.display()
-    );
-    let mut header = vec![0u8; len as usize];
-    std::io::Read::read_exact(&mut file, &mut header)
-        .with_context(|| format!("reading {}", weights.display()))?;
-    let header: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header)
-        .with_context(|| format!("{}: the safetensors header is not JSON", weights.display()))?;
-    let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
-    for (name, t) in &header {
-        if let Some(d) = t
-            .get("dtype")
-            .and_then(|d| d.as_str())
-            .filter(|_| name != "__metadata__")
-        {
-            *counts.entry(d).or_default() += 1;
-        }
-    }
-    counts
-        .into_iter()
-        .max_by_key(|(_, n)| *n)
-        .map(|(d, _)| d.to_string())
-        .with_context(|| format!("{} holds no tensors", weights.display()))
 }
 
 /// `5GB`, `500MB`, `2GiB`, `1000` (bytes), as transformers' `max_shard_size` reads them.
@@ -281,20 +264,16 @@ fn parse_size(text: &str) -> anyhow::Result<u64> {
 
 /// `corvid model export`.
 pub(super) fn export(a: ExportArgs) -> anyhow::Result<ExitCode> {
-    let dtype = match &a.dtype {
-        Some(d) => d.clone(),
-        None => source_dtype(&a.dir.model).with_context(|| {
+    let kind = match &a.dtype {
+        Some(d) => {
+            parse_dtype(d).with_context(|| format!("--dtype `{d}`: expected fp32, bf16 or fp16"))?
+        }
+        None => source_kind(&a.dir.model).with_context(|| {
             format!(
                 "the dtype of {} (name one with --dtype)",
                 a.dir.model.display()
             )
         })?,
-    };
-    let kind = match dtype.as_str() {
-        "fp32" | "float32" | "F32" => Kind::Float,
-        "bf16" | "bfloat16" | "BF16" => Kind::BFloat16,
-        "fp16" | "float16" | "F16" => Kind::Half,
-        other => bail!("--dtype `{other}`: expected fp32, bf16 or fp16"),
     };
     let max_shard = parse_size(&a.max_shard_size)?;
     let opened = arch::open(&a.dir.model, Device::Cpu)
