@@ -778,9 +778,10 @@ impl ChatFormat {
     ) -> Result<String, TokenizerError> {
         let m = &messages[index];
         let eos = self.turns.end_of_turn();
-        if m.reasoning_content.is_some() {
-            // The template's own text for the turn: its rendering as the last message, after
-            // the generation prompt the history gets.
+        let mut think = String::new();
+        if let Some(reasoning) = &m.reasoning_content {
+            // The template's own text for the turn where it keeps the reasoning (Qwen3): its
+            // rendering as the last message, after the generation prompt the history gets.
             let opened =
                 self.turns
                     .render(&self.template_messages(&messages[..index]), tools, true)?;
@@ -788,20 +789,25 @@ impl ChatFormat {
                 self.turns
                     .render(&self.template_messages(&messages[..=index]), tools, false)?;
             if let Some(turn) = closed.strip_prefix(opened.as_str()) {
-                if let Some(end) = turn.find(eos) {
+                if let Some(end) = turn.find(eos).filter(|_| turn.contains(reasoning.as_str())) {
                     return Ok(turn[..end + eos.len()].to_string());
                 }
             }
+            // A template that drops reasoning (DeepSeek-V3.1): the block as the model writes
+            // it after a generation prompt that may already open it.
+            think = if opened.ends_with("<think>") {
+                format!("{reasoning}</think>")
+            } else if opened.ends_with("<think>\n") {
+                format!("{reasoning}\n</think>\n\n")
+            } else {
+                format!("<think>\n{reasoning}\n</think>\n\n")
+            };
         }
         let calls: Vec<ToolCall> = m.tool_calls.iter().map(|c| c.function.call()).collect();
         let sep = if m.content.is_empty() || calls.is_empty() {
             ""
         } else {
             "\n"
-        };
-        let think = match &m.reasoning_content {
-            Some(r) => format!("<think>\n{r}\n</think>\n\n"),
-            None => String::new(),
         };
         Ok(format!(
             "{think}{}{sep}{}{eos}",

@@ -1,5 +1,5 @@
 //! The released chat templates (Qwen3 with thinking on and off, Qwen3-2507 Instruct,
-//! DeepSeek-V3, DeepSeek-V3.1, Kimi K2, and R1-Distill's, which cannot lay out tool use) with
+//! DeepSeek-V3, DeepSeek-V3.1 with thinking on and off, Kimi K2, and R1-Distill's, which cannot lay out tool use) with
 //! their released tokenizers, fetched by the bootstrap into `.corvid/released`
 //! (`scripts/released_files.py`; provenance in `episode/tests/released/README.md`).
 //!
@@ -53,11 +53,15 @@ fn oracle() -> Vec<Value> {
 }
 
 /// What the model generates for an assistant message: its reasoning block, its text, its
-/// calls in the folder's syntax, the end of the turn.
+/// calls in the folder's syntax, the end of the turn. DeepSeek-V3.1's generation prompt
+/// already opens `<think>`, so its model writes `reasoning</think>`; Qwen3's writes the block.
 fn generated_text(m: &Value, syntax: ToolCallSyntax, eot: &str) -> String {
     let think = m["reasoning_content"]
         .as_str()
-        .map(|r| format!("<think>\n{r}\n</think>\n\n"))
+        .map(|r| match syntax {
+            ToolCallSyntax::DeepseekV31 => format!("{r}</think>"),
+            _ => format!("<think>\n{r}\n</think>\n\n"),
+        })
         .unwrap_or_default();
     let calls: Vec<ToolCall> = m["tool_calls"]
         .as_array()
@@ -256,11 +260,13 @@ fn released_templates_build_episodes_turn_by_turn_as_transformers_renders_them()
 /// turn gets one the model did not write; thinking off: the earlier turns lose the one their
 /// generation prompt held), while turns with reasoning after the last query are kept, so the
 /// thinking case extends turn by turn; DeepSeek-V3's generation prompt opens `<think>\n`,
-/// which its rendering of a call turn leaves out. Qwen3-2507, DeepSeek-V3.1 and Kimi K2
-/// extend turn by turn.
+/// which its rendering of a call turn leaves out; DeepSeek-V3.1 with thinking renders a call
+/// turn as `<think></think>`, dropping the reasoning the model wrote. Qwen3-2507, DeepSeek-V3.1
+/// without thinking and Kimi K2 extend turn by turn.
 const EXPECTED_DIVERGENT: &[&str] = &[
     "deepseek_v3 calls {}",
     "deepseek_v3 error {}",
+    "deepseek_v31 thinking {\"thinking\":true}",
     "qwen3 calls {\"enable_thinking\":false}",
     "qwen3 calls {}",
     "qwen3 error {\"enable_thinking\":false}",
