@@ -10,7 +10,7 @@
 //! 1. An episode whose context is queued (the prompt, or a tool message) is *ready*. Ready
 //!    episodes are prefilled — only the tokens not yet in their row, so a new turn costs
 //!    its new tokens (prefix reuse). Ready rows of similar pending lengths are prefilled in
-//!    one ragged `[k, T]` forward ([`MoePolicy::forward_ragged`]: each row appends its own
+//!    one ragged `[k, T]` forward ([`MoePolicy::forward_ragged_last`]: each row appends its own
 //!    count, the rest is padding); the last real position's logits give each its first
 //!    generated token.
 //! 2. Prefilled episodes *decode*: every decode step is one forward over the cache's low
@@ -693,13 +693,10 @@ impl<'p> RolloutEngine<'p> {
         let tokens_bt = Tensor::from_slice(&tokens)
             .view([k as i64, t])
             .to_device(dev);
-        let logits = model.forward_ragged(&mut sub, &tokens_bt, &new)?;
+        // Logits only at each row's last token: the one position sampled from.
+        let logits_kv = model.forward_ragged_last(&mut sub, &tokens_bt, &new)?;
         cache.put(&rows, &sub)?;
-        let last_idx = Tensor::from_slice(&new.iter().map(|n| n - 1).collect::<Vec<_>>())
-            .to_device(dev)
-            .view([k as i64, 1, 1])
-            .expand([k as i64, 1, logits.size()[2]], false);
-        let flat = logits_to_vec(&logits.gather(1, &last_idx, false))?;
+        let flat = logits_to_vec(&logits_kv)?;
         self.stats.forward_s += t0.elapsed().as_secs_f64();
         self.stats.prefill_tokens += new.iter().sum::<i64>() as u64;
         let v = flat.len() / k;
@@ -778,7 +775,7 @@ impl<'p> RolloutEngine<'p> {
         let tokens_bt = Tensor::from_slice(&tokens)
             .view([n as i64, 1])
             .to_device(dev);
-        let logits = cache.with_prefix(n, 1, |c| model.forward_ragged(c, &tokens_bt, &new))?;
+        let logits = cache.with_prefix(n, 1, |c| model.forward_ragged_last(c, &tokens_bt, &new))?;
         let idx =
             Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to_device(dev);
         let flat = logits_to_vec(&logits.index_select(0, &idx))?;

@@ -9,6 +9,7 @@
 //! | `[tasks]` | the families trained on and the highest level of each |
 //! | `[curriculum]` | [`CurriculumConfig`]: promotion and demotion thresholds, context stages |
 //! | `[rollout]` | open-group bound, task timeout, sampling, actors' poll interval, versions kept |
+//! | `[train]` | [`TrainConfig`], shared by SFT and RL: activation checkpointing, the logits chunk, the longest trajectory trained on |
 //! | `[sft]`, `[rl]` | the trainers' own configs ([`SftConfig`], [`RlConfig`]); the group size G
 //! |  | (`rl.group_size`), groups per update and synchronous mode (`rl.sync`) live in `[rl]` |
 //! | `[schedule]` | SFT on or off, checkpoint interval and retention, update budget |
@@ -24,7 +25,7 @@ use std::path::{Path, PathBuf};
 use corvid_tasks::CurriculumConfig;
 use serde::{Deserialize, Serialize};
 
-use crate::train::config::{RlConfig, SftConfig};
+use crate::train::config::{RlConfig, SftConfig, TrainConfig};
 use corvid_episode::{ChatFormat, EpisodeFormat, ToolCallSyntax};
 use corvid_model::ModelConfig;
 
@@ -489,6 +490,9 @@ pub struct LearnerConfig {
     pub curriculum: CurriculumConfig,
     /// Assignments, groups and sampling.
     pub rollout: RolloutSection,
+    /// How rows become losses in SFT and RL: activation checkpointing, the logits chunk,
+    /// the longest trajectory trained on.
+    pub train: TrainConfig,
     /// Supervised fine-tuning.
     pub sft: SftConfig,
     /// Policy optimisation.
@@ -518,6 +522,7 @@ impl Default for LearnerConfig {
             tasks: TasksSection::default(),
             curriculum: CurriculumConfig::default(),
             rollout: RolloutSection::default(),
+            train: TrainConfig::default(),
             sft: SftConfig::default(),
             rl: RlConfig::default(),
             schedule: ScheduleSection::default(),
@@ -693,6 +698,9 @@ impl LearnerConfig {
                 section: "curriculum",
                 message: e.to_string(),
             })?;
+        self.train
+            .validate()
+            .map_err(|e| trainer_invalid("train", e))?;
         self.sft.validate().map_err(|e| trainer_invalid("sft", e))?;
         self.rl.validate().map_err(|e| trainer_invalid("rl", e))?;
         if self.rl.group_size > 1024 {

@@ -1,7 +1,7 @@
 //! The RL loss terms on hand-computed examples, and masking through the whole trainer.
 
 use corvid_learner::train::loss::{
-    clip_masks, clipped_surrogate, entropy, importance_ratio, k3_kl, token_sum_over,
+    clip_masks, clipped_surrogate, importance_ratio, k3_kl, token_sum_over,
     truncated_importance_weight,
 };
 use corvid_learner::train::{RlConfig, RlTrainer};
@@ -102,8 +102,18 @@ fn k3_kl_matches_the_formula_by_hand() {
 
 #[test]
 fn entropy_and_token_mean_by_hand() {
+    // Logits log p through an identity head: softmax gives p back.
     let logp = t(&[0.5f64.ln(), 0.5f64.ln(), 0.25f64.ln(), 0.75f64.ln()]).view([2, 2]);
-    let h = v(&entropy(&logp));
+    let eye = Tensor::eye(2, (Kind::Double, tch::Device::Cpu));
+    let targets = Tensor::from_slice(&[0i64, 1]);
+    let ones = Tensor::ones([2, 1], (Kind::Float, tch::Device::Cpu));
+    let scores = corvid_model::head::score_full(&logp, &eye, &targets, &ones).unwrap();
+    let h = v(&scores.entropy_n.to_kind(Kind::Double));
+    assert!(close(
+        &v(&scores.logp_n.to_kind(Kind::Double)),
+        &[0.5f64.ln(), 0.75f64.ln()],
+        1e-6
+    ));
     let h1 = -(0.25 * 0.25f64.ln() + 0.75 * 0.75f64.ln());
     assert!(close(&h, &[2f64.ln(), h1], 1e-7), "{h:?}");
     let m = token_sum_over(&t(&[1.0, 2.0, 3.0]), 4.0).double_value(&[]);

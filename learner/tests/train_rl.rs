@@ -663,9 +663,20 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
     let refs: Vec<&PackedRow> = demos.iter().collect();
     let batch = PackedBatch::new(&refs, Device::Cpu).unwrap();
     tch::manual_seed(5);
-    let out = batch.forward(&model, true).unwrap();
-    let logp = batch
-        .select(&out.logits_btv)
+    // Full logits (the reference path), not the trainer's chunked head.
+    let out = model
+        .forward_packed(
+            &batch.tokens_bt,
+            &batch.positions_bt,
+            &batch.doc_ids_bt,
+            true,
+        )
+        .unwrap();
+    let v = out.logits_btv.size()[2];
+    let logp = out
+        .logits_btv
+        .view([-1, v])
+        .index_select(0, &batch.idx_n)
         .log_softmax(-1, Kind::Float)
         .gather(-1, &batch.targets_n.unsqueeze(-1), false);
     let ce = -logp.sum(Kind::Float) / batch.n_trained as f64;

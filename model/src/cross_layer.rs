@@ -36,6 +36,11 @@ impl CrossLayerState {
         self.outs.push(attn_out_btd.shallow_clone());
     }
 
+    /// The last layer's attention output.
+    pub fn last(&self) -> Option<Tensor> {
+        self.outs.last().map(Tensor::shallow_clone)
+    }
+
     /// Number of layers recorded.
     pub fn len(&self) -> usize {
         self.outs.len()

@@ -81,6 +81,7 @@ mod error;
 pub mod experts;
 pub mod fits;
 pub mod gqa;
+pub mod head;
 pub mod health;
 pub mod layers;
 pub mod mla_cpu;
@@ -101,6 +102,7 @@ pub use config::{
 };
 pub use error::ModelError;
 pub use fits::BuildBytes;
+pub use head::TokenScores;
 pub use health::MoeHealth;
-pub use policy::{BalanceStats, ForwardOutput, MoePolicy};
+pub use policy::{BalanceStats, Checkpoint, ForwardOutput, MoePolicy, Trunk};
 pub use precision::weight_kind_for;

@@ -28,6 +28,8 @@ pub struct MoeAux {
     pub health: MoeHealth,
     /// Statistics for the balance-bias update.
     pub stats: LayerBalanceStats,
+    /// The router's selection noise ([`Routing::noise_te`](super::router::Routing::noise_te)).
+    pub noise_te: Option<Tensor>,
 }
 
 /// One MoE FFN.
@@ -73,9 +75,20 @@ impl MoeLayer {
 
     /// `y [B, T, d]`, and in training the aux terms, health and balance statistics.
     pub fn forward(&self, x_btd: &Tensor, train: bool) -> (Tensor, Option<MoeAux>) {
+        self.forward_with_noise(x_btd, train, None)
+    }
+
+    /// [`MoeLayer::forward`] with the router's selection noise given
+    /// ([`Router::forward_with_noise`](super::router::Router::forward_with_noise)).
+    pub fn forward_with_noise(
+        &self,
+        x_btd: &Tensor,
+        train: bool,
+        noise_te: Option<&Tensor>,
+    ) -> (Tensor, Option<MoeAux>) {
         let (b, t, d) = x_btd.size3().expect("x is [B, T, d]");
         let x_nd = x_btd.reshape([b * t, d]);
-        let routing = self.router.forward(&x_nd, train);
+        let routing = self.router.forward_with_noise(&x_nd, train, noise_te);
         let mut y_nd = self
             .experts
             .forward(&x_nd, &routing.idx_tk, &routing.weights_tk);
@@ -120,6 +133,7 @@ impl MoeLayer {
                 loss,
                 health,
                 stats,
+                noise_te: routing.noise_te,
             }),
         )
     }

@@ -19,9 +19,11 @@ use super::gqa::Gqa;
 use super::health::MoeHealth;
 use super::layers::{normal_var, Linear, Mlp, RmsNorm};
 use super::moe::{MoeAux, MoeLayer};
-use super::precision::work_kind;
 use super::rope::Rope;
 use super::ModelError;
+
+mod trunk;
+pub use trunk::{Checkpoint, Trunk};
 
 /// The FFN of a block, chosen in `new` from `first_k_dense_replace`.
 #[derive(Debug)]
@@ -62,13 +64,21 @@ struct Block {
 }
 
 impl Block {
+    /// Whether the block computes its own latent (MLA, not CLA-shared).
+    fn owns_latent(&self) -> bool {
+        matches!(&self.attn, Attn::Mla(m) if m.owns_latent())
+    }
+
     /// The block's output `[B, T, d]` for `x [B, T, d]`, and in a training forward an MoE
     /// block's balance terms. `ctx` says how attention reaches its keys and carries what
     /// later blocks need (the CLA latent, the cross-layer history, the cache).
+    /// `noise_te` replays the router noise of an earlier forward of the same block
+    /// (activation recompute).
     fn forward(
         &self,
         x_btd: &Tensor,
         ctx: &mut BlockCtx<'_>,
+        noise_te: Option<&Tensor>,
     ) -> Result<(Tensor, Option<MoeAux>), ModelError> {
         let h = self.attn_norm.forward(x_btd);
         let h_prev = ctx.prev_inputs(&h, self.attn.shift_taps(), self.latent_slot);
@@ -86,7 +96,7 @@ impl Block {
         let h = self.ffn_norm.forward(&x);
         let (y, aux) = match &self.ffn {
             Ffn::Dense(m) => (m.forward(&h), None),
-            Ffn::Moe(m) => m.forward(&h, ctx.train),
+            Ffn::Moe(m) => m.forward_with_noise(&h, ctx.train, noise_te),
         };
         Ok((x + y, aux))
     }
@@ -492,31 +502,36 @@ impl MoePolicy {
             .view([b, t, self.cfg.hidden_size])
     }
 
-    fn head(&self, x_btd: &Tensor) -> Tensor {
-        let h = self.norm.forward(x_btd);
+    /// The head's weight `[V, d]`: `lm_head`, or the embedding when tied.
+    pub fn head_weight_vd(&self) -> &Tensor {
         match &self.lm_head {
-            Some(l) => l.forward(&h),
-            None => h.matmul(&self.embed_vd.tr()),
+            Some(l) => &l.weight,
+            None => &self.embed_vd,
         }
     }
 
-    /// Training (or scoring) forward over a packed batch `tokens [B, T]` (int64), causal within
-    /// each row. With `train`, router noise is on and health and balance statistics are
-    /// returned.
-    pub fn forward(&self, tokens_bt: &Tensor, train: bool) -> Result<ForwardOutput, ModelError> {
-        let (b, t) = self.check_tokens(tokens_bt, 0)?;
-        let pos_bt = Tensor::arange(t, (Kind::Int64, self.device))
-            .unsqueeze(0)
-            .expand([b, t], false);
-        self.forward_inner(tokens_bt, &pos_bt, None, train)
+    /// Logits `[.., V]` of final hidden states (after the final norm, as
+    /// [`Trunk::hidden_btd`]). Training and scoring never call this over a whole row: they
+    /// go through [`head`](crate::head) a chunk of positions at a time.
+    pub fn logits(&self, hidden_btd: &Tensor) -> Tensor {
+        hidden_btd.matmul(&self.head_weight_vd().tr())
     }
 
-    /// Training (or scoring) forward over packed rows: each row holds several documents, told
-    /// apart by `doc_ids [B, T]` (int64; any value, equal within a document, e.g. `-1` for
-    /// padding). `positions [B, T]` (int64) are the RoPE positions, restarting at 0 in each
-    /// document. Attention is causal within a document and never crosses documents (a
-    /// block-diagonal causal mask), so every document's logits equal those of running it
-    /// alone.
+    /// Final norm, then logits: the decoding path, over the positions it samples from.
+    fn head(&self, x_btd: &Tensor) -> Tensor {
+        self.logits(&self.norm.forward(x_btd))
+    }
+
+    /// Forward over a batch `tokens [B, T]` (int64), causal within each row, with logits
+    /// `[B, T, V]` at every position: the reference path ([`MoePolicy::trunk`] then
+    /// [`MoePolicy::logits`]) for inspection, parity tests and `corvid model logits`. With
+    /// `train`, router noise is on and health and balance statistics are returned.
+    pub fn forward(&self, tokens_bt: &Tensor, train: bool) -> Result<ForwardOutput, ModelError> {
+        let trunk = self.trunk(tokens_bt, train, Checkpoint::None)?;
+        Ok(self.with_logits(trunk))
+    }
+
+    /// [`MoePolicy::forward`] over packed rows ([`MoePolicy::trunk_packed`]).
     pub fn forward_packed(
         &self,
         tokens_bt: &Tensor,
@@ -524,6 +539,51 @@ impl MoePolicy {
         doc_ids_bt: &Tensor,
         train: bool,
     ) -> Result<ForwardOutput, ModelError> {
+        let trunk =
+            self.trunk_packed(tokens_bt, positions_bt, doc_ids_bt, train, Checkpoint::None)?;
+        Ok(self.with_logits(trunk))
+    }
+
+    fn with_logits(&self, trunk: Trunk) -> ForwardOutput {
+        ForwardOutput {
+            logits_btv: self.logits(&trunk.hidden_btd),
+            aux_loss: trunk.aux_loss,
+            health: trunk.health,
+            balance: trunk.balance,
+        }
+    }
+
+    /// The blocks and the final norm over `tokens [B, T]` (int64), causal within each row:
+    /// the final hidden states, which [`head`](crate::head) turns into per-token scores.
+    /// With [`Checkpoint::Blocks`] each block's activations are recomputed in
+    /// [`MoePolicy::backward`] instead of kept.
+    pub fn trunk(
+        &self,
+        tokens_bt: &Tensor,
+        train: bool,
+        checkpoint: Checkpoint,
+    ) -> Result<Trunk, ModelError> {
+        let (b, t) = self.check_tokens(tokens_bt, 0)?;
+        let pos_bt = Tensor::arange(t, (Kind::Int64, self.device))
+            .unsqueeze(0)
+            .expand([b, t], false);
+        self.run_trunk(tokens_bt, pos_bt, None, train, checkpoint)
+    }
+
+    /// [`MoePolicy::trunk`] over packed rows: each row holds several documents, told apart
+    /// by `doc_ids [B, T]` (int64; any value, equal within a document, e.g. `-1` for
+    /// padding). `positions [B, T]` (int64) are the RoPE positions, restarting at 0 in each
+    /// document. Attention is causal within a document and never crosses documents (a
+    /// block-diagonal causal mask), so every document's hidden states equal those of running
+    /// it alone.
+    pub fn trunk_packed(
+        &self,
+        tokens_bt: &Tensor,
+        positions_bt: &Tensor,
+        doc_ids_bt: &Tensor,
+        train: bool,
+        checkpoint: Checkpoint,
+    ) -> Result<Trunk, ModelError> {
         let (b, t) = self.check_ids(tokens_bt)?;
         for (name, x) in [("positions", positions_bt), ("doc_ids", doc_ids_bt)] {
             if x.size() != [b, t] || x.kind() != Kind::Int64 {
@@ -550,48 +610,7 @@ impl MoePolicy {
         let same_btt = doc_bt.unsqueeze(2).eq_tensor(&doc_bt.unsqueeze(1));
         let causal_tt = Tensor::ones([t, t], (Kind::Bool, self.device)).tril(0);
         let mask_b1tt = same_btt.logical_and(&causal_tt).unsqueeze(1);
-        self.forward_inner(tokens_bt, &positions_bt, Some(&mask_b1tt), train)
-    }
-
-    /// The shared body of [`MoePolicy::forward`] and [`MoePolicy::forward_packed`].
-    fn forward_inner(
-        &self,
-        tokens_bt: &Tensor,
-        pos_bt: &Tensor,
-        mask_b1tt: Option<&Tensor>,
-        train: bool,
-    ) -> Result<ForwardOutput, ModelError> {
-        let (b, t) = tokens_bt.size2()?;
-        let mut ctx = BlockCtx {
-            pos_bt: pos_bt.shallow_clone(),
-            rope: &self.rope,
-            cross: CrossLayerState::new(),
-            train,
-            attend: Attend::Full {
-                mask_b1tt,
-                latent: None,
-            },
-        };
-        let mut x = self.embed(tokens_bt, b, t);
-        // The balance loss sums in fp32 (f64 for an f64 model), whatever the activations.
-        let aux_kind = work_kind(x.kind());
-        let mut aux_loss = Tensor::zeros([], (aux_kind, self.device));
-        let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
-        for (i, blk) in self.blocks.iter().enumerate() {
-            let (y, aux) = blk.forward(&x, &mut ctx)?;
-            x = y;
-            if let Some(aux) = aux {
-                aux_loss = aux_loss + aux.loss.to_kind(aux_kind);
-                health.push(aux.health);
-                balance.layers.push((i as i64, aux.stats));
-            }
-        }
-        Ok(ForwardOutput {
-            logits_btv: self.head(&x),
-            aux_loss,
-            health,
-            balance,
-        })
+        self.run_trunk(tokens_bt, positions_bt, Some(mask_b1tt), train, checkpoint)
     }
 
     /// Log-probabilities `[B, T]` of `targets [B, T]` under `logits [B, T, V] / temperature`.
@@ -627,7 +646,7 @@ impl MoePolicy {
         tokens_bt: &Tensor,
     ) -> Result<Tensor, ModelError> {
         let (b, t) = self.check_ids(tokens_bt)?;
-        self.append_rows(cache, tokens_bt, (b, t), &vec![t; b as usize])
+        self.append_rows(cache, tokens_bt, (b, t), &vec![t; b as usize], false)
     }
 
     /// Like [`forward_cached`](Self::forward_cached) for rows that append different numbers
@@ -648,28 +667,52 @@ impl MoePolicy {
         new_b: &[i64],
     ) -> Result<Tensor, ModelError> {
         let bt = self.check_ids(tokens_bt)?;
-        self.append_rows(cache, tokens_bt, bt, new_b)
+        self.append_rows(cache, tokens_bt, bt, new_b, false)
     }
 
-    /// The body of [`forward_cached`](Self::forward_cached) and
-    /// [`forward_ragged`](Self::forward_ragged), for tokens of shape `(b, t)` whose ids
-    /// `check_ids` has accepted.
+    /// [`forward_ragged`](Self::forward_ragged), returning logits `[B, V]` only at each row's
+    /// last appended token (what a sampler draws from; a row appending nothing gets its
+    /// first padded position's, which mean nothing). A prefill of `T` tokens so computes one
+    /// row of logits instead of `T`.
+    pub fn forward_ragged_last(
+        &self,
+        cache: &mut KvCache,
+        tokens_bt: &Tensor,
+        new_b: &[i64],
+    ) -> Result<Tensor, ModelError> {
+        let bt = self.check_ids(tokens_bt)?;
+        self.append_rows(cache, tokens_bt, bt, new_b, true)
+    }
+
+    /// The body of [`forward_cached`](Self::forward_cached),
+    /// [`forward_ragged`](Self::forward_ragged) and
+    /// [`forward_ragged_last`](Self::forward_ragged_last), for tokens of shape `(b, t)` whose
+    /// ids `check_ids` has accepted.
     fn append_rows(
         &self,
         cache: &mut KvCache,
         tokens_bt: &Tensor,
         (b, t): (i64, i64),
         new_b: &[i64],
+        last_only: bool,
     ) -> Result<Tensor, ModelError> {
         tch::no_grad(|| {
             let mut ctx = self.cached_ctx(cache, (b, t), new_b)?;
             let mut x = self.embed(tokens_bt, b, t);
             for blk in &self.blocks {
-                x = blk.forward(&x, &mut ctx)?.0;
+                x = blk.forward(&x, &mut ctx, None)?.0;
             }
             drop(ctx); // gives the cache back
             cache.advance_rows(new_b);
-            Ok(self.head(&x))
+            if !last_only {
+                return Ok(self.head(&x));
+            }
+            let last_b = new_b.iter().map(|n| (n - 1).max(0)).collect::<Vec<_>>();
+            let idx_b11 = Tensor::from_slice(&last_b)
+                .to_device(self.device)
+                .view([b, 1, 1])
+                .expand([b, 1, self.cfg.hidden_size], false);
+            Ok(self.head(&x.gather(1, &idx_b11, false)).squeeze_dim(1))
         })
     }
 

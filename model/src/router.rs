@@ -30,6 +30,9 @@ pub struct Routing {
     /// The bar an expert's biased score must clear per token `[T]`: the midpoint of the k-th
     /// and (k+1)-th biased scores.
     pub cutoff_t: Tensor,
+    /// The selection noise added in training `[T, E]` (`None` without noise), so a
+    /// recomputed forward can route exactly as the first one did.
+    pub noise_te: Option<Tensor>,
 }
 
 /// Router weights and the balance bias.
@@ -110,6 +113,17 @@ impl Router {
 
     /// Routes `x [T, d]`. Noise (if configured) perturbs selection in training only.
     pub fn forward(&self, x_td: &Tensor, train: bool) -> Routing {
+        self.forward_with_noise(x_td, train, None)
+    }
+
+    /// [`Router::forward`], adding `noise [T, E]` (a previous routing's `noise_te`) instead of
+    /// drawing new noise: activation recompute routes as the forward did.
+    pub fn forward_with_noise(
+        &self,
+        x_td: &Tensor,
+        train: bool,
+        noise_te: Option<&Tensor>,
+    ) -> Routing {
         let work = work_kind(x_td.kind());
         let logits_te = x_td
             .to_kind(work)
@@ -119,8 +133,12 @@ impl Router {
             ScoreFunc::Sigmoid => logits_te.sigmoid(),
         };
         let mut select_te = scores_te.detach() + self.bias_e.to_kind(work);
-        if train && self.noise_std > 0.0 {
-            select_te = &select_te + select_te.randn_like() * self.noise_std;
+        let noise_te = (train && self.noise_std > 0.0).then(|| match noise_te {
+            Some(n) => n.shallow_clone(),
+            None => select_te.randn_like() * self.noise_std,
+        });
+        if let Some(n) = &noise_te {
+            select_te = &select_te + n;
         }
         if self.n_group > 1 {
             select_te = self.limit_to_groups(&select_te);
@@ -143,6 +161,7 @@ impl Router {
             idx_tk,
             weights_tk,
             cutoff_t,
+            noise_te,
         }
     }
 }

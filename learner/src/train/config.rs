@@ -10,12 +10,58 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::TrainError;
+use corvid_model::Checkpoint;
 
 fn bad(field: &'static str, value: impl ToString, why: &'static str) -> TrainError {
     TrainError::Config {
         field,
         value: value.to_string(),
         why,
+    }
+}
+
+/// How a training row becomes a loss, shared by SFT and RL (`[train]`): activation
+/// checkpointing, the logits chunk, and the longest row trained on.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainConfig {
+    /// `none` keeps every block's activations for the backward; `blocks` keeps each block's
+    /// inputs and reruns one block at a time in the backward (about one more forward of
+    /// compute, activation memory linear in the row's tokens with a small slope). Default
+    /// `none`.
+    pub checkpoint: Checkpoint,
+    /// Longest trajectory RL trains on, in tokens; longer ones are skipped and counted
+    /// (`too_long_skipped`), never cut. `0`: the model's current context
+    /// (`max_position_embeddings`, which follows the curriculum's context stage). Default `0`.
+    pub max_train_tokens: usize,
+    /// MiB of fp32 logits one chunk of positions may hold: log-probs, entropy and their
+    /// gradients are computed that many positions at a time, never over a whole row
+    /// (`corvid_model::head`). Default `32`.
+    pub logit_chunk_mib: usize,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        Self {
+            checkpoint: Checkpoint::None,
+            max_train_tokens: 0,
+            logit_chunk_mib: 32,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks ranges; names the first bad field.
+    pub fn validate(&self) -> Result<(), TrainError> {
+        if self.logit_chunk_mib == 0 {
+            return Err(bad("logit_chunk_mib", 0, "must be > 0"));
+        }
+        Ok(())
+    }
+
+    /// Positions per logits chunk at vocabulary `vocab`.
+    pub fn chunk_rows(&self, vocab: i64) -> i64 {
+        corvid_model::head::chunk_rows(vocab, self.logit_chunk_mib << 20)
     }
 }
 
@@ -135,6 +181,9 @@ pub enum SftLayout {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct SftConfig {
+    /// `[train]`, copied in by the learner (not a field of `[sft]`).
+    #[serde(skip)]
+    pub train: TrainConfig,
     /// Optimizer steps to run. `0` means "until `token_budget`". Default `600`.
     pub steps: u64,
     /// Stop once this many trained-on (masked-in) tokens have been seen; `0` = no budget, stop
@@ -214,6 +263,7 @@ pub struct SftConfig {
 impl Default for SftConfig {
     fn default() -> Self {
         Self {
+            train: TrainConfig::default(),
             steps: 600,
             token_budget: 0,
             batch_tokens: 8192,
@@ -241,6 +291,7 @@ impl Default for SftConfig {
 impl SftConfig {
     /// Checks ranges; names the first bad field.
     pub fn validate(&self) -> Result<(), TrainError> {
+        self.train.validate()?;
         if self.steps == 0 && self.token_budget == 0 {
             return Err(bad(
                 "steps",
@@ -350,6 +401,9 @@ pub enum AdvantageMode {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RlConfig {
+    /// `[train]`, copied in by the learner (not a field of `[rl]`).
+    #[serde(skip)]
+    pub train: TrainConfig,
     /// `step` (turn-level credit, the default) or the trajectory-level baselines `grpo`,
     /// `dr_grpo`, `rloo` for comparison. Default `step`.
     pub advantage: AdvantageMode,
@@ -465,6 +519,7 @@ fn rl_optim<'de, D: serde::Deserializer<'de>>(d: D) -> Result<OptimConfig, D::Er
 impl Default for RlConfig {
     fn default() -> Self {
         Self {
+            train: TrainConfig::default(),
             advantage: AdvantageMode::Step,
             gamma: 1.0,
             process_weight: 1.0,
@@ -499,6 +554,7 @@ impl Default for RlConfig {
 impl RlConfig {
     /// Checks ranges; names the first bad field.
     pub fn validate(&self) -> Result<(), TrainError> {
+        self.train.validate()?;
         if !(self.gamma.is_finite() && (0.0..=1.0).contains(&self.gamma)) {
             return Err(bad("gamma", self.gamma, "must be in [0, 1]"));
         }

@@ -12,7 +12,7 @@
 //! w      = min(exp(log π_prox − log μ), C)       (no gradient)     truncated_importance_weight
 //! L_pg   = −w · min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A)         clipped_surrogate
 //! KL_k3  = min(exp(x) − x − 1, 10),  x = clamp(log π_ref − log π_θ, ±20)   k3_kl
-//! H      = −Σ_v π_θ(v) log π_θ(v)                                  entropy
+//! H      = −Σ_v π_θ(v) log π_θ(v)              corvid_model::head (TokenScores::entropy_n)
 //! L      = Σ_i [L_pg − c_H·H + c_KL·KL_k3]_i / N  + c_bal·L_balance  (token-level mean, DAPO)
 //!          + c_ptx · Σ_j −log π_θ(y_j) / N_demo    over demonstration tokens   summed_nll
 //! ```
@@ -99,22 +99,11 @@ pub fn k3_kl(logp_new_n: &Tensor, logp_ref_n: &Tensor) -> Tensor {
     (x.exp() - &x - 1.0).clamp_max(K3_MAX)
 }
 
-/// Entropy of the full distribution at each selected position: `H = −Σ_v p_v log p_v`,
-/// from log-probabilities `[N, V]`; returns `[N]`.
-pub fn entropy(logp_nv: &Tensor) -> Tensor {
-    -(logp_nv.exp() * logp_nv).sum_dim_intlist(-1, false, Kind::Float)
-}
-
-/// Summed negative log-likelihood of `targets_n` under `logits_nv` (`[N, V]`, temperature
-/// 1, computed in fp32): `Σ_j −log softmax(logits_j)[target_j]`, scalar. Divided by the
-/// token count it is the SFT cross-entropy.
-pub fn summed_nll(logits_nv: &Tensor, targets_n: &Tensor) -> Tensor {
-    logits_nv
-        .to_kind(Kind::Float)
-        .log_softmax(-1, Kind::Float)
-        .gather(-1, &targets_n.unsqueeze(-1), false)
-        .sum(Kind::Float)
-        .neg()
+/// Summed negative log-likelihood `Σ_j −log π(y_j)` of the targets' log-probs `logp_n`
+/// (temperature 1, fp32; [`corvid_model::head`]), scalar. Divided by the token count it is
+/// the SFT cross-entropy.
+pub fn summed_nll(logp_n: &Tensor) -> Tensor {
+    logp_n.sum(Kind::Float).neg()
 }
 
 /// Token-level aggregation: `Σ_i x_i / denom`, scalar. `denom` is the number of generated

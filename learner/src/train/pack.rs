@@ -19,10 +19,15 @@
 //!
 //! Shape legend: `b` rows, `t` row length, `n` trained-on tokens.
 
+use std::ops::Range;
+
 use tch::{Device, Kind, Tensor};
 
+use super::config::TrainConfig;
 use super::TrainError;
-use corvid_model::{ForwardOutput, ModelError, MoePolicy};
+use corvid_model::{
+    head, BalanceStats, Checkpoint, ModelError, MoeHealth, MoePolicy, TokenScores, Trunk,
+};
 
 /// One packed row; all vectors have the row length.
 #[derive(Debug, Clone, PartialEq)]
@@ -215,21 +220,110 @@ impl PackedBatch {
         })
     }
 
-    /// The model's forward over the batch: causal when every row is a single document,
+    /// The model's trunk over the batch: causal when every row is a single document,
     /// otherwise with the per-document mask.
-    pub fn forward(&self, model: &MoePolicy, train: bool) -> Result<ForwardOutput, ModelError> {
+    pub fn trunk(
+        &self,
+        model: &MoePolicy,
+        train: bool,
+        checkpoint: Checkpoint,
+    ) -> Result<Trunk, ModelError> {
         if self.single_document {
-            model.forward(&self.tokens_bt, train)
+            model.trunk(&self.tokens_bt, train, checkpoint)
         } else {
-            model.forward_packed(&self.tokens_bt, &self.positions_bt, &self.doc_ids_bt, train)
+            model.trunk_packed(
+                &self.tokens_bt,
+                &self.positions_bt,
+                &self.doc_ids_bt,
+                train,
+                checkpoint,
+            )
         }
     }
 
-    /// Picks the trained-on rows of `logits [B, T, V]`: `[N, V]`.
-    pub fn select(&self, logits_btv: &Tensor) -> Tensor {
-        let v = logits_btv.size().last().copied().unwrap_or(0);
-        logits_btv.view([-1, v]).index_select(0, &self.idx_n)
+    /// The hidden states of the trained-on positions, `[N, d]`.
+    fn hidden_n(&self, trunk: &Trunk) -> Result<Tensor, ModelError> {
+        let d = trunk.hidden_btd.size3()?.2;
+        Ok(trunk.hidden_btd.view([-1, d]).index_select(0, &self.idx_n))
     }
+
+    /// `log π(target)` and entropy of every trained-on token at `1/τ = inv_temp [N, 1]`,
+    /// without gradients and without router noise; never more than one chunk of logits.
+    pub fn score(
+        &self,
+        model: &MoePolicy,
+        inv_temp_n1: &Tensor,
+        cfg: &TrainConfig,
+    ) -> Result<TokenScores, ModelError> {
+        tch::no_grad(|| {
+            let trunk = self.trunk(model, false, Checkpoint::None)?;
+            let rows = cfg.chunk_rows(model.config().vocab_size);
+            head::score_chunked(
+                &self.hidden_n(&trunk)?,
+                model.head_weight_vd(),
+                &self.targets_n,
+                inv_temp_n1,
+                rows,
+            )
+        })
+    }
+
+    /// One training forward and backward: the trunk (checkpointed as `cfg` says), then the
+    /// head a chunk of trained-on positions at a time, where `loss(range, scores)` gives the
+    /// loss of the positions `range` from their scores (with gradients), then the trunk's
+    /// backward with `aux_weight ×` the balance loss. Gradients add into the parameters.
+    pub fn train(
+        &self,
+        model: &MoePolicy,
+        inv_temp_n1: &Tensor,
+        cfg: &TrainConfig,
+        aux_weight: f64,
+        loss: impl FnMut(Range<i64>, &TokenScores) -> Result<Tensor, ModelError>,
+    ) -> Result<Trained, ModelError> {
+        let mut trunk = self.trunk(model, true, cfg.checkpoint)?;
+        let (b, t, d) = trunk.hidden_btd.size3()?;
+        let rows = cfg.chunk_rows(model.config().vocab_size);
+        let (scores, grad_nd) = head::backward_chunked(
+            &self.hidden_n(&trunk)?,
+            model.head_weight_vd(),
+            &self.targets_n,
+            inv_temp_n1,
+            rows,
+            loss,
+        )?;
+        let grad_btd = Tensor::zeros([b * t, d], (grad_nd.kind(), grad_nd.device()))
+            .index_add(0, &self.idx_n, &grad_nd)
+            .view([b, t, d]);
+        let trained = Trained {
+            scores,
+            aux_loss: trunk.aux_loss.double_value(&[]),
+            health: std::mem::take(&mut trunk.health),
+            balance: std::mem::take(&mut trunk.balance),
+        };
+        model.backward(trunk, &grad_btd, aux_weight)?;
+        Ok(trained)
+    }
+
+    /// `1/τ = 1` for every trained-on token (SFT, PPO-ptx).
+    pub fn unit_temperature(&self) -> Tensor {
+        Tensor::ones(
+            [self.n_trained as i64, 1],
+            (Kind::Float, self.idx_n.device()),
+        )
+    }
+}
+
+/// What [`PackedBatch::train`] measured.
+#[derive(Debug)]
+pub struct Trained {
+    /// Every trained-on token's scores (detached).
+    pub scores: TokenScores,
+    /// The balance loss's value.
+    pub aux_loss: f64,
+    /// Health per MoE layer.
+    pub health: Vec<MoeHealth>,
+    /// Balance statistics per MoE layer.
+    pub balance: BalanceStats,
 }
 
 /// `[N]` values of a per-token field of `rows` at the trained-on positions, as float32.

@@ -25,16 +25,18 @@
 
 use tch::{nn, Device, Kind, Tensor};
 
-use super::batch::{select, Group, Scored};
+use std::ops::Range;
+
+use super::batch::{select, Group, Scored, Selection};
 use super::config::RlConfig;
 use super::loss::{
-    clip_masks, clipped_surrogate, entropy, importance_ratio, k3_kl, summed_nll, token_sum_over,
+    clip_masks, clipped_surrogate, importance_ratio, k3_kl, summed_nll, token_sum_over,
     truncated_importance_weight,
 };
 use super::optim::AdamW;
 use super::pack::{gather_trained, micro_batches, PackedBatch, PackedRow};
 use super::TrainError;
-use corvid_model::{BalanceStats, MoeHealth, MoePolicy};
+use corvid_model::{BalanceStats, MoeHealth, MoePolicy, TokenScores};
 
 /// What one update did; every field is a mean over the generated tokens trained on unless
 /// said otherwise.
@@ -101,6 +103,31 @@ pub struct UpdateStats {
     pub health: Vec<MoeHealth>,
 }
 
+impl UpdateStats {
+    /// The selection's counts, before any training.
+    fn selected(sel: &Selection<'_>, lr: f64) -> Self {
+        let per_scored = |x: f64| {
+            if sel.scored > 0 {
+                x / sel.scored as f64
+            } else {
+                0.0
+            }
+        };
+        UpdateStats {
+            groups_used: sel.groups_used,
+            stale_skipped: sel.stale_skipped,
+            unscored_excluded: sel.unscored_excluded,
+            uninformative_groups: sel.uninformative_groups,
+            max_lag: sel.max_lag,
+            mean_lag: sel.mean_lag,
+            mean_reward: per_scored(sel.reward_sum),
+            success_rate: per_scored(sel.successes as f64),
+            lr,
+            ..UpdateStats::default()
+        }
+    }
+}
+
 /// One micro-batch, ready to run: the packed rows as tensors and the per-token inputs of the
 /// loss at the trained-on positions (`[N]`).
 #[derive(Debug)]
@@ -110,7 +137,109 @@ struct MicroBatch {
     logp_behaviour_n: Tensor,
     adv_n: Tensor,
     inv_temp_n1: Tensor,
+    /// `log π_prox` per token, when it is not `π_θ` itself (several minibatches).
     logp_prox_n: Option<Tensor>,
+    /// `log π_ref` per token, with a KL term.
+    logp_ref_n: Option<Tensor>,
+}
+
+/// Sums over the update's generated tokens, divided by their count into [`UpdateStats`].
+#[derive(Debug, Default)]
+struct TokenSums {
+    policy_loss: f64,
+    kl: f64,
+    entropy: f64,
+    clip_low: f64,
+    clip_high: f64,
+    is_weight: f64,
+    is_truncated: f64,
+    adv: f64,
+    adv_abs: f64,
+    is_weight_max: f64,
+    /// Balance loss summed over micro-batches, and their count.
+    aux_loss: f64,
+    micro_batches: usize,
+    /// Summed NLL of the PPO-ptx demonstration tokens.
+    ptx_nll: f64,
+}
+
+impl TokenSums {
+    fn write_means(&self, st: &mut UpdateStats) {
+        let n = st.tokens.max(1) as f64;
+        st.policy_loss = self.policy_loss / n;
+        st.kl = self.kl / n;
+        st.entropy = self.entropy / n;
+        st.clip_frac_low = self.clip_low / n;
+        st.clip_frac_high = self.clip_high / n;
+        st.is_weight_mean = self.is_weight / n;
+        st.is_truncated_frac = self.is_truncated / n;
+        st.adv_mean = self.adv / n;
+        st.adv_abs_mean = self.adv_abs / n;
+        st.is_weight_max = self.is_weight_max;
+        st.aux_loss = self.aux_loss / self.micro_batches.max(1) as f64;
+        st.ptx_loss = self.ptx_nll / st.ptx_tokens.max(1) as f64;
+    }
+}
+
+/// The RL loss of the trained-on tokens `range` of `mb`, from their scores under `π_θ`
+/// (with gradients), every term of [`super::loss`] over `N = denom` tokens of the minibatch:
+/// `Σ_i [−w·min(r·A, clip(r)·A) − c_H·H + c_KL·KL_k3]_i / N`. Adds the terms into `sums`.
+fn rl_loss(
+    c: &RlConfig,
+    mb: &MicroBatch,
+    range: Range<i64>,
+    scores: &TokenScores,
+    denom: f64,
+    sums: &mut TokenSums,
+) -> Result<Tensor, tch::TchError> {
+    let part = |x: &Tensor| x.narrow(0, range.start, range.end - range.start);
+    let logp_new = &scores.logp_n;
+    let adv = part(&mb.adv_n);
+    let logp_prox = match &mb.logp_prox_n {
+        Some(p) => part(p),
+        None => logp_new.detach(),
+    };
+    // r = π_θ/π_prox ; w = min(π_prox/μ, C)
+    let ratio = importance_ratio(logp_new, &logp_prox);
+    let (w, truncated) =
+        truncated_importance_weight(&logp_prox, &part(&mb.logp_behaviour_n), c.tis_cap);
+    // L_pg = −w · min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)
+    let pg = &w * clipped_surrogate(&ratio, &adv, c.clip_low, c.clip_high);
+    let ent = &scores.entropy_n;
+    let kl = match &mb.logp_ref_n {
+        Some(r) => k3_kl(logp_new, &part(r)),
+        None => logp_new.zeros_like(),
+    };
+    let loss = token_sum_over(&pg, denom) - token_sum_over(ent, denom) * c.entropy_coef
+        + token_sum_over(&kl, denom) * c.kl_coef;
+    let (low, high) = clip_masks(&ratio, &adv, c.clip_low, c.clip_high);
+    let f = |x: &Tensor| x.detach().to_kind(Kind::Double).sum(Kind::Double);
+    let v = Vec::<f64>::try_from(&Tensor::stack(
+        &[
+            f(&pg),
+            f(&kl),
+            f(ent),
+            f(&low),
+            f(&high),
+            f(&w),
+            f(&truncated),
+            f(&adv),
+            f(&adv.abs()),
+            w.max().to_kind(Kind::Double),
+        ],
+        0,
+    ))?;
+    sums.policy_loss += v[0];
+    sums.kl += v[1];
+    sums.entropy += v[2];
+    sums.clip_low += v[3];
+    sums.clip_high += v[4];
+    sums.is_weight += v[5];
+    sums.is_truncated += v[6];
+    sums.adv += v[7];
+    sums.adv_abs += v[8];
+    sums.is_weight_max = sums.is_weight_max.max(v[9]);
+    Ok(loss)
 }
 
 /// Per-token RL inputs of a packed row (aligned with `row`: entry `i` is about target `i`).
@@ -167,18 +296,6 @@ pub struct RlTrainer {
     cfg: RlConfig,
     /// The episode format's pad id (the last target of every row).
     pad_id: u32,
-}
-
-/// `log softmax(logits · 1/T)` at the selected positions, `[N, V]` (float32).
-fn scaled_logp(logits_nv: &Tensor, inv_temp_n1: &Tensor) -> Tensor {
-    (logits_nv.to_kind(Kind::Float) * inv_temp_n1).log_softmax(-1, Kind::Float)
-}
-
-/// `logp_nv[i, targets[i]]`, `[N]`.
-fn pick(logp_nv: &Tensor, targets_n: &Tensor) -> Tensor {
-    logp_nv
-        .gather(-1, &targets_n.unsqueeze(-1), false)
-        .squeeze_dim(-1)
 }
 
 impl RlTrainer {
@@ -241,20 +358,11 @@ impl RlTrainer {
                     .to_device(device)
                     .view([n, 1]),
                 logp_prox_n: None,
+                logp_ref_n: None,
                 batch,
             });
         }
         Ok(out)
-    }
-
-    /// `log π(target)` of every trained-on token of `mb` under `model`, without gradients.
-    fn score(model: &MoePolicy, mb: &MicroBatch) -> Result<Tensor, TrainError> {
-        tch::no_grad(|| {
-            let b = &mb.batch;
-            let out = b.forward(model, false)?;
-            let logp = scaled_logp(&b.select(&out.logits_btv), &mb.inv_temp_n1);
-            Ok(pick(&logp, &b.targets_n))
-        })
     }
 
     /// One policy update on `groups` (see the module doc); `current_version` is the
@@ -293,6 +401,7 @@ impl RlTrainer {
         self.run(groups, current_version, demos, false)
     }
 
+    /// Selection, then one optimizer step per minibatch ([`RlTrainer::minibatch_step`]).
     fn run(
         &mut self,
         groups: &[Group],
@@ -302,32 +411,18 @@ impl RlTrainer {
     ) -> Result<UpdateStats, TrainError> {
         self.opt.zero_grad();
         let sel = select(groups, current_version, &self.cfg)?;
+        let mut st = UpdateStats::selected(&sel, self.opt.current_lr());
+        // A row longer than the context (or `max_train_tokens`) is skipped and counted.
         let max_pos = self.model.config().max_position_embeddings as usize;
+        let max_len = match self.cfg.train.max_train_tokens {
+            0 => max_pos,
+            n => n.min(max_pos),
+        };
         let (fit, too_long): (Vec<&Scored<'_>>, Vec<&Scored<'_>>) = sel
             .trajectories
             .iter()
-            .partition(|s| s.trajectory.len() <= max_pos);
-        let mut st = UpdateStats {
-            groups_used: sel.groups_used,
-            stale_skipped: sel.stale_skipped,
-            unscored_excluded: sel.unscored_excluded,
-            uninformative_groups: sel.uninformative_groups,
-            too_long_skipped: too_long.len(),
-            max_lag: sel.max_lag,
-            mean_lag: sel.mean_lag,
-            mean_reward: if sel.scored > 0 {
-                sel.reward_sum / sel.scored as f64
-            } else {
-                0.0
-            },
-            success_rate: if sel.scored > 0 {
-                sel.successes as f64 / sel.scored as f64
-            } else {
-                0.0
-            },
-            lr: self.opt.current_lr(),
-            ..UpdateStats::default()
-        };
+            .partition(|s| s.trajectory.len() <= max_len);
+        st.too_long_skipped = too_long.len();
         // Trainable = at least one generated token that is a target (not the first token).
         let fit: Vec<&Scored<'_>> = fit
             .into_iter()
@@ -352,145 +447,111 @@ impl RlTrainer {
         // π_prox: the policy before this update's first step.
         if minis.len() > 1 {
             for mb in minis.iter_mut().flatten() {
-                mb.logp_prox_n = Some(Self::score(&self.model, mb)?);
+                mb.logp_prox_n = Some(self.score(&self.model, mb)?);
             }
         }
-        let reference_logp: Vec<Vec<Option<Tensor>>> =
-            match (&self.reference, self.cfg.kl_coef > 0.0) {
-                (Some((_, r)), true) => minis
-                    .iter()
-                    .map(|m| m.iter().map(|mb| Self::score(r, mb).map(Some)).collect())
-                    .collect::<Result<_, _>>()?,
-                _ => minis
-                    .iter()
-                    .map(|m| m.iter().map(|_| None).collect())
-                    .collect(),
-            };
+        // π_ref: the frozen reference, for the KL term.
+        if let (Some((_, r)), true) = (&self.reference, self.cfg.kl_coef > 0.0) {
+            for mb in minis.iter_mut().flatten() {
+                mb.logp_ref_n = Some(self.score(r, mb)?);
+            }
+        }
         // PPO-ptx: each minibatch's share of the demonstrations.
         let demo_shares: Vec<&[PackedRow]> = if self.cfg.ptx_coef > 0.0 && !demos.is_empty() {
             demos.chunks(demos.len().div_ceil(minis.len())).collect()
         } else {
             Vec::new()
         };
-        let mut ptx_sum = 0.0f64;
-        // Sums over tokens: [pg, kl, entropy, clip_low, clip_high, w, truncated, adv, |adv|].
-        let mut sums = [0.0f64; 9];
-        let (mut w_max, mut aux_sum, mut n_micro_total) = (0.0f64, 0.0, 0usize);
+        let mut sums = TokenSums::default();
         let mut grad_norm_sum = 0.0;
-        let c = &self.cfg;
-        for (mi, (mbs, refs)) in minis.iter().zip(&reference_logp).enumerate() {
-            let n_tokens: usize = mbs.iter().map(|m| m.batch.n_trained).sum();
-            let n_rows: usize = mbs.iter().map(|m| m.rows).sum();
-            if n_tokens == 0 {
+        for (mi, mbs) in minis.iter().enumerate() {
+            let demos = demo_shares.get(mi).copied().unwrap_or_default();
+            let Some(balance) = self.minibatch_backward(mbs, demos, &mut sums, &mut st)? else {
                 continue;
-            }
-            let mut balance = BalanceStats::default();
-            for (mb, logp_ref) in mbs.iter().zip(refs) {
-                let b = &mb.batch;
-                if b.n_trained == 0 {
-                    continue;
-                }
-                let out = b.forward(&self.model, true)?;
-                let logp_nv = scaled_logp(&b.select(&out.logits_btv), &mb.inv_temp_n1);
-                let logp_new = pick(&logp_nv, &b.targets_n);
-                let logp_prox = match &mb.logp_prox_n {
-                    Some(p) => p.shallow_clone(),
-                    None => logp_new.detach(),
-                };
-                // r = π_θ/π_prox ; w = min(π_prox/μ, C)
-                let ratio = importance_ratio(&logp_new, &logp_prox);
-                let (w, truncated) =
-                    truncated_importance_weight(&logp_prox, &mb.logp_behaviour_n, c.tis_cap);
-                // L_pg = −w · min(r·A, clip(r, 1−ε_low, 1+ε_high)·A)
-                let pg = &w * clipped_surrogate(&ratio, &mb.adv_n, c.clip_low, c.clip_high);
-                let ent = entropy(&logp_nv);
-                let kl = match logp_ref {
-                    Some(lr) => k3_kl(&logp_new, lr),
-                    None => logp_new.zeros_like(),
-                };
-                let denom = n_tokens as f64;
-                let loss = token_sum_over(&pg, denom)
-                    - token_sum_over(&ent, denom) * c.entropy_coef
-                    + token_sum_over(&kl, denom) * c.kl_coef
-                    + out.aux_loss.to_kind(Kind::Float)
-                        * (c.aux_loss_scale * mb.rows as f64 / n_rows as f64);
-                loss.f_backward()?;
-                let (low, high) = clip_masks(&ratio, &mb.adv_n, c.clip_low, c.clip_high);
-                let f = |x: &Tensor| x.detach().to_kind(Kind::Double).sum(Kind::Double);
-                let stats = Tensor::stack(
-                    &[
-                        f(&pg),
-                        f(&kl),
-                        f(&ent),
-                        f(&low),
-                        f(&high),
-                        f(&w),
-                        f(&truncated),
-                        f(&mb.adv_n),
-                        f(&mb.adv_n.abs()),
-                        w.max().to_kind(Kind::Double),
-                        out.aux_loss.detach().to_kind(Kind::Double),
-                    ],
-                    0,
-                );
-                let v = Vec::<f64>::try_from(&stats)?;
-                for (s, x) in sums.iter_mut().zip(&v) {
-                    *s += x;
-                }
-                w_max = w_max.max(v[9]);
-                aux_sum += v[10];
-                n_micro_total += 1;
-                balance.merge(&out.balance);
-                st.health = out.health;
-                st.tokens += b.n_trained;
-            }
-            if let Some(rows) = demo_shares.get(mi) {
-                // L_ptx = c_ptx · Σ_j −log π_θ(y_j) / N_demo over this share's demonstrations.
-                let n_demo: usize = rows.iter().map(PackedRow::trained_tokens).sum();
-                for chunk in micro_batches(rows, PackedRow::len, c.micro_batch_tokens) {
-                    let refs: Vec<&PackedRow> = chunk.iter().collect();
-                    let b = PackedBatch::new(&refs, self.device())?;
-                    if b.n_trained == 0 {
-                        continue;
-                    }
-                    let out = b.forward(&self.model, true)?;
-                    let nll = summed_nll(&b.select(&out.logits_btv), &b.targets_n);
-                    (&nll * (c.ptx_coef / n_demo as f64)).f_backward()?;
-                    ptx_sum += nll.double_value(&[]);
-                    st.ptx_tokens += b.n_trained;
-                    balance.merge(&out.balance);
-                }
-            }
+            };
             if !take_steps {
                 grad_norm_sum = self.opt.grad_norm();
                 continue;
             }
             // AdamW zeroes the gradients for the next minibatch.
             let s = self.opt.step()?;
-            if c.update_balance_bias {
+            if self.cfg.update_balance_bias {
                 self.model.update_balance(&balance)?;
             }
             grad_norm_sum += s.grad_norm;
             st.lr = s.lr;
             st.optimizer_steps += 1;
         }
-        let n = st.tokens.max(1) as f64;
-        st.policy_loss = sums[0] / n;
-        st.kl = sums[1] / n;
-        st.entropy = sums[2] / n;
-        st.clip_frac_low = sums[3] / n;
-        st.clip_frac_high = sums[4] / n;
-        st.is_weight_mean = sums[5] / n;
-        st.is_truncated_frac = sums[6] / n;
-        st.adv_mean = sums[7] / n;
-        st.adv_abs_mean = sums[8] / n;
-        st.is_weight_max = w_max;
-        st.aux_loss = aux_sum / n_micro_total.max(1) as f64;
-        st.ptx_loss = ptx_sum / st.ptx_tokens.max(1) as f64;
+        sums.write_means(&mut st);
         st.grad_norm = grad_norm_sum / st.optimizer_steps.max(1) as f64;
         st.trajectories_used = fit.len();
         st.total_tokens = fit.iter().map(|s| s.trajectory.len()).sum();
         Ok(st)
+    }
+
+    /// `log π(target)` of every trained-on token of `mb` under `model`, without gradients.
+    fn score(&self, model: &MoePolicy, mb: &MicroBatch) -> Result<Tensor, TrainError> {
+        Ok(mb
+            .batch
+            .score(model, &mb.inv_temp_n1, &self.cfg.train)?
+            .logp_n)
+    }
+
+    /// The gradients of one minibatch's loss (its trajectories and its share of the
+    /// demonstrations), added into the parameters; returns the balance statistics of its
+    /// forwards, or `None` when it has no generated token to train on.
+    fn minibatch_backward(
+        &self,
+        mbs: &[MicroBatch],
+        demos: &[PackedRow],
+        sums: &mut TokenSums,
+        st: &mut UpdateStats,
+    ) -> Result<Option<BalanceStats>, TrainError> {
+        let c = &self.cfg;
+        let n_tokens: usize = mbs.iter().map(|m| m.batch.n_trained).sum();
+        let n_rows: usize = mbs.iter().map(|m| m.rows).sum();
+        if n_tokens == 0 {
+            return Ok(None);
+        }
+        let mut balance = BalanceStats::default();
+        for mb in mbs.iter().filter(|mb| mb.batch.n_trained > 0) {
+            let aux_weight = c.aux_loss_scale * mb.rows as f64 / n_rows as f64;
+            let trained = mb.batch.train(
+                &self.model,
+                &mb.inv_temp_n1,
+                &c.train,
+                aux_weight,
+                |range, scores| Ok(rl_loss(c, mb, range, scores, n_tokens as f64, sums)?),
+            )?;
+            sums.aux_loss += trained.aux_loss;
+            sums.micro_batches += 1;
+            balance.merge(&trained.balance);
+            st.health = trained.health;
+            st.tokens += mb.batch.n_trained;
+        }
+        // L_ptx = c_ptx · Σ_j −log π_θ(y_j) / N_demo over this share's demonstrations.
+        let n_demo: usize = demos.iter().map(PackedRow::trained_tokens).sum();
+        for chunk in micro_batches(demos, PackedRow::len, c.micro_batch_tokens) {
+            let refs: Vec<&PackedRow> = chunk.iter().collect();
+            let b = PackedBatch::new(&refs, self.device())?;
+            if b.n_trained == 0 {
+                continue;
+            }
+            let trained = b.train(
+                &self.model,
+                &b.unit_temperature(),
+                &c.train,
+                0.0,
+                |_, scores| {
+                    let nll = summed_nll(&scores.logp_n);
+                    sums.ptx_nll += nll.double_value(&[]);
+                    Ok(nll * (c.ptx_coef / n_demo as f64))
+                },
+            )?;
+            st.ptx_tokens += b.n_trained;
+            balance.merge(&trained.balance);
+        }
+        Ok(Some(balance))
     }
 
     /// The configuration.

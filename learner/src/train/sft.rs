@@ -4,7 +4,7 @@
 //! (all micro-batches together), plus the model's MoE balance loss. Prompt, user and tool
 //! tokens are context only.
 
-use tch::{nn, Kind};
+use tch::nn;
 
 use super::config::SftConfig;
 use super::loss::summed_nll;
@@ -186,16 +186,24 @@ impl SftTrainer {
         let mut health = Vec::new();
         for refs in &micro {
             let batch = PackedBatch::new(refs, device)?;
-            let out = batch.forward(&self.model, true)?;
-            let ce = summed_nll(&batch.select(&out.logits_btv), &batch.targets_n);
             // Token mean over the whole step; the balance loss is averaged over micro-batches.
-            // In fp32 whatever the weights' dtype (the logits are upcast above).
-            let loss = &ce / n_total as f64 + out.aux_loss.to_kind(Kind::Float) / n_micro as f64;
-            loss.f_backward()?;
-            ce_sum += ce.double_value(&[]);
-            aux_sum += out.aux_loss.double_value(&[]);
-            balance.merge(&out.balance);
-            health = out.health;
+            // L_sft = Σ_j −log π_θ(y_j) / N, in fp32 whatever the weights' dtype.
+            let mut ce = 0.0;
+            let trained = batch.train(
+                &self.model,
+                &batch.unit_temperature(),
+                &self.cfg.train,
+                1.0 / n_micro as f64,
+                |_, scores| {
+                    let nll = summed_nll(&scores.logp_n);
+                    ce += nll.double_value(&[]);
+                    Ok(nll / n_total as f64)
+                },
+            )?;
+            ce_sum += ce;
+            aux_sum += trained.aux_loss;
+            balance.merge(&trained.balance);
+            health = trained.health;
         }
         let s = self.opt.step()?;
         self.model.update_balance(&balance)?;
@@ -223,9 +231,9 @@ impl SftTrainer {
         tch::no_grad(|| -> Result<(), TrainError> {
             for refs in self.micro_batches(rows) {
                 let batch = PackedBatch::new(&refs, device)?;
-                let out = batch.forward(&self.model, false)?;
-                ce_sum +=
-                    summed_nll(&batch.select(&out.logits_btv), &batch.targets_n).double_value(&[]);
+                let scores =
+                    batch.score(&self.model, &batch.unit_temperature(), &self.cfg.train)?;
+                ce_sum += summed_nll(&scores.logp_n).double_value(&[]);
             }
             Ok(())
         })?;

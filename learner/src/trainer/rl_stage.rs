@@ -34,6 +34,7 @@ use crate::learner::{io_err, LearnerError};
 use crate::metrics::UpdateRecord;
 use crate::sft_data::SftData;
 use crate::train::batch::check_trainable;
+use crate::train::config::RlConfig;
 use crate::train::pack::PackedRow;
 use crate::train::{Group, RlTrainer, SftLayout, UpdateStats};
 use corvid_model::{ModelConfig, MoePolicy};
@@ -75,7 +76,10 @@ impl Trainer {
             vs,
             model,
             reference,
-            cfg.rl.clone(),
+            RlConfig {
+                train: cfg.train.clone(),
+                ..cfg.rl.clone()
+            },
             cfg.episode_format()?.pad_id(),
         )?)
     }

@@ -14,6 +14,7 @@ use crate::config::LearnerConfig;
 use crate::learner::{io_err, LearnerError};
 use crate::metrics::MetricsSink;
 use crate::sft_data::SftData;
+use crate::train::config::SftConfig;
 use crate::train::pack::PackedRow;
 use crate::train::sft::SftTrainer;
 use corvid_model::MoePolicy;
@@ -102,7 +103,11 @@ impl Trainer {
         model: MoePolicy,
         state: &RunState,
     ) -> Result<SftTrainer, LearnerError> {
-        let mut t = SftTrainer::new(vs, model, cfg.sft.clone())?;
+        let sft = SftConfig {
+            train: cfg.train.clone(),
+            ..cfg.sft.clone()
+        };
+        let mut t = SftTrainer::new(vs, model, sft)?;
         t.set_tokens_seen(state.sft_tokens);
         if let Some(loss) = state.sft_heldout_loss {
             t.record_heldout_loss(loss);

@@ -1,0 +1,321 @@
+//! The training trunk: embedding → blocks → final norm, with its backward, and activation
+//! checkpointing per block.
+//!
+//! Without checkpointing the trunk keeps autograd's graph and [`MoePolicy::backward`] is one
+//! backward of `Σ hidden ⊙ grad + c·aux`. With [`Checkpoint::Blocks`] the forward runs
+//! without a graph and keeps, per block, only what the backward needs to rerun it:
+//!
+//! ```text
+//! block i reads   x_i                        its input               [B, T, d]
+//!                 a_0 … a_{i−1}              earlier attention outputs (cross-layer residual)
+//!                 latent of its CLA owner    (a CLA-shared block)
+//!                 the router noise it drew   (so the rerun routes the same tokens)
+//! block i writes  x_{i+1}, a_i, its own latent (an owner)
+//! ```
+//!
+//! The backward walks the blocks from the last: it reruns block i from those values (leaf
+//! tensors), backpropagates the gradients that later blocks sent to `x_{i+1}`, `a_i` and its
+//! latent plus the block's balance loss, and collects the gradients of its inputs for the
+//! blocks before it. One block's activations exist at a time. The balance and health
+//! statistics come from the first forward only, so they are counted once.
+//! Tests: `model/tests/logits_boundary.rs` (checkpointed equals not checkpointed).
+
+use tch::Tensor;
+
+use super::{Attend, BalanceStats, BlockCtx, MoePolicy};
+use crate::attention::Latent;
+use crate::cross_layer::CrossLayerState;
+use crate::health::MoeHealth;
+use crate::precision::work_kind;
+use crate::ModelError;
+
+/// Whether a training forward keeps each block's activations for the backward or recomputes
+/// them there (`[train] checkpoint`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Checkpoint {
+    /// Keep everything autograd saves: the fastest backward, memory ∝ layers × activations.
+    #[default]
+    None,
+    /// Keep each block's inputs; rerun one block at a time in the backward (one more forward
+    /// of the blocks, activation memory of one block).
+    Blocks,
+}
+
+impl Checkpoint {
+    /// Parses `"none"` or `"blocks"`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "none" => Some(Checkpoint::None),
+            "blocks" => Some(Checkpoint::Blocks),
+            _ => None,
+        }
+    }
+}
+
+/// What a training forward of the trunk returns; hand it to [`MoePolicy::backward`] with the
+/// gradient of the loss with respect to `hidden_btd`.
+#[derive(Debug)]
+pub struct Trunk {
+    /// Final hidden states after the final norm `[B, T, d]` (the head's input).
+    pub hidden_btd: Tensor,
+    /// Sum over MoE layers of the weighted balance losses (a value only when checkpointed:
+    /// the backward adds its gradient block by block).
+    pub aux_loss: Tensor,
+    /// Health per MoE layer (empty when `train` is false).
+    pub health: Vec<MoeHealth>,
+    /// Balance statistics per MoE layer (empty when `train` is false).
+    pub balance: BalanceStats,
+    tape: Option<Tape>,
+}
+
+/// What a checkpointed forward keeps for the backward.
+#[derive(Debug)]
+struct Tape {
+    tokens_bt: Tensor,
+    pos_bt: Tensor,
+    mask_b1tt: Option<Tensor>,
+    train: bool,
+    /// Per block: its input, its attention output, its own latent, its router noise.
+    blocks: Vec<Saved>,
+    /// The last block's output as a leaf: `hidden_btd` is its norm, with a graph.
+    x_last: Tensor,
+}
+
+#[derive(Debug)]
+struct Saved {
+    x_btd: Tensor,
+    /// Kept only when later blocks read it (`cross_layer_residual`).
+    a_btd: Option<Tensor>,
+    latent: Option<Latent>,
+    noise_te: Option<Tensor>,
+}
+
+fn detached(l: &Latent) -> Latent {
+    Latent {
+        c_kv_btc: l.c_kv_btc.detach(),
+        k_pe_btr: l.k_pe_btr.detach(),
+    }
+}
+
+fn leaf(x: &Tensor) -> Tensor {
+    x.detach().set_requires_grad(true)
+}
+
+/// `Σ x ⊙ g`: its backward sends `g` into `x`'s graph.
+fn pairing(x: &Tensor, g: &Tensor) -> Tensor {
+    let kind = work_kind(x.kind());
+    (x.to_kind(kind) * g.to_kind(kind)).sum(kind)
+}
+
+/// `acc += g` where `acc` may be empty.
+fn accumulate(acc: &mut Option<Tensor>, g: Tensor) {
+    if !g.defined() {
+        return;
+    }
+    *acc = Some(match acc.take() {
+        Some(a) => a + g,
+        None => g,
+    });
+}
+
+impl MoePolicy {
+    /// The shared body of [`MoePolicy::trunk`] and [`MoePolicy::trunk_packed`].
+    pub(super) fn run_trunk(
+        &self,
+        tokens_bt: &Tensor,
+        pos_bt: Tensor,
+        mask_b1tt: Option<Tensor>,
+        train: bool,
+        checkpoint: Checkpoint,
+    ) -> Result<Trunk, ModelError> {
+        let checkpointed = checkpoint == Checkpoint::Blocks;
+        let (b, t) = tokens_bt.size2()?;
+        let mut ctx = BlockCtx {
+            pos_bt: pos_bt.shallow_clone(),
+            rope: &self.rope,
+            cross: CrossLayerState::new(),
+            train,
+            attend: Attend::Full {
+                mask_b1tt: mask_b1tt.as_ref(),
+                latent: None,
+            },
+        };
+        let x0 = if checkpointed {
+            tch::no_grad(|| self.embed(tokens_bt, b, t))
+        } else {
+            self.embed(tokens_bt, b, t)
+        };
+        // The balance loss sums in fp32 (f64 for an f64 model), whatever the activations.
+        let aux_kind = work_kind(x0.kind());
+        let mut aux_loss = Tensor::zeros([], (aux_kind, self.device));
+        let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
+        let mut saved = Vec::new();
+        let mut x = x0;
+        for (i, blk) in self.blocks.iter().enumerate() {
+            let step = |x: &Tensor, ctx: &mut BlockCtx<'_>| blk.forward(x, ctx, None);
+            let (y, aux) = if checkpointed {
+                tch::no_grad(|| step(&x, &mut ctx))?
+            } else {
+                step(&x, &mut ctx)?
+            };
+            if checkpointed {
+                let Attend::Full { latent, .. } = &ctx.attend else {
+                    unreachable!("the trunk attends over its own tokens")
+                };
+                saved.push(Saved {
+                    x_btd: x.shallow_clone(),
+                    a_btd: self
+                        .cfg
+                        .cross_layer_residual
+                        .then(|| ctx.cross.last().expect("every block pushes its output")),
+                    latent: latent.as_ref().filter(|_| blk.owns_latent()).map(detached),
+                    noise_te: aux
+                        .as_ref()
+                        .and_then(|a| a.noise_te.as_ref().map(Tensor::shallow_clone)),
+                });
+            }
+            x = y;
+            if let Some(aux) = aux {
+                aux_loss = aux_loss + aux.loss.to_kind(aux_kind);
+                health.push(aux.health);
+                balance.layers.push((i as i64, aux.stats));
+            }
+        }
+        drop(ctx);
+        let (hidden_btd, tape) = if checkpointed {
+            let x_last = leaf(&x);
+            let tape = Tape {
+                tokens_bt: tokens_bt.shallow_clone(),
+                pos_bt,
+                mask_b1tt,
+                train,
+                blocks: saved,
+                x_last: x_last.shallow_clone(),
+            };
+            (self.norm.forward(&x_last), Some(tape))
+        } else {
+            (self.norm.forward(&x), None)
+        };
+        Ok(Trunk {
+            hidden_btd,
+            aux_loss,
+            health,
+            balance,
+            tape,
+        })
+    }
+
+    /// Backpropagates `grad_hidden [B, T, d]` (the loss's gradient with respect to
+    /// `trunk.hidden_btd`) plus `aux_weight ×` the balance loss through the trunk, adding
+    /// into every parameter's gradient; reruns each block first when the trunk was
+    /// checkpointed.
+    pub fn backward(
+        &self,
+        trunk: Trunk,
+        grad_hidden_btd: &Tensor,
+        aux_weight: f64,
+    ) -> Result<(), ModelError> {
+        let Some(tape) = trunk.tape else {
+            let mut loss = pairing(&trunk.hidden_btd, grad_hidden_btd);
+            if trunk.aux_loss.requires_grad() && aux_weight != 0.0 {
+                let kind = loss.kind();
+                loss = loss + trunk.aux_loss.to_kind(kind) * aux_weight;
+            }
+            if loss.requires_grad() {
+                loss.f_backward()?;
+            }
+            return Ok(());
+        };
+        pairing(&trunk.hidden_btd, grad_hidden_btd).f_backward()?;
+        let n = self.blocks.len();
+        let mut grad_x = Some(tape.x_last.grad());
+        // Gradients later blocks sent to each block's attention output and own latent.
+        let mut grad_a: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+        let mut grad_latent: Vec<Option<(Tensor, Tensor)>> = (0..n).map(|_| None).collect();
+        for i in (0..n).rev() {
+            let blk = &self.blocks[i];
+            let s = &tape.blocks[i];
+            let x_in = leaf(&s.x_btd);
+            // Earlier attention outputs, as leaves, for the cross-layer residual.
+            let a_leaves: Vec<Tensor> = tape.blocks[..i]
+                .iter()
+                .filter_map(|p| p.a_btd.as_ref().map(leaf))
+                .collect();
+            let mut cross = CrossLayerState::new();
+            for a in &a_leaves {
+                cross.push(a);
+            }
+            // A CLA-shared block reads its owner's latent, as a leaf.
+            let owner = (0..=i).rev().find(|&j| tape.blocks[j].latent.is_some());
+            let latent_in = match owner {
+                Some(j) if j < i => tape.blocks[j].latent.as_ref().map(|l| Latent {
+                    c_kv_btc: leaf(&l.c_kv_btc),
+                    k_pe_btr: leaf(&l.k_pe_btr),
+                }),
+                _ => None,
+            };
+            let latent_leaves = latent_in
+                .as_ref()
+                .map(|l| (l.c_kv_btc.shallow_clone(), l.k_pe_btr.shallow_clone()));
+            let mut ctx = BlockCtx {
+                pos_bt: tape.pos_bt.shallow_clone(),
+                rope: &self.rope,
+                cross,
+                train: tape.train,
+                attend: Attend::Full {
+                    mask_b1tt: tape.mask_b1tt.as_ref(),
+                    latent: latent_in,
+                },
+            };
+            let (y, aux) = blk.forward(&x_in, &mut ctx, s.noise_te.as_ref())?;
+            let mut loss = pairing(&y, grad_x.as_ref().expect("a gradient reaches every block"));
+            if let Some(g) = &grad_a[i] {
+                let a = ctx.cross.last().expect("the block pushed its output");
+                loss = loss + pairing(&a, g);
+            }
+            if let (
+                Some((gc, gk)),
+                Attend::Full {
+                    latent: Some(l), ..
+                },
+            ) = (&grad_latent[i], &ctx.attend)
+            {
+                loss = loss + pairing(&l.c_kv_btc, gc) + pairing(&l.k_pe_btr, gk);
+            }
+            if let Some(aux) = aux {
+                if aux_weight != 0.0 && aux.loss.requires_grad() {
+                    let kind = loss.kind();
+                    loss = loss + aux.loss.to_kind(kind) * aux_weight;
+                }
+            }
+            drop(ctx);
+            loss.f_backward()?;
+            grad_x = Some(x_in.grad());
+            for (j, a) in a_leaves.iter().enumerate() {
+                accumulate(&mut grad_a[j], a.grad());
+            }
+            if let (Some(j), Some((c, k))) = (owner, latent_leaves) {
+                let (gc, gk) = (c.grad(), k.grad());
+                if gc.defined() || gk.defined() {
+                    let fill =
+                        |g: Tensor, like: &Tensor| if g.defined() { g } else { like.zeros_like() };
+                    let (gc, gk) = (fill(gc, &c), fill(gk, &k));
+                    grad_latent[j] = Some(match grad_latent[j].take() {
+                        Some((ac, ak)) => (ac + gc, ak + gk),
+                        None => (gc, gk),
+                    });
+                }
+            }
+        }
+        // The embedding.
+        let (b, t) = tape.tokens_bt.size2()?;
+        let x0 = self.embed(&tape.tokens_bt, b, t);
+        if let Some(g) = grad_x.filter(Tensor::defined) {
+            if x0.requires_grad() {
+                pairing(&x0, &g).f_backward()?;
+            }
+        }
+        Ok(())
+    }
+}
