@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod gpu;
 pub mod hf;
 pub mod ingest;
+pub mod long;
 pub mod model;
 pub mod rollout;
 pub mod sandbox;
@@ -25,6 +26,7 @@ pub mod sandbox;
   corvid bench sandbox --json
   corvid bench model --json
   corvid bench hf --model path/to/hf-folder --json
+  corvid bench long --preset tiny --tokens 4096,65536 --checkpoint blocks --json
   corvid bench gpu --json --out gpu.json")]
 pub struct BenchArgs {
     #[command(subcommand)]
@@ -45,6 +47,9 @@ enum Bench {
     /// Training and greedy-decoding throughput of a Hugging Face folder (beside transformers:
     /// scripts/bench_hf.py).
     Hf(hf::HfBenchArgs),
+    /// One training forward + backward of a single long trajectory per length: time, tokens/s,
+    /// peak memory (beside transformers: scripts/bench_long.py).
+    Long(long::LongBenchArgs),
     /// Actor rollout throughput at several concurrencies.
     Rollout(rollout::RolloutBenchArgs),
     /// CUDA kernels' correctness, attention / MoE / decode / train-step speed on one GPU.
@@ -59,6 +64,7 @@ pub fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         Bench::Sandbox(a) => sandbox::run(a),
         Bench::Model(a) => model::run(a),
         Bench::Hf(a) => hf::run(a),
+        Bench::Long(a) => long::run(a),
         Bench::Rollout(a) => rollout::run(a),
         Bench::Gpu(a) => gpu::run(a),
     }

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context};
 use clap::Args;
 use corvid_actor::{ChoiceContext, NucleusSampler, TokenChooser};
-use corvid_model::{arch, MoePolicy};
+use corvid_model::{arch, head, Checkpoint, MoePolicy};
 use corvid_proto::SamplingParams;
 use corvid_tasks::SplitMix64;
 use tch::{Device, Kind, Tensor};
@@ -95,6 +95,120 @@ pub(super) fn logits(a: LogitsArgs) -> anyhow::Result<ExitCode> {
             ids[t]
         );
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Arguments of `corvid model score`.
+#[derive(Args, Debug)]
+pub(super) struct ScoreArgs {
+    #[command(flatten)]
+    dir: ModelDir,
+    /// A file of token ids: integers separated by commas, spaces or newlines, or a JSON
+    /// array.
+    #[arg(long, value_name = "FILE")]
+    ids_file: PathBuf,
+    /// Temperature the log-probs and entropy are taken at (`softmax(logits / T)`).
+    #[arg(long, default_value_t = 1.0)]
+    temperature: f64,
+    /// MiB of logits one chunk of positions may hold.
+    #[arg(long, default_value_t = 32)]
+    chunk_mib: usize,
+    /// libtorch threads.
+    #[arg(long, default_value_t = 1)]
+    threads: i32,
+    /// Print `{"logprobs": [...], "entropy": [...]}` (one entry per id after the first).
+    #[arg(long)]
+    json: bool,
+}
+
+/// Reads `--ids-file`.
+fn read_ids_file(path: &Path) -> anyhow::Result<Vec<i64>> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("--ids-file: reading {}", path.display()))?;
+    let trimmed = text.trim();
+    let ids: Vec<i64> = if trimmed.starts_with('[') {
+        serde_json::from_str(trimmed).with_context(|| {
+            format!(
+                "--ids-file {}: not a JSON array of token ids",
+                path.display()
+            )
+        })?
+    } else {
+        trimmed
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|s| !s.is_empty())
+            .enumerate()
+            .map(|(i, s)| {
+                s.parse::<i64>().with_context(|| {
+                    format!(
+                        "--ids-file {}: entry {i}, `{s}`, is not a token id",
+                        path.display()
+                    )
+                })
+            })
+            .collect::<anyhow::Result<_>>()?
+    };
+    if ids.len() < 2 {
+        bail!(
+            "--ids-file {}: holds {} ids; scoring needs at least two (each position predicts the next)",
+            path.display(),
+            ids.len()
+        );
+    }
+    Ok(ids)
+}
+
+/// `corvid model score`: per position, the log-prob of the next id and the entropy, through
+/// the training path (the trunk, then the chunked head: never `[T, V]` logits).
+pub(super) fn score(a: ScoreArgs) -> anyhow::Result<ExitCode> {
+    if !(a.temperature.is_finite() && a.temperature > 0.0) {
+        bail!(
+            "--temperature must be a positive number, got {}",
+            a.temperature
+        );
+    }
+    let ids = read_ids_file(&a.ids_file)?;
+    let model = load(&a.dir, a.threads)?;
+    let cfg = model.config();
+    if ids.len() as i64 > cfg.max_position_embeddings {
+        bail!(
+            "--ids-file holds {} ids, past the model's max_position_embeddings {}",
+            ids.len(),
+            cfg.max_position_embeddings
+        );
+    }
+    let n = ids.len() as i64 - 1;
+    let tokens = Tensor::from_slice(&ids[..n as usize]).unsqueeze(0);
+    let targets = Tensor::from_slice(&ids[1..]);
+    let scores = tch::no_grad(|| -> anyhow::Result<_> {
+        let trunk = model.trunk(&tokens, false, Checkpoint::None)?;
+        let d = cfg.hidden_size;
+        let inv_temp = Tensor::full([n, 1], 1.0 / a.temperature, (Kind::Float, Device::Cpu));
+        Ok(head::score_chunked(
+            &trunk.hidden_btd.view([-1, d]),
+            model.head_weight_vd(),
+            &targets,
+            &inv_temp,
+            head::chunk_rows(cfg.vocab_size, a.chunk_mib.max(1) << 20),
+        )?)
+    })?;
+    let logprobs = Vec::<f32>::try_from(&scores.logp_n)?;
+    let entropy = Vec::<f32>::try_from(&scores.entropy_n)?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::json!({ "logprobs": logprobs, "entropy": entropy })
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (t, (lp, h)) in logprobs.iter().zip(&entropy).enumerate() {
+        println!(
+            "position {t:>6}  next id {:>8}  log-prob {lp:>10.4}  entropy {h:>8.4}",
+            ids[t + 1]
+        );
+    }
+    let total: f64 = logprobs.iter().map(|x| f64::from(*x)).sum();
+    println!("{n} positions, mean log-prob {:.4}", total / n as f64);
     Ok(ExitCode::SUCCESS)
 }
 

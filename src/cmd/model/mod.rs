@@ -17,6 +17,7 @@ mod info;
   corvid model info --config configs/model/tiny.toml
   corvid model info --model path/to/hf-folder
   corvid model logits --model path/to/hf-folder --ids 1,2,3 --json
+  corvid model score --model path/to/hf-folder --ids-file ids.txt --temperature 0.7 --json
   corvid model generate --model path/to/hf-folder --ids 1,2,3 --max-new-tokens 32 --greedy --json
   corvid model export --model path/to/hf-folder --out path/to/new-folder --dtype bf16")]
 pub struct ModelArgs {
@@ -30,6 +31,9 @@ enum ModelCommand {
     Info(info::InfoArgs),
     /// fp32 logits at every position of a token sequence (a Hugging Face folder).
     Logits(hf::LogitsArgs),
+    /// Per position, the log-prob of the next id and the entropy, through the training path
+    /// (chunked logits; a model folder).
+    Score(hf::ScoreArgs),
     /// Generate tokens with cached decoding (a Hugging Face folder).
     Generate(hf::GenerateArgs),
     /// Write a Hugging Face folder's model as a new checkpoint `from_pretrained` reads.
@@ -50,6 +54,7 @@ pub fn run(args: ModelArgs) -> anyhow::Result<ExitCode> {
     match args.which {
         ModelCommand::Info(a) => info::run(a),
         ModelCommand::Logits(a) => hf::logits(a),
+        ModelCommand::Score(a) => hf::score(a),
         ModelCommand::Generate(a) => hf::generate(a),
         ModelCommand::Export(a) => hf::export(a),
     }

@@ -1,0 +1,244 @@
+//! `corvid bench long`: one training forward + backward of a single long trajectory, per
+//! length: seconds, tokens/s and peak memory growth. The peer is transformers on the same
+//! config (`scripts/bench_long.py` runs both and reports the ratios).
+//!
+//! Each length runs in a child process of its own (this binary, `--tokens T --child`), so
+//! that one length's peak RSS is not hidden by memory the allocator kept from the last, and a
+//! length that runs out of memory is reported as killed while the others still run.
+//!
+//! The step is what an RL update does for one trajectory: the trunk (checkpointed with
+//! `--checkpoint blocks`), then the chunked head with every term of the RL loss on
+//! (clipped surrogate with the truncated importance weight, entropy bonus, k3 KL to a
+//! reference, balance loss), then the trunk's backward. Random ids, random weights (a preset)
+//! or a model folder's, fp32.
+
+use std::path::PathBuf;
+use std::process::{Command, ExitCode};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use corvid_learner::config::ModelSection;
+use corvid_learner::train::config::TrainConfig;
+use corvid_learner::train::loss::{
+    clipped_surrogate, importance_ratio, k3_kl, token_sum_over, truncated_importance_weight,
+};
+use corvid_learner::train::pack::{PackedBatch, PackedRow};
+use corvid_model::{arch, Checkpoint, MoePolicy};
+use serde::{Deserialize, Serialize};
+use tch::{nn, Device, Kind, Tensor};
+
+/// One forward + backward of a single long trajectory, per length.
+#[derive(Args, Debug)]
+#[command(after_help = "Examples:
+  corvid bench long --preset tiny --tokens 4096,16384,65536 --checkpoint blocks --json
+  corvid bench long --model /tmp/corvid-bench/qwen3-moe-152k --tokens 4096,8192 --json
+  (.corvid/venv/bin/python scripts/bench_long.py runs it beside transformers)")]
+pub struct LongBenchArgs {
+    /// A model folder (Hugging Face or a run's policy); its `max_position_embeddings` must
+    /// cover the longest length.
+    #[arg(long, value_name = "DIR", conflicts_with = "preset")]
+    model: Option<PathBuf>,
+    /// A preset (random weights), its context raised to the longest length.
+    #[arg(long)]
+    preset: Option<String>,
+    /// Field overrides on the preset, as a TOML table, e.g. `num_hidden_layers = 2`.
+    #[arg(long, requires = "preset")]
+    overrides: Option<String>,
+    /// Trajectory lengths, comma-separated.
+    #[arg(long, default_value = "4096,16384")]
+    tokens: String,
+    /// `none` or `blocks` (activation checkpointing).
+    #[arg(long, default_value = "none")]
+    checkpoint: String,
+    /// MiB of logits per chunk.
+    #[arg(long, default_value_t = 32)]
+    chunk_mib: usize,
+    /// Intra-op threads.
+    #[arg(long, default_value_t = 2)]
+    threads: i32,
+    /// One JSON line per length.
+    #[arg(long)]
+    json: bool,
+    /// Run one length in this process (what the parent spawns).
+    #[arg(long, hide = true)]
+    child: bool,
+}
+
+/// One length's result.
+#[derive(Debug, Serialize, Deserialize)]
+struct LongResult {
+    tokens: i64,
+    seconds: f64,
+    tokens_per_s: f64,
+    peak_rss_delta_mb: f64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peak_cuda_mb: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    killed: Option<String>,
+}
+
+fn lengths(text: &str) -> anyhow::Result<Vec<i64>> {
+    text.split(',')
+        .map(|s| {
+            s.trim()
+                .parse::<i64>()
+                .ok()
+                .filter(|t| *t >= 2)
+                .with_context(|| format!("--tokens: `{}` is not a length of at least 2", s.trim()))
+        })
+        .collect()
+}
+
+/// Runs the benchmark.
+pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
+    let lens = lengths(&a.tokens)?;
+    let checkpoint = Checkpoint::from_name(&a.checkpoint)
+        .with_context(|| format!("--checkpoint: `{}` is not none or blocks", a.checkpoint))?;
+    if a.model.is_none() && a.preset.is_none() {
+        bail!("give --model DIR or --preset NAME");
+    }
+    if a.child {
+        let [t] = lens[..] else {
+            bail!("--child runs exactly one length");
+        };
+        let r = measure(&a, t, checkpoint)?;
+        println!("{}", serde_json::to_string(&r)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let exe = std::env::current_exe().context("locating this binary")?;
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    // Drop `--tokens X` / `--tokens=X` and `--json`; the child gets one length.
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == "--tokens" {
+            args.drain(i..(i + 2).min(args.len()));
+        } else if args[i].starts_with("--tokens=") || args[i] == "--json" {
+            args.remove(i);
+        } else {
+            i += 1;
+        }
+    }
+    for t in lens {
+        let out = Command::new(&exe)
+            .args(&args)
+            .args(["--tokens", &t.to_string(), "--child"])
+            .output()
+            .context("running a length in a child process")?;
+        let r = if out.status.success() {
+            let line = String::from_utf8_lossy(&out.stdout);
+            serde_json::from_str::<LongResult>(line.trim())
+                .with_context(|| format!("reading the child's result: {line}"))?
+        } else {
+            let why = match out.status.code() {
+                Some(c) => format!(
+                    "exit {c}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                ),
+                None => "killed by a signal (out of memory?)".to_string(),
+            };
+            LongResult {
+                tokens: t,
+                seconds: 0.0,
+                tokens_per_s: 0.0,
+                peak_rss_delta_mb: 0.0,
+                peak_cuda_mb: None,
+                killed: Some(why),
+            }
+        };
+        if a.json {
+            println!("{}", serde_json::to_string(&r)?);
+        } else if let Some(why) = &r.killed {
+            println!("{:>8} tokens  failed: {why}", r.tokens);
+        } else {
+            println!(
+                "{:>8} tokens  {:>8.2} s  {:>8.0} tok/s  peak RSS +{:.0} MiB",
+                r.tokens, r.seconds, r.tokens_per_s, r.peak_rss_delta_mb
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn load_model(a: &LongBenchArgs, t: i64) -> anyhow::Result<(nn::VarStore, MoePolicy)> {
+    if let Some(dir) = &a.model {
+        let opened = arch::open(dir, Device::Cpu)
+            .with_context(|| format!("loading the model folder {}", dir.display()))?;
+        let max = opened.model.config().max_position_embeddings;
+        if t > max {
+            bail!(
+                "{t} tokens exceed {}'s max_position_embeddings {max}",
+                dir.display()
+            );
+        }
+        return Ok((opened.vs, opened.model));
+    }
+    let section = ModelSection {
+        preset: a.preset.clone().unwrap_or_else(|| "tiny".into()),
+        overrides: match &a.overrides {
+            Some(o) => o
+                .parse::<toml::Table>()
+                .with_context(|| format!("--overrides `{o}` is not a TOML table"))?,
+            None => toml::Table::new(),
+        },
+        ..ModelSection::default()
+    };
+    let mut cfg = section.resolve()?;
+    cfg.max_position_embeddings = cfg.max_position_embeddings.max(t);
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(Device::Cpu);
+    let model = MoePolicy::new(&vs.root(), &cfg)?;
+    Ok((vs, model))
+}
+
+/// One forward + backward of a `t`-token trajectory, every generated-token term on.
+fn measure(a: &LongBenchArgs, t: i64, checkpoint: Checkpoint) -> anyhow::Result<LongResult> {
+    tch::set_num_threads(a.threads);
+    let (_vs, model) = load_model(a, t)?;
+    let v = model.config().vocab_size;
+    let ids: Vec<u32> = Vec::<i64>::try_from(Tensor::randint(v, [t], (Kind::Int64, Device::Cpu)))?
+        .into_iter()
+        .map(|x| x as u32)
+        .collect();
+    // The first tenth is the prompt; the rest was generated.
+    let mask: Vec<bool> = (0..t).map(|i| i >= t / 10).collect();
+    let row = PackedRow::single(&ids, &mask, 0);
+    let cfg = TrainConfig {
+        checkpoint,
+        logit_chunk_mib: a.chunk_mib,
+        ..TrainConfig::default()
+    };
+    super::reset_peak_rss();
+    let before = super::rss_bytes().unwrap_or(0);
+    let start = Instant::now();
+    let batch = PackedBatch::new(&[&row], Device::Cpu)?;
+    let n = batch.n_trained as i64;
+    let behaviour_n = Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.1 - 3.0;
+    let reference_n = Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.1 - 3.0;
+    let adv_n = Tensor::randn([n], (Kind::Float, Device::Cpu));
+    let inv_temp_n1 = Tensor::ones([n, 1], (Kind::Float, Device::Cpu));
+    batch.train(&model, &inv_temp_n1, &cfg, 1.0, |r, s| {
+        let part = |x: &Tensor| x.narrow(0, r.start, r.end - r.start);
+        let ratio = importance_ratio(&s.logp_n, &s.logp_n.detach());
+        let (w, _) = truncated_importance_weight(&s.logp_n, &part(&behaviour_n), 2.0);
+        let pg = w * clipped_surrogate(&ratio, &part(&adv_n), 0.2, 0.28);
+        let kl = k3_kl(&s.logp_n, &part(&reference_n));
+        Ok(
+            token_sum_over(&pg, n as f64) - token_sum_over(&s.entropy_n, n as f64) * 1e-3
+                + token_sum_over(&kl, n as f64) * 1e-2,
+        )
+    })?;
+    let seconds = start.elapsed().as_secs_f64();
+    let peak = super::peak_rss_bytes().unwrap_or(0);
+    Ok(LongResult {
+        tokens: t,
+        seconds,
+        tokens_per_s: t as f64 / seconds,
+        peak_rss_delta_mb: peak.saturating_sub(before) as f64 / (1 << 20) as f64,
+        peak_cuda_mb: None,
+        killed: None,
+    })
+}
