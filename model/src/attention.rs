@@ -14,6 +14,7 @@
 
 use tch::{nn, Tensor};
 
+use super::causal::{causal_sdpa, DocSpans};
 use super::config::{AttnGate, ModelConfig};
 use super::cuda::{CudaError, MlaDecode, MlaKernel};
 use super::layers::{Linear, RmsNorm};
@@ -273,16 +274,15 @@ impl Mla {
     }
 
     /// Training path: causal attention over the whole sequence. `latent` covers the same
-    /// tokens as `x` (its own or the CLA owner's). `mask_b1tt` (bool, `true` = may attend)
-    /// replaces the causal mask, e.g. block-diagonal causal for packed documents; `None` is
-    /// plain causal attention.
+    /// tokens as `x` (its own or the CLA owner's). With `docs` (packed rows), attention is
+    /// causal within each document ([`causal_sdpa`]).
     pub fn forward_full(
         &self,
         input: LayerInput<'_>,
         latent: &Latent,
         pos_bt: &Tensor,
         rope: &Rope,
-        mask_b1tt: Option<&Tensor>,
+        docs: Option<&DocSpans>,
     ) -> Tensor {
         let x_btd = input.x_btd;
         let (b, t, _) = x_btd.size3().expect("x is [B, T, d]");
@@ -309,16 +309,7 @@ impl Mla {
             v_bhtv
         };
         let scale = self.softmax_scale(rope);
-        let o_bhtk = Tensor::scaled_dot_product_attention(
-            &q_bhtk,
-            &k_bhtk,
-            &v_pad_bhtk,
-            mask_b1tt,
-            0.0,
-            mask_b1tt.is_none(),
-            scale,
-            false,
-        );
+        let o_bhtk = causal_sdpa(&q_bhtk, &k_bhtk, &v_pad_bhtk, scale, docs);
         let o_bhtv = o_bhtk.narrow(3, 0, v);
         self.gate_and_project(x_btd, &o_bhtv.transpose(1, 2))
     }

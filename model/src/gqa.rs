@@ -15,6 +15,7 @@
 
 use tch::{nn, Tensor};
 
+use super::causal::{causal_sdpa, DocSpans};
 use super::config::{Attention, ModelConfig};
 use super::layers::{Linear, RmsNorm};
 use super::precision::work_kind;
@@ -127,26 +128,22 @@ impl Gqa {
         1.0 / (self.head_dim as f64).sqrt()
     }
 
-    /// Training path: attention over the tokens of this forward. `mask_b1tt` (bool, `true` =
-    /// may attend) replaces the causal mask, e.g. block-diagonal causal for packed documents;
-    /// `None` is plain causal attention.
+    /// Training path: causal attention over the tokens of this forward; with `docs` (packed
+    /// rows) causal within each document ([`causal_sdpa`]).
     pub fn forward_full(
         &self,
         x_btd: &Tensor,
         pos_bt: &Tensor,
         rope: &Rope,
-        mask_b1tt: Option<&Tensor>,
+        docs: Option<&DocSpans>,
     ) -> Tensor {
         let p = self.project(x_btd, pos_bt, rope);
-        let o_bhte = Tensor::scaled_dot_product_attention(
+        let o_bhte = causal_sdpa(
             &p.q_bthe.transpose(1, 2),
             &self.heads_bhse(&p.k_btw),
             &self.heads_bhse(&p.v_btw),
-            mask_b1tt,
-            0.0,
-            mask_b1tt.is_none(),
             self.scale(),
-            false,
+            docs,
         );
         self.project_out(&o_bhte)
     }

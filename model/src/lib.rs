@@ -11,10 +11,15 @@
 //!   libtorch's sizes (parameters counted with checked arithmetic, [`accounting`]).
 //!   [`ModelConfig::check_fits`] ([`fits`]), which [`MoePolicy::new`] runs before it allocates
 //!   anything, refuses one whose weights exceed the memory of its device.
-//! - [`MoePolicy`] is the decoder-only transformer. [`MoePolicy::forward`] runs a packed batch
-//!   `[B, T]` and returns logits `[B, T, V]`, the balance loss, per-layer [`MoeHealth`] and the
-//!   [`BalanceStats`] that [`MoePolicy::update_balance`] consumes after each optimizer step.
-//!   [`MoePolicy::token_logprobs`] gives per-token log-probs of target tokens (for RL).
+//! - [`MoePolicy`] is the decoder-only transformer. [`MoePolicy::trunk`] (or
+//!   [`MoePolicy::trunk_packed`] for packed documents) runs a batch `[B, T]` and returns the
+//!   final hidden states, the balance loss, per-layer [`MoeHealth`] and the [`BalanceStats`]
+//!   that [`MoePolicy::update_balance`] consumes after each optimizer step; with
+//!   [`Checkpoint::Blocks`] each block is rerun in [`MoePolicy::backward`] instead of kept.
+//!   [`head`] is the logits boundary: log-probs, entropy and their gradients a chunk of
+//!   positions at a time, never `[T, V]` logits; [`causal`] keeps attention within rows or
+//!   packed documents without a `[T, T]` mask. [`MoePolicy::forward`] (full logits
+//!   `[B, T, V]`) is the reference path and what `corvid model logits` prints.
 //! - [`KvCache`] holds only the latent and the RoPE key per token (MLA), or every key and
 //!   value head (grouped-query attention, [`gqa`]);
 //!   [`MoePolicy::forward_cached`] appends tokens to every sequence of a batch (prefill, a new
@@ -40,7 +45,8 @@
 //! Files, bottom-up: `config` (schema, validation) with `presets`, `accounting` (counts, the
 //! size rule) and `fits` (device memory) →
 //! `rope`, `layers` → `attention` (MLA + gate), `gqa`, `cross_layer` → `router`, `experts`,
-//! `balance`, `health` → `moe` → `cache` → `policy` (blocks and the decoder) →
+//! `balance`, `health` → `moe` → `cache`, `causal` → `policy` (blocks, the decoder, the
+//! training trunk) → `head` →
 //! `checkpoint` → `arch` (Hugging Face configs, state-dict adapters, export). `docs/model.md` explains the shapes.
 //!
 //! ```
@@ -73,6 +79,7 @@ pub mod arch;
 pub mod attention;
 pub mod balance;
 pub mod cache;
+pub mod causal;
 pub mod checkpoint;
 pub mod config;
 pub mod cross_layer;

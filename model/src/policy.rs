@@ -13,6 +13,7 @@ use tch::{nn, Device, Kind, Tensor};
 use super::attention::{CacheRows, DecodeCore, Latent, LayerInput, Mla};
 use super::balance::{updated_bias, LayerBalanceStats};
 use super::cache::KvCache;
+use super::causal::DocSpans;
 use super::config::{Attention, ModelConfig, RopeScaling};
 use super::cross_layer::{CrossLayerResidual, CrossLayerState};
 use super::gqa::Gqa;
@@ -121,9 +122,9 @@ enum Attend<'a> {
     /// Training or scoring: attention over the tokens of this forward, the latent
     /// decompressed per head ([`Mla::forward_full`]).
     Full {
-        /// `true` = may attend (block-diagonal causal for packed documents); `None` is
-        /// plain causal attention.
-        mask_b1tt: Option<&'a Tensor>,
+        /// The documents of packed rows (attention is causal within each); `None` is plain
+        /// causal attention over each row.
+        docs: Option<&'a DocSpans>,
         /// The latest latent-owning block's latent, which CLA-shared blocks reuse.
         latent: Option<Latent>,
     },
@@ -196,7 +197,7 @@ impl BlockCtx<'_> {
     fn gqa_attention(&mut self, gqa: &Gqa, x_btd: &Tensor, cache_slot: usize) -> Tensor {
         let (pos_bt, rope) = (&self.pos_bt, self.rope);
         match &mut self.attend {
-            Attend::Full { mask_b1tt, .. } => gqa.forward_full(x_btd, pos_bt, rope, *mask_b1tt),
+            Attend::Full { docs, .. } => gqa.forward_full(x_btd, pos_bt, rope, *docs),
             Attend::Cached {
                 cache,
                 slot_bt,
@@ -235,12 +236,12 @@ impl BlockCtx<'_> {
         let (pos_bt, rope) = (&self.pos_bt, self.rope);
         let own = mla.latent(input.x_btd, input.x_prev, pos_bt, rope);
         match &mut self.attend {
-            Attend::Full { mask_b1tt, latent } => {
+            Attend::Full { docs, latent } => {
                 if own.is_some() {
                     *latent = own;
                 }
                 let lat = latent.as_ref().expect("layer 0 always owns a latent");
-                Ok(mla.forward_full(input, lat, pos_bt, rope, *mask_b1tt))
+                Ok(mla.forward_full(input, lat, pos_bt, rope, *docs))
             }
             Attend::Cached {
                 cache,
@@ -573,9 +574,9 @@ impl MoePolicy {
     /// [`MoePolicy::trunk`] over packed rows: each row holds several documents, told apart
     /// by `doc_ids [B, T]` (int64; any value, equal within a document, e.g. `-1` for
     /// padding). `positions [B, T]` (int64) are the RoPE positions, restarting at 0 in each
-    /// document. Attention is causal within a document and never crosses documents (a
-    /// block-diagonal causal mask), so every document's hidden states equal those of running
-    /// it alone.
+    /// document. Attention is causal within a document and never crosses documents (one
+    /// causal attention per document: [`causal`](crate::causal)), so every document's hidden
+    /// states equal those of running it alone. A document's tokens are contiguous.
     pub fn trunk_packed(
         &self,
         tokens_bt: &Tensor,
@@ -605,12 +606,8 @@ impl MoePolicy {
             }
         }
         let positions_bt = positions_bt.to_device(self.device);
-        let doc_bt = doc_ids_bt.to_device(self.device);
-        // mask[b, 0, i, j] = (doc[b, i] == doc[b, j]) && j <= i
-        let same_btt = doc_bt.unsqueeze(2).eq_tensor(&doc_bt.unsqueeze(1));
-        let causal_tt = Tensor::ones([t, t], (Kind::Bool, self.device)).tril(0);
-        let mask_b1tt = same_btt.logical_and(&causal_tt).unsqueeze(1);
-        self.run_trunk(tokens_bt, positions_bt, Some(mask_b1tt), train, checkpoint)
+        let docs = DocSpans::from_doc_ids(doc_ids_bt)?;
+        self.run_trunk(tokens_bt, positions_bt, Some(docs), train, checkpoint)
     }
 
     /// Log-probabilities `[B, T]` of `targets [B, T]` under `logits [B, T, V] / temperature`.

@@ -5,12 +5,15 @@
 //! - a checkpointed trunk's gradients equal the plain trunk's (≤ 1e-6 relative) with the
 //!   cross-layer residual, CLA, token shift and router noise on, and its health and balance
 //!   statistics are the same, counted once;
-//! - packed rows' hidden states equal each document's alone, checkpointed or not;
+//! - attention within packed documents equals the dense block-diagonal mask, and packed
+//!   rows' hidden states equal each document's alone; checkpointing packed rows changes no
+//!   gradient;
 //! - logits at each row's last appended token equal the full append's.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use corvid_model::causal::{causal_sdpa, DocSpans};
 use corvid_model::head::{backward_chunked, score_chunked, score_full};
 use corvid_model::{
     Attention, AttnGate, Checkpoint, ModelConfig, MoePolicy, ScoreFunc, TokenScores,
@@ -406,4 +409,61 @@ fn logits_at_the_last_appended_token_equal_the_full_append() {
         );
     }
     assert_eq!(a.lens(), b.lens());
+}
+
+#[test]
+fn document_attention_equals_the_dense_block_diagonal_mask() {
+    let _rng = RNG.lock().unwrap_or_else(|p| p.into_inner());
+    // Two rows: three documents then padding; one document filling the row.
+    let doc = Tensor::from_slice(&[
+        0i64, 0, 0, 0, 0, 1, 1, 2, 2, 2, 2, -1, -1, //
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,
+    ])
+    .view([2, 13]);
+    let docs = DocSpans::from_doc_ids(&doc).unwrap();
+    assert_eq!(docs.rows[0], vec![(0, 5), (5, 2), (7, 4), (11, 2)]);
+    assert_eq!(docs.rows[1], vec![(0, 13)]);
+    let (q, k, v) = (
+        Tensor::randn([2, 3, 13, 16], (Kind::Float, Device::Cpu)),
+        Tensor::randn([2, 3, 13, 16], (Kind::Float, Device::Cpu)),
+        Tensor::randn([2, 3, 13, 16], (Kind::Float, Device::Cpu)),
+    );
+    let got = causal_sdpa(&q, &k, &v, 0.25, Some(&docs));
+    let mask = docs.dense_mask_b1tt(13, Device::Cpu);
+    let want =
+        Tensor::scaled_dot_product_attention(&q, &k, &v, Some(&mask), 0.0, false, 0.25, false);
+    assert!(rel(&got, &want) < 1e-6, "{}", rel(&got, &want));
+
+    // Through the model: each packed document's hidden states equal its own run's.
+    for cfg in [mla_cfg(264), gqa_cfg(264)] {
+        let (_vs, model) = build(&cfg, 4);
+        let a = Tensor::randint(264, [1, 9], (Kind::Int64, Device::Cpu));
+        let b = Tensor::randint(264, [1, 6], (Kind::Int64, Device::Cpu));
+        let tokens = Tensor::cat(&[&a, &b], 1);
+        let pos = Tensor::cat(
+            &[
+                Tensor::arange(9, (Kind::Int64, Device::Cpu)),
+                Tensor::arange(6, (Kind::Int64, Device::Cpu)),
+            ],
+            0,
+        )
+        .unsqueeze(0);
+        let ids = Tensor::cat(
+            &[
+                Tensor::zeros([9], (Kind::Int64, Device::Cpu)),
+                Tensor::ones([6], (Kind::Int64, Device::Cpu)),
+            ],
+            0,
+        )
+        .unsqueeze(0);
+        tch::no_grad(|| {
+            let packed = model
+                .trunk_packed(&tokens, &pos, &ids, false, Checkpoint::None)
+                .unwrap();
+            let alone_a = model.trunk(&a, false, Checkpoint::None).unwrap();
+            let alone_b = model.trunk(&b, false, Checkpoint::None).unwrap();
+            assert!(rel(&packed.hidden_btd.narrow(1, 0, 9), &alone_a.hidden_btd) < 1e-5);
+            assert!(rel(&packed.hidden_btd.narrow(1, 9, 6), &alone_b.hidden_btd) < 1e-5);
+        });
+    }
 }

@@ -3,14 +3,18 @@
 //!
 //! # Public API
 //!
-//! - [`config`]: [`OptimConfig`], [`SftConfig`], [`RlConfig`] (serde, documented defaults).
+//! - [`config`]: [`OptimConfig`], [`SftConfig`], [`RlConfig`], and [`TrainConfig`] (`[train]`:
+//!   activation checkpointing, the logits chunk, `max_train_tokens`), serde, documented
+//!   defaults.
 //! - [`optim::AdamW`]: `new(&VarStore, OptimConfig)`, `step() -> OptimStepStats` (global-norm
 //!   clip, scheduled LR, zeroes gradients), `zero_grad()`, `step_count()`, `current_lr()`,
 //!   `state_tensors() -> Vec<(String, Tensor)>`, `load_state(&[(String, Tensor)])`,
 //!   `save(path)` / `load(path)`; [`optim::lr_at`] is the schedule.
 //! - [`pack`]: [`pack::PackedRow`] (tokens, positions restarting per document, document
 //!   ids, next-token targets, loss mask), [`pack::first_fit_decreasing`],
-//!   [`pack::PackedBatch`] (rows as `[B, T]` tensors).
+//!   [`pack::PackedBatch`] (rows as `[B, T]` tensors; `train` runs the trunk, the chunked
+//!   head with the caller's per-token loss and the backward; `score` the log-probs without
+//!   gradients).
 //! - [`sft`]: [`sft::Example`] `{ ids, mask }` (`Example::from_steps` for an episode),
 //!   [`sft::pack`]`(examples, seq_len, pad_id) -> Packing { rows, too_long }`,
 //!   [`sft::SftTrainer`]`::{new(vs, model, cfg), step(&rows) -> SftStepStats,
@@ -22,8 +26,9 @@
 //! - [`loss`]: each RL loss term as its own function, formulas in the module doc.
 //! - [`rl`]: [`rl::RlTrainer`]`::{new(vs, model, reference, cfg), update(&groups,
 //!   current_version) -> UpdateStats, update_mixed(.., &demos) (PPO-ptx), backward_only(..)}`.
-//! - The model side: [`MoePolicy::forward_packed`](corvid_model::MoePolicy::forward_packed)
-//!   `(tokens, positions, doc_ids, train)` runs packed rows with a block-diagonal causal mask.
+//! - The model side: [`MoePolicy::trunk_packed`](corvid_model::MoePolicy::trunk_packed)
+//!   `(tokens, positions, doc_ids, train, checkpoint)` runs packed rows, attention causal
+//!   within each document; [`corvid_model::head`] turns hidden states into scores.
 //!
 //! Trainers own their `VarStore`, policy and optimizer; `var_store()`, `model()`,
 //! `optimizer()` / `optimizer_mut()` give the run checkpoint and the weight server access,
@@ -38,7 +43,7 @@ pub mod rl;
 pub mod sft;
 
 pub use batch::Group;
-pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig, SftLayout};
+pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig, SftLayout, TrainConfig};
 pub use optim::{lr_at, AdamW, OptimStepStats};
 pub use rl::{RlTrainer, UpdateStats};
 pub use sft::{Example, SftStepStats, SftTrainer};

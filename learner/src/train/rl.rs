@@ -10,10 +10,13 @@
 //!    trajectories.
 //! 3. With several minibatches, `log π_prox` (the policy before the update) is computed for
 //!    every token first, without gradients; with one it is the forward's own log-prob,
-//!    detached.
-//! 4. Per micro-batch, the loss of [`super::loss`]:
+//!    detached. `log π_ref` is scored the same way for the KL term.
+//! 4. Per micro-batch, the loss of [`super::loss`] (`rl_loss`, one chunk of positions at a
+//!    time through [`corvid_model::head`]):
 //!    `Σ_i [−w·min(r·A, clip(r)·A) − c_H·H + c_KL·KL_k3]_i / N + c_bal·L_balance·(rows/rows_mb)`
-//!    with `N` the generated tokens of the minibatch.
+//!    with `N` the generated tokens of the minibatch; the token sums behind the statistics are
+//!    named fields of `TokenSums`. A trajectory longer than `[train] max_train_tokens` or the
+//!    model's context is skipped and counted.
 //! 5. With `ptx_coef > 0` and demonstrations given ([`RlTrainer::update_mixed`]), the
 //!    minibatch's share of them adds `c_ptx · Σ_j −log π_θ(y_j) / N_demo` over their
 //!    assistant tokens (PPO-ptx; temperature 1, as in SFT). Then AdamW, then the router-bias

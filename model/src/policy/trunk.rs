@@ -24,6 +24,7 @@ use tch::Tensor;
 
 use super::{Attend, BalanceStats, BlockCtx, MoePolicy};
 use crate::attention::Latent;
+use crate::causal::DocSpans;
 use crate::cross_layer::CrossLayerState;
 use crate::health::MoeHealth;
 use crate::precision::work_kind;
@@ -74,7 +75,7 @@ pub struct Trunk {
 struct Tape {
     tokens_bt: Tensor,
     pos_bt: Tensor,
-    mask_b1tt: Option<Tensor>,
+    docs: Option<DocSpans>,
     train: bool,
     /// Per block: its input, its attention output, its own latent, its router noise.
     blocks: Vec<Saved>,
@@ -125,7 +126,7 @@ impl MoePolicy {
         &self,
         tokens_bt: &Tensor,
         pos_bt: Tensor,
-        mask_b1tt: Option<Tensor>,
+        docs: Option<DocSpans>,
         train: bool,
         checkpoint: Checkpoint,
     ) -> Result<Trunk, ModelError> {
@@ -137,7 +138,7 @@ impl MoePolicy {
             cross: CrossLayerState::new(),
             train,
             attend: Attend::Full {
-                mask_b1tt: mask_b1tt.as_ref(),
+                docs: docs.as_ref(),
                 latent: None,
             },
         };
@@ -188,7 +189,7 @@ impl MoePolicy {
             let tape = Tape {
                 tokens_bt: tokens_bt.shallow_clone(),
                 pos_bt,
-                mask_b1tt,
+                docs,
                 train,
                 blocks: saved,
                 x_last: x_last.shallow_clone(),
@@ -264,7 +265,7 @@ impl MoePolicy {
                 cross,
                 train: tape.train,
                 attend: Attend::Full {
-                    mask_b1tt: tape.mask_b1tt.as_ref(),
+                    docs: tape.docs.as_ref(),
                     latent: latent_in,
                 },
             };
