@@ -4,18 +4,20 @@
 //!
 //! ```text
 //! cargo run --release -p corvid-learner --example model_step -- \
-//!     [preset] [threads] [batch] [seq] [steps] [packed-docs] [train]
+//!     [preset] [threads] [batch] [seq] [steps] [packed-docs] [train] [head]
 //! ```
-//! `packed-docs` 0 runs `forward` (plain causal); n > 0 runs `forward_packed` with n equal
-//! documents per row. `train` 1 turns on router noise, health and balance statistics, as the
-//! trainer runs it.
+//! `packed-docs` 0 runs plain causal rows; n > 0 packed rows with n equal documents per row.
+//! `train` 1 turns on router noise, health and balance statistics, as the trainer runs it.
+//! `head` is `chunked` (the trainer's path: the trunk, the cross-entropy through
+//! `corvid_model::head`, the trunk's backward; the default) or `full` (`[B, T, V]` logits, the
+//! reference path).
 
 mod common;
 
 use std::time::Instant;
 
 use common::{arg, cpu_seconds};
-use corvid_model::{ModelConfig, MoePolicy};
+use corvid_model::{head, Checkpoint, ModelConfig, MoePolicy};
 use tch::{nn, Device, Kind, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let steps: usize = arg(5, "4").parse()?;
     let docs: i64 = arg(6, "0").parse()?;
     let train = arg(7, "0") == "1";
+    let chunked = arg(8, "chunked") == "chunked";
     tch::set_num_threads(threads);
     tch::manual_seed(0);
     let vs = nn::VarStore::new(Device::Cpu);
@@ -47,23 +50,36 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .expand([batch, seq], true)
         .contiguous();
     let step = || -> Result<(), Box<dyn std::error::Error>> {
-        let out = if docs > 0 {
-            model.forward_packed(&inp, &pos_bt, &doc_bt, train)?
-        } else {
-            model.forward(&inp, train)?
-        };
         for v in vs.trainable_variables() {
             let mut g = v.grad();
             if g.defined() {
                 let _ = g.zero_();
             }
         }
-        let loss = out
-            .logits_btv
-            .reshape([-1, cfg.vocab_size])
-            .cross_entropy_for_logits(&tgt.reshape([-1]))
-            + out.aux_loss;
-        loss.backward();
+        let trunk = if docs > 0 {
+            model.trunk_packed(&inp, &pos_bt, &doc_bt, train, Checkpoint::None)?
+        } else {
+            model.trunk(&inp, train, Checkpoint::None)?
+        };
+        if !chunked {
+            let loss = model
+                .logits(&trunk.hidden_btd)
+                .reshape([-1, cfg.vocab_size])
+                .cross_entropy_for_logits(&tgt.reshape([-1]))
+                + &trunk.aux_loss;
+            loss.backward();
+            return Ok(());
+        }
+        let (n, d) = (batch * seq, cfg.hidden_size);
+        let (_, grad_nd) = head::backward_chunked(
+            &trunk.hidden_btd.reshape([n, d]),
+            model.head_weight_vd(),
+            &tgt.reshape([-1]),
+            &Tensor::ones([n, 1], (Kind::Float, Device::Cpu)),
+            head::chunk_rows(cfg.vocab_size, head::DEFAULT_CHUNK_BYTES),
+            |_, s| Ok(-s.logp_n.sum(Kind::Float) / n as f64),
+        )?;
+        model.backward(trunk, &grad_nd.view([batch, seq, d]), 1.0)?;
         Ok(())
     };
     step()?;
@@ -76,7 +92,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let n = (batch * seq) as f64;
     println!(
-        "threads {threads} [{batch},{seq}] docs {docs} train {train}: wall {:.3}s ({:.0} tok/s)  cpu {:.2}s ({:.0} tok/cpu-s)",
+        "threads {threads} [{batch},{seq}] docs {docs} train {train} chunked {chunked}: wall {:.3}s ({:.0} tok/s)  cpu {:.2}s ({:.0} tok/cpu-s)",
         wall,
         n / wall,
         cpu,

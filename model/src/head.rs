@@ -13,7 +13,7 @@
 //! [`score_full`] computes them over all `N` rows at once, with autograd: the reference.
 //! [`score_chunked`] computes them a chunk of rows at a time without gradients (scoring,
 //! `π_prox`, `π_ref`). [`backward_chunked`] trains through them: for each chunk it builds the
-//! chunk's logits from a detached copy of `h`, hands the chunk's scores to the caller's loss,
+//! chunk's logits from a detached copy of its rows of `h`, hands the chunk's scores to the caller's loss,
 //! and runs that loss's backward, which adds into the head's gradient and the copy's; the
 //! chunk's logits are freed before the next one. It returns the gradient of the summed loss
 //! with respect to `h`, which the caller pushes through the trunk in one backward
@@ -29,10 +29,13 @@ use tch::{Kind, Tensor};
 
 use super::ModelError;
 
-/// Bytes of fp32 logits one chunk may hold: 32 MiB, ~55 positions at Qwen3's 151,936 ids and
-/// every position of a short row at a byte vocabulary. A chunk's backward holds about four
+/// Bytes of fp32 logits one chunk may hold: 64 MiB, ~110 positions at Qwen3's 151,936 ids and
+/// every position of a short row at a byte vocabulary. Above glibc's 32 MiB ceiling for mapping
+/// a block on its own, so each chunk's buffers go back to the system when freed: 32 MiB chunks
+/// left 4.9 GB of heap resident at 8K tokens, 64 MiB ones 0.77 GB
+/// (`docs/bench/log.md`, 2026-12-06 "long trajectories"). A chunk's backward holds about four
 /// such buffers (logits, log-softmax, its exponent, the gradient).
-pub const DEFAULT_CHUNK_BYTES: usize = 32 << 20;
+pub const DEFAULT_CHUNK_BYTES: usize = 64 << 20;
 
 /// Rows per chunk so that `[rows, vocab]` fp32 logits fit in `chunk_bytes` (at least one).
 pub fn chunk_rows(vocab: i64, chunk_bytes: usize) -> i64 {
@@ -155,31 +158,29 @@ pub fn backward_chunked(
 ) -> Result<(TokenScores, Tensor), ModelError> {
     let n = check(h_nd, weight_vd, targets_n, inv_temp_n1)?;
     let rows = rows.max(1);
-    let leaf_nd = h_nd.detach().set_requires_grad(true);
+    // Each chunk's rows are a leaf of their own: a chunk's backward writes `[rows, d]`, never
+    // a gradient the size of all `N` rows (which `narrow` of one shared leaf would allocate,
+    // zero and add per chunk).
+    let grad_nd = tch::no_grad(|| h_nd.zeros_like());
     let mut parts = Vec::new();
     for s in (0..n).step_by(rows as usize) {
         let len = rows.min(n - s);
+        let leaf = h_nd.narrow(0, s, len).detach().set_requires_grad(true);
         let scores = scores_of(
-            &leaf_nd.narrow(0, s, len),
+            &leaf,
             weight_vd,
             &targets_n.narrow(0, s, len),
             &inv_temp_n1.narrow(0, s, len),
         );
         loss(s..s + len, &scores)?.f_backward()?;
+        let g = leaf.grad();
+        if g.defined() {
+            tch::no_grad(|| grad_nd.narrow(0, s, len).copy_(&g));
+        }
         parts.push(TokenScores {
             logp_n: scores.logp_n.detach(),
             entropy_n: scores.entropy_n.detach(),
         });
     }
-    let grad_nd = if n == 0 {
-        h_nd.zeros_like()
-    } else {
-        let g = leaf_nd.grad();
-        if g.defined() {
-            g
-        } else {
-            h_nd.zeros_like()
-        }
-    };
     Ok((TokenScores::cat(parts, h_nd.device()), grad_nd))
 }

@@ -2,9 +2,9 @@
 //! the CPU, the Corvid half of `scripts/bench_hf.py`, which runs transformers on the same
 //! folder with the same batch, lengths and threads and reports the ratios.
 //!
-//! - Training: `forward` + causal-LM cross-entropy + `backward` on random ids `[batch, seq]`
-//!   (no optimizer step, as the transformers side), the fastest of `steps` timed steps after
-//!   `warmup`.
+//! - Training: the trainer's path (trunk, cross-entropy through the chunked head, backward) on
+//!   random ids `[batch, seq]` (no optimizer step, as the transformers side), the fastest of
+//!   `steps` timed steps after `warmup`.
 //! - Decoding: per batch size, random prompts `[batch, prompt]`, prefill, then `new_tokens`
 //!   greedy steps through the cached batched decode the actor uses (`forward_cached`); the
 //!   rate counts generated tokens over the whole call (prefill included, as `generate`), the
@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use anyhow::Context;
 use clap::Args;
-use corvid_model::{arch, MoePolicy};
+use corvid_model::{arch, head, Checkpoint, MoePolicy};
 use tch::{nn, Device, Kind, Tensor};
 
 /// Training and greedy-decoding throughput of a Hugging Face folder on the CPU.
@@ -60,23 +60,32 @@ pub struct HfBenchArgs {
     json: bool,
 }
 
-/// Seconds of one training step on `ids [B, T + 1]`.
+/// Seconds of one training step on `ids [B, T + 1]`: the trainer's path (the trunk, the
+/// cross-entropy through the chunked head, the backward), not full `[B, T, V]` logits.
 fn train_step(model: &MoePolicy, vs: &nn::VarStore, ids: &Tensor) -> anyhow::Result<f64> {
     let start = Instant::now();
-    let t = ids.size()[1] - 1;
+    let (b, t1) = ids.size2()?;
+    let t = t1 - 1;
     let (inp, tgt) = (ids.narrow(1, 0, t), ids.narrow(1, 1, t));
-    let out = model.forward(&inp, false)?;
-    let loss = out
-        .logits_btv
-        .reshape([-1, model.config().vocab_size])
-        .cross_entropy_for_logits(&tgt.reshape([-1]));
     for v in vs.trainable_variables() {
         let mut g = v.grad();
         if g.defined() {
             let _ = g.zero_();
         }
     }
-    loss.backward();
+    let trunk = model.trunk(&inp, false, Checkpoint::None)?;
+    let d = model.config().hidden_size;
+    let n = b * t;
+    let inv_temp = Tensor::ones([n, 1], (Kind::Float, inp.device()));
+    let (_, grad_nd) = head::backward_chunked(
+        &trunk.hidden_btd.reshape([n, d]),
+        model.head_weight_vd(),
+        &tgt.reshape([-1]),
+        &inv_temp,
+        head::chunk_rows(model.config().vocab_size, head::DEFAULT_CHUNK_BYTES),
+        |_, s| Ok(-s.logp_n.sum(Kind::Float) / n as f64),
+    )?;
+    model.backward(trunk, &grad_nd.view([b, t, d]), 0.0)?;
     Ok(start.elapsed().as_secs_f64())
 }
 

@@ -52,7 +52,7 @@ pub struct LongBenchArgs {
     #[arg(long, default_value = "none")]
     checkpoint: String,
     /// MiB of logits per chunk.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 64)]
     chunk_mib: usize,
     /// Intra-op threads.
     #[arg(long, default_value_t = 2)]
@@ -72,6 +72,9 @@ struct LongResult {
     seconds: f64,
     tokens_per_s: f64,
     peak_rss_delta_mb: f64,
+    /// The process's whole peak RSS (the model, libtorch and the step).
+    #[serde(default)]
+    peak_rss_mb: f64,
     #[serde(skip_serializing_if = "Option::is_none")]
     peak_cuda_mb: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -145,6 +148,7 @@ pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
                 seconds: 0.0,
                 tokens_per_s: 0.0,
                 peak_rss_delta_mb: 0.0,
+                peak_rss_mb: 0.0,
                 peak_cuda_mb: None,
                 killed: Some(why),
             }
@@ -155,8 +159,8 @@ pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
             println!("{:>8} tokens  failed: {why}", r.tokens);
         } else {
             println!(
-                "{:>8} tokens  {:>8.2} s  {:>8.0} tok/s  peak RSS +{:.0} MiB",
-                r.tokens, r.seconds, r.tokens_per_s, r.peak_rss_delta_mb
+                "{:>8} tokens  {:>8.2} s  {:>8.0} tok/s  peak RSS +{:.0} MiB ({:.0} MiB in all)",
+                r.tokens, r.seconds, r.tokens_per_s, r.peak_rss_delta_mb, r.peak_rss_mb
             );
         }
     }
@@ -238,6 +242,7 @@ fn measure(a: &LongBenchArgs, t: i64, checkpoint: Checkpoint) -> anyhow::Result<
         seconds,
         tokens_per_s: t as f64 / seconds,
         peak_rss_delta_mb: peak.saturating_sub(before) as f64 / (1 << 20) as f64,
+        peak_rss_mb: peak as f64 / (1 << 20) as f64,
         peak_cuda_mb: None,
         killed: None,
     })

@@ -111,7 +111,7 @@ pub(super) struct ScoreArgs {
     #[arg(long, default_value_t = 1.0)]
     temperature: f64,
     /// MiB of logits one chunk of positions may hold.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 64)]
     chunk_mib: usize,
     /// libtorch threads.
     #[arg(long, default_value_t = 1)]
