@@ -146,8 +146,10 @@ fn contrived_update_moves_the_right_way(advantage: AdvantageMode) {
     assert_eq!(st.tokens, 4);
     assert_eq!(st.trajectories_used, 4);
     assert!((st.mean_reward - 0.5).abs() < 1e-12 && (st.success_rate - 0.5).abs() < 1e-12);
-    // On-policy: every importance weight is 1 and nothing is clipped.
+    // On-policy: every importance weight is 1 and nothing is clipped; one minibatch, so
+    // π_prox is π_θ and approx_kl is 0.
     assert!((st.is_weight_mean - 1.0).abs() < 1e-5, "{st:?}");
+    assert!(st.approx_kl.abs() < 1e-9, "{st:?}");
     assert_eq!(st.is_truncated_frac, 0.0);
     assert!(
         after[0] > before[0] + 1e-3,
@@ -534,6 +536,10 @@ fn two_minibatches_take_two_steps_and_clip_against_the_policy_before_the_update(
         (0.25, 0.25),
         "{st:?}"
     );
+    // approx_kl = mean (r − 1) − log r: 0 on the first minibatch's tokens, and on the
+    // second's at least what the clip bounds give (A: r > 1.28, B: r < 0.8).
+    let k3 = |r: f64| (r - 1.0) - r.ln();
+    assert!(st.approx_kl > (k3(1.28) + k3(0.8)) / 4.0, "{st:?}");
     let after = action_logprobs(trainer.model(), &[a, b]);
     assert!(
         after[0] > before[0] && after[1] < before[1],

@@ -218,6 +218,7 @@ fn encode_record(enc: &mut DescriptorEncoder, r: &UpdateRecord) -> fmt::Result {
         ("loss_balance", "MoE balance loss.", l.balance.into()),
         ("loss_clip_frac_low", "Fraction of tokens clipped at 1 - eps_low.", l.clip_frac_low.into()),
         ("loss_clip_frac_high", "Fraction of tokens clipped at 1 + eps_high.", l.clip_frac_high.into()),
+        ("loss_approx_kl", "Mean (r - 1) - log r, r = pi_theta / pi_prox.", l.approx_kl.into()),
         ("loss_iw_mean", "Mean truncated importance weight.", l.iw_mean.into()),
         ("loss_iw_max", "Largest truncated importance weight.", l.iw_max.into()),
         ("loss_iw_truncated_frac", "Fraction of weights truncated at the cap.", l.iw_truncated_frac.into()),
@@ -309,7 +310,7 @@ fn registry(figures: Figures) -> Registry {
 /// | `corvid_update_step`, `corvid_policy_version`, `corvid_update_seconds` | |
 /// | `corvid_rollout_{episodes, episodes_trained, reward_mean, success_rate, tokens, episodes_per_second, tokens_per_second, staleness_mean, staleness_max, stale_skipped, unscored_skipped, uninformative_groups, too_long_skipped, invalid_skipped, copies_skipped, template_divergent_episodes}` | |
 /// | `corvid_rollout_task_success_rate`, `corvid_rollout_task_episodes` | `family`, `level` |
-/// | `corvid_loss_{policy, kl, entropy, balance, clip_frac_low, clip_frac_high, iw_mean, iw_max, iw_truncated_frac, grad_norm, lr, optimizer_steps, adv_mean, adv_abs_mean}` | |
+/// | `corvid_loss_{policy, kl, entropy, balance, clip_frac_low, clip_frac_high, approx_kl, iw_mean, iw_max, iw_truncated_frac, grad_norm, lr, optimizer_steps, adv_mean, adv_abs_mean}` | |
 /// | `corvid_moe_{max_vio, cv, load_entropy, router_entropy, dead_experts}` | `layer` |
 /// | `corvid_moe_load` | `layer`, `expert` |
 /// | `corvid_loss_spike` (0 or 1), `corvid_loss_spikes_total` | |

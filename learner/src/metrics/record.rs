@@ -89,6 +89,11 @@ pub struct LossFigures {
     /// metrics written before it existed).
     #[serde(default)]
     pub ptx: f64,
+    /// PPO's `approx_kl`: mean `(r − 1) − log r` with `r = π_θ/π_prox`, how far the
+    /// update's optimizer steps moved the policy on its own tokens (0 with one minibatch,
+    /// where `π_prox` is `π_θ`; absent in metrics written before it existed).
+    #[serde(default)]
+    pub approx_kl: f64,
     /// Fraction of tokens clipped at `1 − ε_low` (negative advantage side).
     pub clip_frac_low: f64,
     /// Fraction clipped at `1 + ε_high` (positive advantage side).

@@ -61,6 +61,8 @@ pub struct UpdateStats {
     pub clip_frac_low: f64,
     /// Fraction of tokens with `A > 0` and `r > 1 + clip_high`.
     pub clip_frac_high: f64,
+    /// PPO's `approx_kl`: mean `(r − 1) − log r`, `r = π_θ/π_prox` (0 with one minibatch).
+    pub approx_kl: f64,
     /// Mean truncated importance weight `w`.
     pub is_weight_mean: f64,
     /// Largest `w` (at most `tis_cap`).
@@ -154,6 +156,7 @@ struct TokenSums {
     entropy: f64,
     clip_low: f64,
     clip_high: f64,
+    approx_kl: f64,
     is_weight: f64,
     is_truncated: f64,
     adv: f64,
@@ -174,6 +177,7 @@ impl TokenSums {
         st.entropy = self.entropy / n;
         st.clip_frac_low = self.clip_low / n;
         st.clip_frac_high = self.clip_high / n;
+        st.approx_kl = self.approx_kl / n;
         st.is_weight_mean = self.is_weight / n;
         st.is_truncated_frac = self.is_truncated / n;
         st.adv_mean = self.adv / n;
@@ -216,6 +220,9 @@ fn rl_loss(
     let loss = token_sum_over(&pg, denom) - token_sum_over(ent, denom) * c.entropy_coef
         + token_sum_over(&kl, denom) * c.kl_coef;
     let (low, high) = clip_masks(&ratio, &adv, c.clip_low, c.clip_high);
+    // approx_kl = (r − 1) − log r, the k3 estimate of KL(π_prox ‖ π_θ) on these tokens.
+    let log_r = logp_new.detach() - &logp_prox;
+    let approx_kl = log_r.exp() - 1.0 - &log_r;
     let f = |x: &Tensor| x.detach().to_kind(Kind::Double).sum(Kind::Double);
     let v = Vec::<f64>::try_from(&Tensor::stack(
         &[
@@ -229,6 +236,7 @@ fn rl_loss(
             f(&adv),
             f(&adv.abs()),
             w.max().to_kind(Kind::Double),
+            f(&approx_kl),
         ],
         0,
     ))?;
@@ -242,6 +250,7 @@ fn rl_loss(
     sums.adv += v[7];
     sums.adv_abs += v[8];
     sums.is_weight_max = sums.is_weight_max.max(v[9]);
+    sums.approx_kl += v[10];
     Ok(loss)
 }
 

@@ -29,6 +29,7 @@ pub(super) fn update_record(
     l.ptx = stats.ptx_loss;
     l.clip_frac_low = stats.clip_frac_low;
     l.clip_frac_high = stats.clip_frac_high;
+    l.approx_kl = stats.approx_kl;
     l.iw_mean = stats.is_weight_mean;
     l.iw_max = stats.is_weight_max;
     l.iw_truncated_frac = stats.is_truncated_frac;
