@@ -162,11 +162,11 @@ impl OptimConfig {
 #[serde(rename_all = "snake_case")]
 pub enum SftLayout {
     /// Several demonstrations per row of `seq_len` (first-fit decreasing), attention kept
-    /// inside each by a document mask: no padding, every row the same length.
+    /// inside each document: no padding, every row the same length.
     Pack,
     /// One demonstration per row; rows sorted by length share a micro-batch padded to its
-    /// longest, and run the plain causal forward (no `[T, T]` mask, a short row costs only its
-    /// own length): faster where attention is computed densely (CPU).
+    /// longest, and run the plain causal trunk (one attention call per row, a short row
+    /// costs only its own length).
     Bucket,
     /// Several demonstrations per row of at most `seq_len`, one after another in a single
     /// causal context (no document mask, positions running on), as GPT pretraining joins

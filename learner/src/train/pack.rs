@@ -1,5 +1,5 @@
 //! Sequence packing: several documents per row, each with its own positions (restarting at 0)
-//! and document id, so that [`MoePolicy::forward_packed`](corvid_model::MoePolicy::forward_packed)
+//! and document id, so that [`MoePolicy::trunk_packed`](corvid_model::MoePolicy::trunk_packed)
 //! keeps attention inside each document.
 //!
 //! Layout of a row of length `T` holding documents `d_0, d_1, …` then padding:
@@ -14,8 +14,7 @@
 //!
 //! Rows of one micro-batch may differ in length: [`PackedBatch`] pads them to the longest.
 //! When every row holds a single document from position 0 (then padding), the batch runs
-//! the plain causal forward: no `[T, T]` document mask, and a row costs only its own length
-//! (on 2 CPU threads 1.2–1.3× the tokens/s of the masked packed forward at equal length).
+//! the plain causal trunk: one attention call per row instead of one per document.
 //!
 //! Shape legend: `b` rows, `t` row length, `n` trained-on tokens.
 
