@@ -42,6 +42,14 @@ pub fn chunk_rows(vocab: i64, chunk_bytes: usize) -> i64 {
     (chunk_bytes as i64 / (vocab.max(1) * 4)).max(1)
 }
 
+/// `(start, len)` of each chunk of `rows` rows over `n`.
+fn chunks(n: i64, rows: i64) -> impl Iterator<Item = (i64, i64)> {
+    let rows = rows.max(1);
+    (0..n)
+        .step_by(rows as usize)
+        .map(move |s| (s, rows.min(n - s)))
+}
+
 /// Per-token scores of the selected positions, each `[n]` float32.
 #[derive(Debug)]
 pub struct TokenScores {
@@ -129,12 +137,9 @@ pub fn score_chunked(
     rows: i64,
 ) -> Result<TokenScores, ModelError> {
     let n = check(h_nd, weight_vd, targets_n, inv_temp_n1)?;
-    let rows = rows.max(1);
     tch::no_grad(|| {
-        let parts = (0..n)
-            .step_by(rows as usize)
-            .map(|s| {
-                let len = rows.min(n - s);
+        let parts = chunks(n, rows)
+            .map(|(s, len)| {
                 scores_of(
                     &h_nd.narrow(0, s, len),
                     weight_vd,
@@ -160,14 +165,12 @@ pub fn backward_chunked(
     mut loss: impl FnMut(Range<i64>, &TokenScores) -> Result<Tensor, ModelError>,
 ) -> Result<(TokenScores, Tensor), ModelError> {
     let n = check(h_nd, weight_vd, targets_n, inv_temp_n1)?;
-    let rows = rows.max(1);
     // Each chunk's rows are a leaf of their own: a chunk's backward writes `[rows, d]`, never
     // a gradient the size of all `N` rows (which `narrow` of one shared leaf would allocate,
     // zero and add per chunk).
     let grad_nd = tch::no_grad(|| h_nd.zeros_like());
     let mut parts = Vec::new();
-    for s in (0..n).step_by(rows as usize) {
-        let len = rows.min(n - s);
+    for (s, len) in chunks(n, rows) {
         let leaf = h_nd.narrow(0, s, len).detach().set_requires_grad(true);
         let scores = scores_of(
             &leaf,

@@ -23,6 +23,7 @@ use std::ops::Range;
 use tch::{Device, Kind, Tensor};
 
 use super::config::TrainConfig;
+use super::loss::summed_nll;
 use super::TrainError;
 use corvid_model::{
     head, BalanceStats, Checkpoint, ModelError, MoeHealth, MoePolicy, TokenScores, Trunk,
@@ -301,6 +302,25 @@ impl PackedBatch {
         };
         model.backward(trunk, &grad_btd, aux_weight)?;
         Ok(trained)
+    }
+
+    /// [`PackedBatch::train`] on the cross-entropy at temperature 1 (SFT, PPO-ptx):
+    /// `scale · Σ_j −log π_θ(y_j)` over the trained-on tokens. Returns the trunk's statistics
+    /// and the unscaled sum.
+    pub fn train_nll(
+        &self,
+        model: &MoePolicy,
+        cfg: &TrainConfig,
+        scale: f64,
+        aux_weight: f64,
+    ) -> Result<(Trained, f64), ModelError> {
+        let mut nll_sum = 0.0;
+        let trained = self.train(model, &self.unit_temperature(), cfg, aux_weight, |_, s| {
+            let nll = summed_nll(&s.logp_n);
+            nll_sum += nll.double_value(&[]);
+            Ok(nll * scale)
+        })?;
+        Ok((trained, nll_sum))
     }
 
     /// `1/τ = 1` for every trained-on token (SFT, PPO-ptx).

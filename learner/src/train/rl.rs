@@ -33,7 +33,7 @@ use std::ops::Range;
 use super::batch::{select, Group, Scored, Selection};
 use super::config::RlConfig;
 use super::loss::{
-    clip_masks, clipped_surrogate, importance_ratio, k3_kl, summed_nll, token_sum_over,
+    clip_masks, clipped_surrogate, importance_ratio, k3_kl, token_sum_over,
     truncated_importance_weight,
 };
 use super::optim::AdamW;
@@ -549,17 +549,9 @@ impl RlTrainer {
             if b.n_trained == 0 {
                 continue;
             }
-            let trained = b.train(
-                &self.model,
-                &b.unit_temperature(),
-                &c.train,
-                0.0,
-                |_, scores| {
-                    let nll = summed_nll(&scores.logp_n);
-                    sums.ptx_nll += nll.double_value(&[]);
-                    Ok(nll * (c.ptx_coef / n_demo as f64))
-                },
-            )?;
+            let (trained, nll) =
+                b.train_nll(&self.model, &c.train, c.ptx_coef / n_demo as f64, 0.0)?;
+            sums.ptx_nll += nll;
             st.ptx_tokens += b.n_trained;
             balance.merge(&trained.balance);
         }

@@ -188,17 +188,11 @@ impl SftTrainer {
             let batch = PackedBatch::new(refs, device)?;
             // Token mean over the whole step; the balance loss is averaged over micro-batches.
             // L_sft = Σ_j −log π_θ(y_j) / N, in fp32 whatever the weights' dtype.
-            let mut ce = 0.0;
-            let trained = batch.train(
+            let (trained, ce) = batch.train_nll(
                 &self.model,
-                &batch.unit_temperature(),
                 &self.cfg.train,
+                1.0 / n_total as f64,
                 1.0 / n_micro as f64,
-                |_, scores| {
-                    let nll = summed_nll(&scores.logp_n);
-                    ce += nll.double_value(&[]);
-                    Ok(nll / n_total as f64)
-                },
             )?;
             ce_sum += ce;
             aux_sum += trained.aux_loss;

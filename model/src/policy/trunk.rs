@@ -230,10 +230,12 @@ impl MoePolicy {
         };
         pairing(&trunk.hidden_btd, grad_hidden_btd).f_backward()?;
         let n = self.blocks.len();
-        let mut grad_x = Some(tape.x_last.grad());
-        // Gradients later blocks sent to each block's attention output and own latent.
+        let mut grad_x = tape.x_last.grad();
+        // Gradients later blocks sent to each block's attention output and own latent
+        // (`c_kv`, `k_pe`).
         let mut grad_a: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
-        let mut grad_latent: Vec<Option<(Tensor, Tensor)>> = (0..n).map(|_| None).collect();
+        let mut grad_c: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
+        let mut grad_k: Vec<Option<Tensor>> = (0..n).map(|_| None).collect();
         for i in (0..n).rev() {
             let blk = &self.blocks[i];
             let s = &tape.blocks[i];
@@ -270,19 +272,21 @@ impl MoePolicy {
                 },
             };
             let (y, aux) = blk.forward(&x_in, &mut ctx, s.noise_te.as_ref())?;
-            let mut loss = pairing(&y, grad_x.as_ref().expect("a gradient reaches every block"));
+            let mut loss = pairing(&y, &grad_x);
             if let Some(g) = &grad_a[i] {
                 let a = ctx.cross.last().expect("the block pushed its output");
                 loss = loss + pairing(&a, g);
             }
-            if let (
-                Some((gc, gk)),
-                Attend::Full {
-                    latent: Some(l), ..
-                },
-            ) = (&grad_latent[i], &ctx.attend)
+            if let Attend::Full {
+                latent: Some(l), ..
+            } = &ctx.attend
             {
-                loss = loss + pairing(&l.c_kv_btc, gc) + pairing(&l.k_pe_btr, gk);
+                if let Some(g) = &grad_c[i] {
+                    loss = loss + pairing(&l.c_kv_btc, g);
+                }
+                if let Some(g) = &grad_k[i] {
+                    loss = loss + pairing(&l.k_pe_btr, g);
+                }
             }
             if let Some(aux) = aux {
                 if aux_weight != 0.0 && aux.loss.requires_grad() {
@@ -292,30 +296,20 @@ impl MoePolicy {
             }
             drop(ctx);
             loss.f_backward()?;
-            grad_x = Some(x_in.grad());
+            grad_x = x_in.grad();
             for (j, a) in a_leaves.iter().enumerate() {
                 accumulate(&mut grad_a[j], a.grad());
             }
             if let (Some(j), Some((c, k))) = (owner, latent_leaves) {
-                let (gc, gk) = (c.grad(), k.grad());
-                if gc.defined() || gk.defined() {
-                    let fill =
-                        |g: Tensor, like: &Tensor| if g.defined() { g } else { like.zeros_like() };
-                    let (gc, gk) = (fill(gc, &c), fill(gk, &k));
-                    grad_latent[j] = Some(match grad_latent[j].take() {
-                        Some((ac, ak)) => (ac + gc, ak + gk),
-                        None => (gc, gk),
-                    });
-                }
+                accumulate(&mut grad_c[j], c.grad());
+                accumulate(&mut grad_k[j], k.grad());
             }
         }
         // The embedding.
         let (b, t) = tape.tokens_bt.size2()?;
         let x0 = self.embed(&tape.tokens_bt, b, t);
-        if let Some(g) = grad_x.filter(Tensor::defined) {
-            if x0.requires_grad() {
-                pairing(&x0, &g).f_backward()?;
-            }
+        if grad_x.defined() && x0.requires_grad() {
+            pairing(&x0, &grad_x).f_backward()?;
         }
         Ok(())
     }
