@@ -186,7 +186,7 @@ fn main() -> Result<(), Error> {
             .map(|r| r.doc_ids.iter().filter(|d| **d >= 0).count())
             .sum::<usize>();
         if (step + 1) % every == 0 || step + 1 == steps {
-            let split = split_loss(trainer.model(), &heldout)?;
+            let split = split_loss(&trainer.state().model, &heldout)?;
             let cols: Vec<String> = split
                 .iter()
                 .map(|(l, a, n)| format!("{l:.3} ({:.0}%, n={n})", a * 100.0))

@@ -118,7 +118,7 @@ fn an_update_on_one_16k_token_trajectory_trains() {
         "a fresh policy is near uniform: {st:?}"
     );
     assert!(st.grad_norm.is_finite() && st.grad_norm > 0.0, "{st:?}");
-    let after = weights(trainer.var_store());
+    let after = weights(&trainer.state().vs);
     assert!(after.isfinite().all().int64_value(&[]) == 1);
     let moved = (&after - &before).abs().max().double_value(&[]);
     assert!(moved > 1e-5, "the update changed no weight");
@@ -158,7 +158,8 @@ fn checkpointed_and_chunked_updates_give_the_same_gradients() {
             .backward_only(std::slice::from_ref(&group), 0, &[])
             .unwrap();
         let mut g: Vec<(String, Tensor)> = trainer
-            .var_store()
+            .state()
+            .vs
             .variables()
             .into_iter()
             .filter(|(_, v)| v.grad().defined())

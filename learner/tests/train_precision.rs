@@ -123,15 +123,16 @@ fn bf16_sft_checkpoints_resume_exactly_and_load_into_an_fp32_policy() {
     let rows = rows();
     let cfg = model_cfg();
     let mut t = bf16_trainer(7);
-    assert_bf16_with_fp32_routers(t.var_store());
+    assert_bf16_with_fp32_routers(&t.state().vs);
     let bf16_trainable = t
-        .var_store()
+        .state()
+        .vs
         .variables()
         .values()
         .filter(|v| v.requires_grad() && v.kind() == Kind::BFloat16)
         .count();
     assert!(bf16_trainable > 0);
-    assert_eq!(t.optimizer().master_count(), bf16_trainable);
+    assert_eq!(t.state().opt.master_count(), bf16_trainable);
 
     // A few SFT steps: the loss is finite and falls.
     let start = t.eval_loss(&rows).unwrap();
@@ -151,7 +152,7 @@ fn bf16_sft_checkpoints_resume_exactly_and_load_into_an_fp32_policy() {
         "held-in loss {start} -> {end} ({losses:?})"
     );
     assert!(losses[7] < losses[0], "{losses:?}");
-    assert_bf16_with_fp32_routers(t.var_store());
+    assert_bf16_with_fp32_routers(&t.state().vs);
 
     // The run checkpoint, written as the trainer writes it.
     let dir = tempfile::tempdir().unwrap();
@@ -159,19 +160,19 @@ fn bf16_sft_checkpoints_resume_exactly_and_load_into_an_fp32_policy() {
     let curriculum = Curriculum::new(CurriculumConfig::default(), &[("hops", 3)], 2).unwrap();
     let path = ck
         .save(Snapshot {
-            vs: t.var_store(),
+            vs: &t.state().vs,
             model_config: &cfg,
-            optimizer: t.optimizer().state_tensors(),
+            optimizer: t.state().opt.state_tensors(),
             curriculum: &curriculum,
             state: run_state(),
             hf_origin: None,
         })
         .unwrap();
-    let at_save = snapshot(t.var_store());
+    let at_save = snapshot(&t.state().vs);
     for _ in 0..3 {
         t.step(&rows).unwrap();
     }
-    let continued = snapshot(t.var_store());
+    let continued = snapshot(&t.state().vs);
 
     // Resumed in bf16 from the checkpoint (another initialisation, overwritten).
     let restored = CheckpointDir::load(&path).unwrap();
@@ -185,11 +186,11 @@ fn bf16_sft_checkpoints_resume_exactly_and_load_into_an_fp32_policy() {
         let (vs, model) = build_model(&cfg, Device::Cpu, Kind::BFloat16, 99).unwrap();
         restored.load_weights(&vs).unwrap();
         let mut r = SftTrainer::new(vs, model, sft_cfg()).unwrap();
-        r.optimizer_mut().load_state(optimizer).unwrap();
+        r.state_mut().opt.load_state(optimizer).unwrap();
         for _ in 0..3 {
             r.step(&rows).unwrap();
         }
-        snapshot(r.var_store())
+        snapshot(&r.state().vs)
     };
     let resumed = resume(&restored.optimizer);
     for ((n, x), (_, y)) in continued.iter().zip(&resumed) {

@@ -141,7 +141,7 @@ fn contrived_update_moves_the_right_way(advantage: AdvantageMode) {
     let mut trainer =
         RlTrainer::new(vs, model, None, rl_config(advantage), Special::Pad.id()).unwrap();
     let st = trainer.update(&[group], 0).unwrap();
-    let after = action_logprobs(trainer.model(), &[a, b]);
+    let after = action_logprobs(&trainer.state().model, &[a, b]);
     assert_eq!(st.optimizer_steps, 1);
     assert_eq!(st.tokens, 4);
     assert_eq!(st.trajectories_used, 4);
@@ -193,7 +193,7 @@ fn rl_scores_without_router_noise() {
         Special::Pad.id(),
     )
     .unwrap();
-    let before = action_logprobs(trainer.model(), &[a, b]);
+    let before = action_logprobs(&trainer.state().model, &[a, b]);
     let group = vec![
         one_step("a1", "g", a, before[0], 1.0, 0, Termination::Answered),
         one_step("b1", "g", b, before[1], 0.0, 0, Termination::Answered),
@@ -235,7 +235,7 @@ fn rl_updates_the_router_bias_only_when_asked() {
         let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
         let st = trainer.update(&[group], 0).unwrap();
         assert_eq!(st.optimizer_steps, 1);
-        let after = router_biases(trainer.var_store());
+        let after = router_biases(&trainer.state().vs);
         if update_bias {
             assert_ne!(after, before, "the quantile bias was not re-estimated");
         } else {
@@ -265,7 +265,7 @@ fn trajectories_older_than_the_bound_are_not_trained_on_and_are_counted() {
         ..rl_config(AdvantageMode::Step)
     };
     let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
-    let before = params(trainer.var_store());
+    let before = params(&trainer.state().vs);
     // Current version 10, bound 2: version 7 (lag 3) is stale, 8 (lag 2) is not.
     let stale_only = vec![
         one_step("s1", "old", a, lp[0], 1.0, 7, Termination::Answered),
@@ -277,7 +277,7 @@ fn trajectories_older_than_the_bound_are_not_trained_on_and_are_counted() {
     assert_eq!(st.stale_skipped, 2);
     assert_eq!(st.trajectories_used, 0);
     assert_eq!(st.optimizer_steps, 0);
-    for ((n, x), (_, y)) in before.iter().zip(params(trainer.var_store())) {
+    for ((n, x), (_, y)) in before.iter().zip(params(&trainer.state().vs)) {
         assert!(
             x.equal(&y),
             "{n} changed although every trajectory was stale"
@@ -540,7 +540,7 @@ fn two_minibatches_take_two_steps_and_clip_against_the_policy_before_the_update(
     // second's at least what the clip bounds give (A: r > 1.28, B: r < 0.8).
     let k3 = |r: f64| (r - 1.0) - r.ln();
     assert!(st.approx_kl > (k3(1.28) + k3(0.8)) / 4.0, "{st:?}");
-    let after = action_logprobs(trainer.model(), &[a, b]);
+    let after = action_logprobs(&trainer.state().model, &[a, b]);
     assert!(
         after[0] > before[0] && after[1] < before[1],
         "{before:?} -> {after:?}"
@@ -594,7 +594,7 @@ fn micro_batching_trajectories_of_unequal_length_does_not_change_the_gradient() 
         let st = trainer
             .backward_only(std::slice::from_ref(&group), 0, &[])
             .unwrap();
-        (st, sorted_grads(trainer.var_store()))
+        (st, sorted_grads(&trainer.state().vs))
     };
     let (one, g_one) = grads_with(1); // every row its own micro-batch
     let (all, g_all) = grads_with(1 << 20); // one micro-batch, rows padded to 58 tokens
@@ -657,7 +657,7 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
         let st = trainer
             .backward_only(std::slice::from_ref(&group), 0, demos)
             .unwrap();
-        (st, sorted_grads(trainer.var_store()))
+        (st, sorted_grads(&trainer.state().vs))
     };
     let (plain, g_plain) = rl_grads(0.0, &[]);
     let (off, g_off) = rl_grads(0.0, &demos);
@@ -729,7 +729,7 @@ fn ptx_term_adds_the_demonstrations_cross_entropy_gradient() {
     let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
     let sft_loss = |t: &RlTrainer| {
         let (mut vs, model) = loaded();
-        vs.copy(t.var_store()).unwrap();
+        vs.copy(&t.state().vs).unwrap();
         let sft = SftTrainer::new(vs, model, Default::default()).unwrap();
         sft.eval_loss(&demos).unwrap()
     };

@@ -183,7 +183,7 @@ fn loss_falls_when_overfitting_a_small_fixed_set() {
     }
     let last = last.unwrap();
     let end = trainer.eval_loss(&rows).unwrap();
-    assert_eq!(trainer.optimizer().step_count(), 40);
+    assert_eq!(trainer.state().opt.step_count(), 40);
     assert!(
         start > 4.0,
         "an untrained byte model starts near ln 264 = 5.6: {start}"
@@ -211,10 +211,10 @@ fn a_resumed_optimizer_gives_bit_identical_parameters() {
     for _ in 0..3 {
         a.step(&rows).unwrap();
     }
-    let weights = checkpoint::weights_to_bytes(a.var_store()).unwrap();
+    let weights = checkpoint::weights_to_bytes(&a.state().vs).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let opt_path = dir.path().join("optimizer.safetensors");
-    a.optimizer().save(&opt_path).unwrap();
+    a.state().opt.save(&opt_path).unwrap();
     for _ in 0..3 {
         a.step(&rows).unwrap();
     }
@@ -222,12 +222,12 @@ fn a_resumed_optimizer_gives_bit_identical_parameters() {
     let (vs, model) = new_model(99);
     checkpoint::load_weights_from_bytes(&vs, &weights).unwrap();
     let mut b = SftTrainer::new(vs, model, sft_cfg(6)).unwrap();
-    b.optimizer_mut().load(&opt_path).unwrap();
-    assert_eq!(b.optimizer().step_count(), 3);
+    b.state_mut().opt.load(&opt_path).unwrap();
+    assert_eq!(b.state().opt.step_count(), 3);
     for _ in 0..3 {
         b.step(&rows).unwrap();
     }
-    let (pa, pb) = (snapshot(a.var_store()), snapshot(b.var_store()));
+    let (pa, pb) = (snapshot(&a.state().vs), snapshot(&b.state().vs));
     assert_eq!(pa.len(), pb.len());
     for ((n, x), (_, y)) in pa.iter().zip(&pb) {
         assert!(x.equal(y), "{n} differs after resume");
@@ -239,7 +239,7 @@ fn a_resumed_optimizer_gives_bit_identical_parameters() {
     for _ in 0..3 {
         c.step(&rows).unwrap();
     }
-    let pc = snapshot(c.var_store());
+    let pc = snapshot(&c.state().vs);
     assert!(pa.iter().zip(&pc).any(|((_, x), (_, y))| !x.equal(y)));
 }
 

@@ -18,21 +18,23 @@
 //! - [`sft`]: [`sft::Example`] `{ ids, mask }` (`Example::from_steps` for an episode),
 //!   [`sft::pack`]`(examples, seq_len, pad_id) -> Packing { rows, too_long }`,
 //!   [`sft::SftTrainer`]`::{new(vs, model, cfg), step(&rows) -> SftStepStats,
-//!   eval_loss(&rows) -> f64, done(), tokens_seen(), into_parts()}`.
+//!   eval_loss(&rows) -> f64, done(), tokens_seen(), into_state()}`.
 //! - [`batch`]: [`Trajectory`](corvid_proto::Trajectory) `{ header, steps, footer }`,
 //!   [`batch::Group`] (= `Vec<Trajectory>`), [`batch::group_by_id`],
 //!   [`batch::select`] (staleness, unscored terminations, uninformative groups; advantages),
 //!   [`batch::turn_advantages`], [`batch::tokens_from_turns`].
 //! - [`loss`]: each RL loss term as its own function, formulas in the module doc.
-//! - [`rl`]: [`rl::RlTrainer`]`::{new(vs, model, reference, cfg), update(&groups,
-//!   current_version) -> UpdateStats, update_mixed(.., &demos) (PPO-ptx), backward_only(..)}`.
+//! - [`rl`]: [`rl::RlTrainer`]`::{new(vs, model, reference, cfg), train(&selection, &demos,
+//!   take_steps) -> UpdateStats}`, and `update(&groups, current_version)` /
+//!   `update_mixed(.., &demos)` (PPO-ptx) / `backward_only(..)`, which select first.
+//! - [`state`]: [`TrainState`] `{ vs, model, opt }`, the policy under training.
 //! - The model side: [`MoePolicy::trunk_packed`](corvid_model::MoePolicy::trunk_packed)
 //!   `(tokens, positions, doc_ids, train, checkpoint)` runs packed rows, attention causal
 //!   within each document; [`corvid_model::head`] turns hidden states into scores.
 //!
-//! Trainers own their `VarStore`, policy and optimizer; `var_store()`, `model()`,
-//! `optimizer()` / `optimizer_mut()` give the run checkpoint and the weight server access,
-//! and `into_parts()` hands the policy from SFT to RL.
+//! Each trainer owns a [`TrainState`]; `state()` / `state_mut()` give the run checkpoint,
+//! the weight server and the curriculum access to it, and `into_state()` hands it from SFT
+//! to RL.
 
 pub mod batch;
 pub mod config;
@@ -41,12 +43,14 @@ pub mod optim;
 pub mod pack;
 pub mod rl;
 pub mod sft;
+pub mod state;
 
 pub use batch::Group;
 pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig, SftLayout, TrainConfig};
 pub use optim::{lr_at, AdamW, OptimStepStats};
 pub use rl::{RlTrainer, UpdateStats};
 pub use sft::{Example, SftStepStats, SftTrainer};
+pub use state::TrainState;
 
 use corvid_model::ModelError;
 

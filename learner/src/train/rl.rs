@@ -1,8 +1,9 @@
-//! Policy optimisation from stored trajectories: one [`RlTrainer::update`] per policy version.
+//! Policy optimisation from stored trajectories: one [`RlTrainer::train`] per policy version.
 //!
 //! An update:
 //! 1. [`batch::select`](super::batch::select) drops stale and unscored trajectories and
-//!    computes per-token advantages (step-level by default).
+//!    computes per-token advantages (step-level by default). The caller does this for the
+//!    whole batch ([`RlTrainer::update`] does it for a caller that has no other use for it).
 //! 2. The kept trajectories are split into `minibatches` (one optimizer step each); each
 //!    minibatch is laid out one trajectory per row, longest first, and run in micro-batches
 //!    of at most `micro_batch_tokens` tokens (rows × the longest, padding included; causal
@@ -17,7 +18,7 @@
 //!    with `N` the generated tokens of the minibatch; the token sums behind the statistics are
 //!    named fields of `TokenSums`. A trajectory longer than `[train] max_train_tokens` or the
 //!    model's context is skipped and counted.
-//! 5. With `ptx_coef > 0` and demonstrations given ([`RlTrainer::update_mixed`]), the
+//! 5. With `ptx_coef > 0` and demonstrations given, the
 //!    minibatch's share of them adds `c_ptx · Σ_j −log π_θ(y_j) / N_demo` over their
 //!    assistant tokens (PPO-ptx; temperature 1, as in SFT). Then AdamW, then the router-bias
 //!    balance step.
@@ -26,7 +27,7 @@
 //! the sampler did); top-p truncation is not replayed, so with `top_p < 1` the behaviour
 //! log-prob is that of the renormalised nucleus and `w` is slightly below the true ratio.
 
-use tch::{nn, Device, Kind, Tensor};
+use tch::{nn, Kind, Tensor};
 
 use std::ops::Range;
 
@@ -36,8 +37,8 @@ use super::loss::{
     clip_masks, clipped_surrogate, importance_ratio, k3_kl, token_sum_over,
     truncated_importance_weight,
 };
-use super::optim::AdamW;
 use super::pack::{gather_trained, micro_batches, PackedBatch, PackedRow};
+use super::state::TrainState;
 use super::TrainError;
 use corvid_model::{BalanceStats, MoeHealth, MoePolicy, TokenScores};
 
@@ -301,10 +302,8 @@ fn trajectory_row(s: &Scored<'_>, pad_id: u32) -> RlRow {
 /// The trainer: owns the policy, its parameters, the optimizer and the frozen reference.
 #[derive(Debug)]
 pub struct RlTrainer {
-    vs: nn::VarStore,
-    model: MoePolicy,
+    state: TrainState,
     reference: Option<(nn::VarStore, MoePolicy)>,
-    opt: AdamW,
     cfg: RlConfig,
     /// The episode format's pad id (the last target of every row).
     pad_id: u32,
@@ -337,25 +336,18 @@ impl RlTrainer {
             rvs.freeze();
             (rvs, m)
         });
-        let opt = AdamW::new(&vs, cfg.optim.clone())?;
         Ok(Self {
-            vs,
-            model,
+            state: TrainState::new(vs, model, cfg.optim.clone())?,
             reference,
-            opt,
             cfg,
             pad_id,
         })
     }
 
-    fn device(&self) -> Device {
-        self.vs.device()
-    }
-
     /// Builds the micro-batches of one minibatch.
     fn micro_batches(&self, items: &[&Scored<'_>]) -> Result<Vec<MicroBatch>, TrainError> {
         let rows = pack_trajectories(items, self.pad_id);
-        let device = self.device();
+        let device = self.state.device();
         let mut out = Vec::new();
         for chunk in micro_batches(&rows, |r| r.row.len(), self.cfg.micro_batch_tokens) {
             let refs: Vec<&PackedRow> = chunk.iter().map(|r| &r.row).collect();
@@ -377,28 +369,26 @@ impl RlTrainer {
         Ok(out)
     }
 
-    /// One policy update on `groups` (see the module doc); `current_version` is the
-    /// version being trained (trajectories lagging it by more than `staleness_bound` are
-    /// skipped and counted). Returns the statistics; with nothing left to train on it takes
-    /// no optimizer step and says so (`optimizer_steps = 0`).
+    /// One policy update on `groups` (see the module doc): [`select`] at
+    /// `current_version`, then [`RlTrainer::train`].
     pub fn update(
         &mut self,
         groups: &[Group],
         current_version: u64,
     ) -> Result<UpdateStats, TrainError> {
-        self.run(groups, current_version, &[], true)
+        let sel = select(groups, current_version, &self.cfg)?;
+        self.train(&sel, &[], true)
     }
 
-    /// [`RlTrainer::update`] with demonstrations for the PPO-ptx term: `demos` (packed rows,
-    /// trained on where their loss mask is set) are split across the minibatches like the
-    /// trajectories. Ignored when `ptx_coef = 0`.
+    /// [`RlTrainer::update`] with demonstrations for the PPO-ptx term.
     pub fn update_mixed(
         &mut self,
         groups: &[Group],
         current_version: u64,
         demos: &[PackedRow],
     ) -> Result<UpdateStats, TrainError> {
-        self.run(groups, current_version, demos, true)
+        let sel = select(groups, current_version, &self.cfg)?;
+        self.train(&sel, demos, true)
     }
 
     /// The loss and its backward pass exactly as [`RlTrainer::update_mixed`] computes them,
@@ -410,22 +400,25 @@ impl RlTrainer {
         current_version: u64,
         demos: &[PackedRow],
     ) -> Result<UpdateStats, TrainError> {
-        self.run(groups, current_version, demos, false)
+        let sel = select(groups, current_version, &self.cfg)?;
+        self.train(&sel, demos, false)
     }
 
-    /// Selection, then one optimizer step per minibatch ([`RlTrainer::minibatch_step`]).
-    fn run(
+    /// Trains on a selection (its trajectories and their advantages, made by [`select`]):
+    /// one optimizer step per minibatch when `take_steps`, else gradients only. `demos`
+    /// (packed rows, trained on where their loss mask is set) are split across the
+    /// minibatches for the PPO-ptx term, ignored when `ptx_coef = 0`. With nothing left to
+    /// train on it takes no step and says so (`optimizer_steps = 0`).
+    pub fn train(
         &mut self,
-        groups: &[Group],
-        current_version: u64,
+        sel: &Selection<'_>,
         demos: &[PackedRow],
         take_steps: bool,
     ) -> Result<UpdateStats, TrainError> {
-        self.opt.zero_grad();
-        let sel = select(groups, current_version, &self.cfg)?;
-        let mut st = UpdateStats::selected(&sel, self.opt.current_lr());
+        self.state.opt.zero_grad();
+        let mut st = UpdateStats::selected(sel, self.state.opt.current_lr());
         // A row longer than the context (or `max_train_tokens`) is skipped and counted.
-        let max_pos = self.model.config().max_position_embeddings as usize;
+        let max_pos = self.state.model.config().max_position_embeddings as usize;
         let max_len = match self.cfg.train.max_train_tokens {
             0 => max_pos,
             n => n.min(max_pos),
@@ -459,7 +452,7 @@ impl RlTrainer {
         // π_prox: the policy before this update's first step.
         if minis.len() > 1 {
             for mb in minis.iter_mut().flatten() {
-                mb.logp_prox_n = Some(self.score(&self.model, mb)?);
+                mb.logp_prox_n = Some(self.score(&self.state.model, mb)?);
             }
         }
         // π_ref: the frozen reference, for the KL term.
@@ -482,13 +475,13 @@ impl RlTrainer {
                 continue;
             };
             if !take_steps {
-                grad_norm_sum = self.opt.grad_norm();
+                grad_norm_sum = self.state.opt.grad_norm();
                 continue;
             }
             // AdamW zeroes the gradients for the next minibatch.
-            let s = self.opt.step()?;
+            let s = self.state.opt.step()?;
             if self.cfg.update_balance_bias {
-                self.model.update_balance(&balance)?;
+                self.state.model.update_balance(&balance)?;
             }
             grad_norm_sum += s.grad_norm;
             st.lr = s.lr;
@@ -529,7 +522,7 @@ impl RlTrainer {
         for mb in mbs.iter().filter(|mb| mb.batch.n_trained > 0) {
             let aux_weight = c.aux_loss_scale * mb.rows as f64 / n_rows as f64;
             let trained = mb.batch.train(
-                &self.model,
+                &self.state.model,
                 &mb.inv_temp_n1,
                 &c.train,
                 aux_weight,
@@ -545,12 +538,12 @@ impl RlTrainer {
         let n_demo: usize = demos.iter().map(PackedRow::trained_tokens).sum();
         for chunk in micro_batches(demos, PackedRow::len, c.micro_batch_tokens) {
             let refs: Vec<&PackedRow> = chunk.iter().collect();
-            let b = PackedBatch::new(&refs, self.device())?;
+            let b = PackedBatch::new(&refs, self.state.device())?;
             if b.n_trained == 0 {
                 continue;
             }
             let (trained, nll) =
-                b.train_nll(&self.model, &c.train, c.ptx_coef / n_demo as f64, 0.0)?;
+                b.train_nll(&self.state.model, &c.train, c.ptx_coef / n_demo as f64, 0.0)?;
             sums.ptx_nll += nll;
             st.ptx_tokens += b.n_trained;
             balance.merge(&trained.balance);
@@ -563,29 +556,14 @@ impl RlTrainer {
         &self.cfg
     }
 
-    /// The policy.
-    pub fn model(&self) -> &MoePolicy {
-        &self.model
+    /// The policy under training: parameters, model, optimizer.
+    pub fn state(&self) -> &TrainState {
+        &self.state
     }
 
-    /// The policy, mutably (e.g. to extend its context window at a curriculum stage).
-    pub fn model_mut(&mut self) -> &mut MoePolicy {
-        &mut self.model
-    }
-
-    /// The parameters (checkpoints, weight serving).
-    pub fn var_store(&self) -> &nn::VarStore {
-        &self.vs
-    }
-
-    /// The optimizer (its `state_tensors` go into the run checkpoint).
-    pub fn optimizer(&self) -> &AdamW {
-        &self.opt
-    }
-
-    /// The optimizer, mutably (`load_state` on resume).
-    pub fn optimizer_mut(&mut self) -> &mut AdamW {
-        &mut self.opt
+    /// The policy under training, mutably (restore the optimizer, extend the window).
+    pub fn state_mut(&mut self) -> &mut TrainState {
+        &mut self.state
     }
 
     /// Whether a reference policy is loaded.
@@ -593,8 +571,8 @@ impl RlTrainer {
         self.reference.is_some()
     }
 
-    /// Gives back the parameters and the policy.
-    pub fn into_parts(self) -> (nn::VarStore, MoePolicy) {
-        (self.vs, self.model)
+    /// Gives back the policy under training.
+    pub fn into_state(self) -> TrainState {
+        self.state
     }
 }

@@ -8,8 +8,8 @@ use tch::nn;
 
 use super::config::SftConfig;
 use super::loss::summed_nll;
-use super::optim::AdamW;
 use super::pack::{first_fit_decreasing, micro_batches, PackedBatch, PackedRow};
+use super::state::TrainState;
 use super::TrainError;
 use corvid_model::{BalanceStats, MoeHealth, MoePolicy};
 
@@ -138,9 +138,7 @@ pub struct SftStepStats {
 /// SFT trainer: owns the policy, its `VarStore` and the optimizer.
 #[derive(Debug)]
 pub struct SftTrainer {
-    vs: nn::VarStore,
-    model: MoePolicy,
-    opt: AdamW,
+    state: TrainState,
     cfg: SftConfig,
     tokens_seen: u64,
     /// The latest held-out loss measured ([`SftTrainer::record_heldout_loss`]).
@@ -151,11 +149,8 @@ impl SftTrainer {
     /// A trainer for `model`, whose parameters live in `vs`.
     pub fn new(vs: nn::VarStore, model: MoePolicy, cfg: SftConfig) -> Result<Self, TrainError> {
         cfg.validate()?;
-        let opt = AdamW::new(&vs, cfg.optim.clone())?;
         Ok(Self {
-            vs,
-            model,
-            opt,
+            state: TrainState::new(vs, model, cfg.optim.clone())?,
             cfg,
             tokens_seen: 0,
             heldout_loss: None,
@@ -177,10 +172,10 @@ impl SftTrainer {
         if n_total == 0 {
             return Err(TrainError::Data("no trained-on token in the batch".into()));
         }
-        let device = self.vs.device();
+        let device = self.state.device();
         let micro = self.micro_batches(rows);
         let n_micro = micro.len();
-        self.opt.zero_grad();
+        self.state.opt.zero_grad();
         let (mut ce_sum, mut aux_sum) = (0.0, 0.0);
         let mut balance = BalanceStats::default();
         let mut health = Vec::new();
@@ -189,7 +184,7 @@ impl SftTrainer {
             // Token mean over the whole step; the balance loss is averaged over micro-batches.
             // L_sft = Σ_j −log π_θ(y_j) / N, in fp32 whatever the weights' dtype.
             let (trained, ce) = batch.train_nll(
-                &self.model,
+                &self.state.model,
                 &self.cfg.train,
                 1.0 / n_total as f64,
                 1.0 / n_micro as f64,
@@ -199,8 +194,8 @@ impl SftTrainer {
             balance.merge(&trained.balance);
             health = trained.health;
         }
-        let s = self.opt.step()?;
-        self.model.update_balance(&balance)?;
+        let s = self.state.opt.step()?;
+        self.state.model.update_balance(&balance)?;
         self.tokens_seen += n_total as u64;
         Ok(SftStepStats {
             loss: ce_sum / n_total as f64,
@@ -220,13 +215,16 @@ impl SftTrainer {
         if n_total == 0 {
             return Err(TrainError::Data("no trained-on token to evaluate".into()));
         }
-        let device = self.vs.device();
+        let device = self.state.device();
         let mut ce_sum = 0.0;
         tch::no_grad(|| -> Result<(), TrainError> {
             for refs in self.micro_batches(rows) {
                 let batch = PackedBatch::new(&refs, device)?;
-                let scores =
-                    batch.score(&self.model, &batch.unit_temperature(), &self.cfg.train)?;
+                let scores = batch.score(
+                    &self.state.model,
+                    &batch.unit_temperature(),
+                    &self.cfg.train,
+                )?;
                 ce_sum += summed_nll(&scores.logp_n).double_value(&[]);
             }
             Ok(())
@@ -237,7 +235,7 @@ impl SftTrainer {
     /// Whether a stopping rule is reached: `steps`, `token_budget`, or
     /// `heldout_loss_target` ([`SftTrainer::reached_heldout_target`]).
     pub fn done(&self) -> bool {
-        (self.cfg.steps > 0 && self.opt.step_count() >= self.cfg.steps)
+        (self.cfg.steps > 0 && self.state.opt.step_count() >= self.cfg.steps)
             || (self.cfg.token_budget > 0 && self.tokens_seen >= self.cfg.token_budget)
             || self.reached_heldout_target()
     }
@@ -276,33 +274,18 @@ impl SftTrainer {
         &self.cfg
     }
 
-    /// The policy.
-    pub fn model(&self) -> &MoePolicy {
-        &self.model
+    /// The policy under training: parameters, model, optimizer.
+    pub fn state(&self) -> &TrainState {
+        &self.state
     }
 
-    /// The policy, mutably (e.g. to extend its context window between stages).
-    pub fn model_mut(&mut self) -> &mut MoePolicy {
-        &mut self.model
+    /// The policy under training, mutably (restore the optimizer, extend the window).
+    pub fn state_mut(&mut self) -> &mut TrainState {
+        &mut self.state
     }
 
-    /// The parameters (for checkpoints and weight serving).
-    pub fn var_store(&self) -> &nn::VarStore {
-        &self.vs
-    }
-
-    /// The optimizer (its `state_tensors` go into the run checkpoint).
-    pub fn optimizer(&self) -> &AdamW {
-        &self.opt
-    }
-
-    /// The optimizer, mutably (`load_state` on resume).
-    pub fn optimizer_mut(&mut self) -> &mut AdamW {
-        &mut self.opt
-    }
-
-    /// Gives back the parameters and the policy (to hand them to the RL trainer).
-    pub fn into_parts(self) -> (nn::VarStore, MoePolicy) {
-        (self.vs, self.model)
+    /// Gives back the policy under training (to hand it to the RL trainer).
+    pub fn into_state(self) -> TrainState {
+        self.state
     }
 }

@@ -37,7 +37,7 @@ use crate::learner::{io_err, LearnerError, RunPaths, Shared, StopReason, Summary
 use crate::metrics::{MetricsSink, SpikeDetector, UpdateRecord};
 use crate::sft_data::SftData;
 use crate::train::sft::SftTrainer;
-use crate::train::RlTrainer;
+use crate::train::{RlTrainer, TrainState};
 use corvid_model::checkpoint::{weights_to_bytes, WEIGHTS_FILE};
 use corvid_model::precision::weight_kind_for;
 use corvid_model::{ModelConfig, MoePolicy};
@@ -75,25 +75,22 @@ impl ActiveTrainer {
             )?)),
         };
         if let Some(opt) = &optimizer {
-            match &mut active {
-                Self::Sft(t) => t.optimizer_mut().load_state(opt)?,
-                Self::Rl(t) => t.optimizer_mut().load_state(opt)?,
-            }
+            active.state_mut().opt.load_state(opt)?;
         }
         Ok(active)
     }
 
-    fn vs(&self) -> &nn::VarStore {
+    fn state(&self) -> &TrainState {
         match self {
-            Self::Sft(t) => t.var_store(),
-            Self::Rl(t) => t.var_store(),
+            Self::Sft(t) => t.state(),
+            Self::Rl(t) => t.state(),
         }
     }
 
-    fn optimizer_state(&self) -> OptimizerState {
+    fn state_mut(&mut self) -> &mut TrainState {
         match self {
-            Self::Sft(t) => t.optimizer().state_tensors(),
-            Self::Rl(t) => t.optimizer().state_tensors(),
+            Self::Sft(t) => t.state_mut(),
+            Self::Rl(t) => t.state_mut(),
         }
     }
 }
@@ -361,7 +358,7 @@ impl Trainer {
 
     /// The current weights as safetensors bytes.
     pub fn weights(&self) -> Result<Vec<u8>, LearnerError> {
-        Ok(weights_to_bytes(self.active().vs())?)
+        Ok(weights_to_bytes(&self.active().state().vs)?)
     }
 
     /// The curriculum as JSON.
@@ -390,9 +387,9 @@ impl Trainer {
             .clone();
         let active = self.active();
         let saved = self.ckpt.save(Snapshot {
-            vs: active.vs(),
+            vs: &active.state().vs,
             model_config: &self.model_cfg,
-            optimizer: active.optimizer_state(),
+            optimizer: active.state().opt.state_tensors(),
             curriculum: &curriculum,
             state,
             hf_origin: self.paths.hf_origin.as_deref(),

@@ -6,10 +6,11 @@
 //! 1. Ready groups (G trajectories, or closed and idle) are taken from the [`Collector`],
 //!    oldest first; trajectories the trainer cannot use (token ids outside the vocabulary,
 //!    non-finite behaviour log-probs) are left out and counted.
-//! 2. libtorch is seeded from the learner's RNG (saved in every checkpoint), then
-//!    [`RlTrainer::update_mixed`] trains on the groups at the current policy version (stale
-//!    and unscored episodes are skipped and counted there), with `rl.ptx_tokens` of fresh
-//!    `[sft]` demonstrations when the PPO-ptx term is on (`rl.ptx_coef > 0`).
+//! 2. libtorch is seeded from the learner's RNG (saved in every checkpoint); [`select`]
+//!    keeps the trajectories to learn from at the current policy version (stale and
+//!    unscored episodes are skipped and counted) and computes their advantages; then
+//!    [`RlTrainer::train`] trains on them, with `rl.ptx_tokens` of fresh `[sft]`
+//!    demonstrations when the PPO-ptx term is on (`rl.ptx_coef > 0`).
 //! 3. The new weights are published as the next version; the trajectories are marked
 //!    consumed in the store; one metrics line is written.
 //!
@@ -33,7 +34,7 @@ use crate::config::LearnerConfig;
 use crate::learner::{io_err, LearnerError};
 use crate::metrics::UpdateRecord;
 use crate::sft_data::SftData;
-use crate::train::batch::check_trainable;
+use crate::train::batch::{check_trainable, select};
 use crate::train::config::RlConfig;
 use crate::train::pack::PackedRow;
 use crate::train::{Group, RlTrainer, SftLayout, UpdateStats};
@@ -212,7 +213,9 @@ impl Trainer {
         let Some(ActiveTrainer::Rl(rl)) = self.active.as_mut() else {
             unreachable!("enter_rl checked the stage")
         };
-        let stats = rl.update_mixed(&groups, version, &demos)?;
+        // Selection and advantages are the whole batch's; the trainer only computes.
+        let selection = select(&groups, version, rl.config())?;
+        let stats = rl.train(&selection, &demos, true)?;
         let update_s = started.elapsed().as_secs_f64();
         let mut record = update_record(&stats, &groups, version, self.cfg.rl.staleness_bound);
         if stats.optimizer_steps == 0 && record.rollout.episodes == 0 {

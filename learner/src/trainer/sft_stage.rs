@@ -17,6 +17,7 @@ use crate::sft_data::SftData;
 use crate::train::config::SftConfig;
 use crate::train::pack::PackedRow;
 use crate::train::sft::SftTrainer;
+use crate::train::TrainState;
 use corvid_model::MoePolicy;
 use corvid_store::now_unix_ms;
 
@@ -268,7 +269,7 @@ impl Trainer {
         };
         self.state.sft_tokens = t.tokens_seen();
         self.state.sft_heldout_loss = t.heldout_loss();
-        let (vs, model) = t.into_parts();
+        let TrainState { vs, model, .. } = t.into_state();
         write_policy(
             &self.paths.reference,
             &vs,
