@@ -22,23 +22,34 @@ pub const QB_BINS: i64 = 1000;
 /// (token, slot) assignments to `e` (no gradient), `P_e` the mean normalised score.
 pub fn switch_aux_loss(scores_te: &Tensor, idx_tk: &Tensor) -> Tensor {
     let (t, e) = scores_te.size2().expect("scores are [T, E]");
-    let k = idx_tk.size()[1];
-    let counts_e = idx_tk
-        .reshape([-1])
-        .bincount(None::<Tensor>, e)
-        .to_kind(scores_te.kind());
-    let f_e = counts_e / (t * k) as f64;
+    let counts_e = idx_tk.reshape([-1]).bincount(None::<Tensor>, e);
+    switch_aux_share(scores_te, &counts_e, t, idx_tk.size()[1])
+}
+
+/// The share of [`switch_aux_loss`] that the tokens of `scores_te` contribute when they are
+/// a slice of a forward of `n_total` tokens whose assignment counts were `counts_e [E]`:
+/// `E · Σ_e f_e · Σ_{t ∈ slice} p_te / n_total`. The shares of a partition sum to the loss.
+pub fn switch_aux_share(scores_te: &Tensor, counts_e: &Tensor, n_total: i64, k: i64) -> Tensor {
+    let (kind, e) = (scores_te.kind(), scores_te.size()[1]);
+    let f_e = counts_e.to_kind(kind).to_device(scores_te.device()) / (n_total * k) as f64;
     let probs_te = scores_te / (scores_te.sum_dim_intlist(-1, true, None) + 1e-20);
-    let p_e = probs_te.mean_dim(0, false, None);
-    (f_e * p_e).sum(scores_te.kind()) * e as f64
+    let p_e = probs_te.sum_dim_intlist(0, false, None) / n_total as f64;
+    (f_e * p_e).sum(kind) * e as f64
 }
 
 /// ST-MoE router z-loss `mean_t (logsumexp_e logits_te)²` (without its coefficient).
 pub fn router_z_loss(logits_te: &Tensor) -> Tensor {
+    router_z_share(logits_te, logits_te.size()[0])
+}
+
+/// The share of [`router_z_loss`] of a slice of a forward of `n_total` tokens:
+/// `Σ_{t ∈ slice} (logsumexp_e logits_te)² / n_total`.
+pub fn router_z_share(logits_te: &Tensor, n_total: i64) -> Tensor {
     logits_te
         .logsumexp([-1], false)
         .square()
-        .mean(logits_te.kind())
+        .sum(logits_te.kind())
+        / n_total as f64
 }
 
 /// What one layer's balance rule needs from a forward, summed over micro-batches.

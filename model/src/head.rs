@@ -43,7 +43,7 @@ pub fn chunk_rows(vocab: i64, chunk_bytes: usize) -> i64 {
 }
 
 /// `(start, len)` of each chunk of `rows` rows over `n`.
-fn chunks(n: i64, rows: i64) -> impl Iterator<Item = (i64, i64)> {
+pub(crate) fn chunks(n: i64, rows: i64) -> impl Iterator<Item = (i64, i64)> {
     let rows = rows.max(1);
     (0..n)
         .step_by(rows as usize)

@@ -111,5 +111,7 @@ pub use error::ModelError;
 pub use fits::BuildBytes;
 pub use head::TokenScores;
 pub use health::MoeHealth;
-pub use policy::{BalanceStats, Checkpoint, ForwardOutput, MoePolicy, Trunk};
+pub use policy::{
+    BalanceStats, Checkpoint, ForwardOutput, MoePolicy, Trunk, DEFAULT_RECOMPUTE_SLICE_TOKENS,
+};
 pub use precision::weight_kind_for;

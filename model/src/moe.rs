@@ -10,8 +10,8 @@
 use tch::{nn, Kind, Tensor};
 
 use super::balance::{
-    histogram_range, needed_bias_histogram, router_z_loss, switch_aux_loss, LayerBalanceStats,
-    QB_BINS,
+    histogram_range, needed_bias_histogram, router_z_loss, router_z_share, switch_aux_loss,
+    switch_aux_share, LayerBalanceStats, QB_BINS,
 };
 use super::config::{BalanceMode, ModelConfig};
 use super::experts::Experts;
@@ -89,13 +89,7 @@ impl MoeLayer {
         let (b, t, d) = x_btd.size3().expect("x is [B, T, d]");
         let x_nd = x_btd.reshape([b * t, d]);
         let routing = self.router.forward_with_noise(&x_nd, train, noise_te);
-        let mut y_nd = self
-            .experts
-            .forward(&x_nd, &routing.idx_tk, &routing.weights_tk);
-        if let Some(shared) = &self.shared {
-            y_nd = y_nd + shared.forward(&x_nd);
-        }
-        let y_btd = y_nd.view([b, t, d]);
+        let y_btd = self.experts_out(&x_nd, &routing).view([b, t, d]);
         if !train {
             return (y_btd, None);
         }
@@ -136,5 +130,42 @@ impl MoeLayer {
                 noise_te: routing.noise_te,
             }),
         )
+    }
+
+    /// Routed experts (weighted by the routing) plus the shared experts, `[n, d]`.
+    fn experts_out(&self, x_nd: &Tensor, routing: &super::router::Routing) -> Tensor {
+        let y_nd = self
+            .experts
+            .forward(x_nd, &routing.idx_tk, &routing.weights_tk);
+        match &self.shared {
+            Some(shared) => y_nd + shared.forward(x_nd),
+            None => y_nd,
+        }
+    }
+
+    /// The layer on `x_nd [n, d]`, a slice of a training forward of `n_total` tokens whose
+    /// assignment counts were `counts_e [E]`, with that forward's noise rows `noise_ne`: the
+    /// output `[n, d]` and the slice's share of `α·aux + c_z·z` (the shares of a partition sum
+    /// to [`MoeLayer::forward`]'s loss). A checkpointed backward reruns a block's FFN this
+    /// way, a slice at a time; health and balance statistics are the first forward's.
+    pub fn forward_slice(
+        &self,
+        x_nd: &Tensor,
+        noise_ne: Option<&Tensor>,
+        counts_e: &Tensor,
+        n_total: i64,
+    ) -> (Tensor, Tensor) {
+        let routing = self.router.forward_with_noise(x_nd, true, noise_ne);
+        let y_nd = self.experts_out(x_nd, &routing);
+        let mut loss = Tensor::zeros([], (routing.scores_te.kind(), x_nd.device()));
+        if self.balance == BalanceMode::AuxLoss && self.aux_coef > 0.0 {
+            let k = self.router.top_k();
+            loss =
+                loss + switch_aux_share(&routing.scores_te, counts_e, n_total, k) * self.aux_coef;
+        }
+        if self.z_coef > 0.0 {
+            loss = loss + router_z_share(&routing.logits_te, n_total) * self.z_coef;
+        }
+        (y_nd, loss)
     }
 }

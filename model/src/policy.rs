@@ -24,6 +24,11 @@ use super::rope::Rope;
 use super::ModelError;
 
 mod trunk;
+
+/// Default tokens per slice of a checkpointed block's FFN rerun: at the demo model's shapes
+/// a slice's FFN activations are ~100 MiB, against ~1 GiB for a 64K-token row at once
+/// (`docs/bench/log.md`, "Long trajectories").
+pub const DEFAULT_RECOMPUTE_SLICE_TOKENS: i64 = 8192;
 pub use trunk::{Checkpoint, Trunk};
 
 /// The FFN of a block, chosen in `new` from `first_k_dense_replace`.
@@ -81,6 +86,17 @@ impl Block {
         ctx: &mut BlockCtx<'_>,
         noise_te: Option<&Tensor>,
     ) -> Result<(Tensor, Option<MoeAux>), ModelError> {
+        let x = self.attend(x_btd, ctx)?;
+        let h = self.ffn_norm.forward(&x);
+        let (y, aux) = match &self.ffn {
+            Ffn::Dense(m) => (m.forward(&h), None),
+            Ffn::Moe(m) => m.forward_with_noise(&h, ctx.train, noise_te),
+        };
+        Ok((x + y, aux))
+    }
+
+    /// The attention half: `x + mix(attention(norm(x)))` `[B, T, d]`, the FFN's input.
+    fn attend(&self, x_btd: &Tensor, ctx: &mut BlockCtx<'_>) -> Result<Tensor, ModelError> {
         let h = self.attn_norm.forward(x_btd);
         let h_prev = ctx.prev_inputs(&h, self.attn.shift_taps(), self.latent_slot);
         let input = LayerInput {
@@ -93,13 +109,33 @@ impl Block {
             None => a.shallow_clone(),
         };
         ctx.cross.push(&a);
-        let x = x_btd + mixed;
-        let h = self.ffn_norm.forward(&x);
-        let (y, aux) = match &self.ffn {
-            Ffn::Dense(m) => (m.forward(&h), None),
-            Ffn::Moe(m) => m.forward_with_noise(&h, ctx.train, noise_te),
+        Ok(x_btd + mixed)
+    }
+
+    /// The FFN half on a slice of tokens `x_nd [n, d]` of a forward of `n_total` tokens:
+    /// `x + ffn(norm(x))` and, for an MoE block in a training forward (`counts_e`, the
+    /// forward's assignment counts, given), the slice's share of its balance loss. Per token
+    /// but for that loss, so a checkpointed backward reruns it slice by slice.
+    fn ffn_slice(
+        &self,
+        x_nd: &Tensor,
+        noise_ne: Option<&Tensor>,
+        counts_e: Option<&Tensor>,
+        n_total: i64,
+    ) -> (Tensor, Option<Tensor>) {
+        let h = self.ffn_norm.forward(x_nd);
+        let (y, loss) = match (&self.ffn, counts_e) {
+            (Ffn::Dense(m), _) => (m.forward(&h), None),
+            (Ffn::Moe(m), Some(c)) => {
+                let (y, loss) = m.forward_slice(&h, noise_ne, c, n_total);
+                (y, Some(loss))
+            }
+            (Ffn::Moe(m), None) => {
+                let (y, _) = m.forward(&h.unsqueeze(0), false);
+                (y.squeeze_dim(0), None)
+            }
         };
-        Ok((x + y, aux))
+        (x_nd + y, loss)
     }
 }
 
@@ -336,6 +372,9 @@ pub struct MoePolicy {
     /// core; `None`: the matmul path of `forward_absorbed` for every append. New models on
     /// the CPU take [`DecodeCore::Cpu`], others `None`.
     decode_core: Option<DecodeCore>,
+    /// Tokens per slice when a checkpointed backward reruns a block's FFN
+    /// ([`MoePolicy::set_recompute_slice_tokens`]).
+    recompute_slice_tokens: i64,
 }
 
 impl MoePolicy {
@@ -402,6 +441,7 @@ impl MoePolicy {
             ),
             device: vs.device(),
             decode_core: (vs.device() == Device::Cpu).then_some(DecodeCore::Cpu),
+            recompute_slice_tokens: DEFAULT_RECOMPUTE_SLICE_TOKENS,
         })
     }
 
@@ -424,6 +464,12 @@ impl MoePolicy {
     /// `Some(DecodeCore::Cpu)` for a model on the CPU and `None` elsewhere.
     pub fn set_decode_core(&mut self, core: Option<DecodeCore>) {
         self.decode_core = core;
+    }
+
+    /// Sets how many tokens a checkpointed backward reruns a block's FFN on at a time
+    /// (default [`DEFAULT_RECOMPUTE_SLICE_TOKENS`]); any value gives the same gradients.
+    pub fn set_recompute_slice_tokens(&mut self, tokens: i64) {
+        self.recompute_slice_tokens = tokens.max(1);
     }
 
     /// The decode core set by [`MoePolicy::set_decode_core`].

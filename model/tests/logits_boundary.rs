@@ -17,6 +17,7 @@ use corvid_model::causal::{causal_sdpa, DocSpans};
 use corvid_model::head::{backward_chunked, score_chunked, score_full};
 use corvid_model::{
     Attention, AttnGate, Checkpoint, ModelConfig, MoePolicy, ScoreFunc, TokenScores,
+    DEFAULT_RECOMPUTE_SLICE_TOKENS,
 };
 use tch::{nn, Device, Kind, Tensor};
 
@@ -330,24 +331,29 @@ fn checkpointed_blocks_give_the_same_gradients_and_statistics() {
         ),
         ("GQA", gqa_cfg(264)),
     ] {
-        let (vs, model) = build(&cfg, 5);
+        let (vs, mut model) = build(&cfg, 5);
         let tokens = Tensor::randint(cfg.vocab_size, [2, 20], (Kind::Int64, Device::Cpu));
         let (want, h_want, c_want, aux_want) =
             train_step(&vs, &model, &tokens, None, Checkpoint::None, 11);
-        let (got, h_got, c_got, aux_got) =
-            train_step(&vs, &model, &tokens, None, Checkpoint::Blocks, 11);
-        assert_grads_equal(&got, &want, 1e-6, name);
-        assert_eq!(h_got, h_want, "{name}: health");
-        assert_eq!(c_got, c_want, "{name}: expert counts");
-        assert!(
-            (aux_got - aux_want).abs() <= 1e-7 * aux_want.abs().max(1.0),
-            "{name}: aux"
-        );
+        // The FFN rerun in one slice, then in slices of 7 of the 40 tokens (the last short).
+        for slice in [DEFAULT_RECOMPUTE_SLICE_TOKENS, 7] {
+            model.set_recompute_slice_tokens(slice);
+            let (got, h_got, c_got, aux_got) =
+                train_step(&vs, &model, &tokens, None, Checkpoint::Blocks, 11);
+            let name = format!("{name}, FFN slices of {slice}");
+            assert_grads_equal(&got, &want, 1e-6, &name);
+            assert_eq!(h_got, h_want, "{name}: health");
+            assert_eq!(c_got, c_want, "{name}: expert counts");
+            assert!(
+                (aux_got - aux_want).abs() <= 1e-7 * aux_want.abs().max(1.0),
+                "{name}: aux"
+            );
+        }
         if cfg.n_routed_experts > 0 {
-            assert!(!h_got.is_empty(), "{name}: health is reported");
+            assert!(!h_want.is_empty(), "{name}: health is reported");
         }
 
-        // Packed documents: the same with the document mask.
+        // Packed documents: the same with the document mask (FFN slices of 7).
         let pos = Tensor::cat(
             &[
                 Tensor::arange(12, (Kind::Int64, Device::Cpu)),

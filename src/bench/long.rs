@@ -10,7 +10,10 @@
 //! `--checkpoint blocks`), then the chunked head with every term of the RL loss on
 //! (clipped surrogate with the truncated importance weight, entropy bonus, k3 KL to a
 //! reference, balance loss), then the trunk's backward. Random ids, random weights (a preset)
-//! or a model folder's, fp32.
+//! or a model folder's; fp32 on the CPU, bf16 weights with fp32 routers on CUDA (as the
+//! trainer runs there). On CUDA the memory figure is the device memory the step added
+//! (`cuMemGetInfo` after the step minus before it): libtorch's caching allocator keeps what it
+//! reserved, so this is its peak reservation for the step.
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -24,6 +27,8 @@ use corvid_learner::train::loss::{
     clipped_surrogate, importance_ratio, k3_kl, token_sum_over, truncated_importance_weight,
 };
 use corvid_learner::train::pack::{PackedBatch, PackedRow};
+use corvid_model::cuda::runtime::device_used_memory;
+use corvid_model::precision::weight_kind_for;
 use corvid_model::{arch, Checkpoint, MoePolicy};
 use serde::{Deserialize, Serialize};
 use tch::{nn, Device, Kind, Tensor};
@@ -33,6 +38,7 @@ use tch::{nn, Device, Kind, Tensor};
 #[command(after_help = "Examples:
   corvid bench long --preset tiny --tokens 4096,16384,65536 --checkpoint blocks --json
   corvid bench long --model /tmp/corvid-bench/qwen3-moe-152k --tokens 4096,8192 --json
+  corvid bench long --preset gpu-1b --device cuda --tokens 262144,1048576 --checkpoint blocks
   (.corvid/venv/bin/python scripts/bench_long.py runs it beside transformers)")]
 pub struct LongBenchArgs {
     /// A model folder (Hugging Face or a run's policy); its `max_position_embeddings` must
@@ -57,6 +63,9 @@ pub struct LongBenchArgs {
     /// Intra-op threads.
     #[arg(long, default_value_t = 2)]
     threads: i32,
+    /// `cpu`, `cuda` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    device: String,
     /// One JSON line per length.
     #[arg(long)]
     json: bool,
@@ -75,6 +84,7 @@ struct LongResult {
     /// The process's whole peak RSS (the model, libtorch and the step).
     #[serde(default)]
     peak_rss_mb: f64,
+    /// On CUDA: device memory added by the step (the caching allocator's peak reservation).
     #[serde(skip_serializing_if = "Option::is_none")]
     peak_cuda_mb: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -96,6 +106,10 @@ fn lengths(text: &str) -> anyhow::Result<Vec<i64>> {
 /// Runs the benchmark.
 pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
     let lens = lengths(&a.tokens)?;
+    let device = device_arg(&a.device)?;
+    if device.is_cuda() && !tch::Cuda::is_available() {
+        bail!("--device {}: libtorch sees no CUDA device", a.device);
+    }
     let checkpoint = Checkpoint::from_name(&a.checkpoint)
         .with_context(|| format!("--checkpoint: `{}` is not none or blocks", a.checkpoint))?;
     if a.model.is_none() && a.preset.is_none() {
@@ -105,7 +119,7 @@ pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
         let [t] = lens[..] else {
             bail!("--child runs exactly one length");
         };
-        let r = measure(&a, t, checkpoint)?;
+        let r = measure(&a, t, checkpoint, device)?;
         println!("{}", serde_json::to_string(&r)?);
         return Ok(ExitCode::SUCCESS);
     }
@@ -158,8 +172,12 @@ pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
         } else if let Some(why) = &r.killed {
             println!("{:>8} tokens  failed: {why}", r.tokens);
         } else {
+            let cuda = r
+                .peak_cuda_mb
+                .map(|m| format!("  CUDA +{m:.0} MiB"))
+                .unwrap_or_default();
             println!(
-                "{:>8} tokens  {:>8.2} s  {:>8.0} tok/s  peak RSS +{:.0} MiB ({:.0} MiB in all)",
+                "{:>8} tokens  {:>8.2} s  {:>8.0} tok/s  peak RSS +{:.0} MiB ({:.0} MiB in all){cuda}",
                 r.tokens, r.seconds, r.tokens_per_s, r.peak_rss_delta_mb, r.peak_rss_mb
             );
         }
@@ -167,7 +185,22 @@ pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn load_model(a: &LongBenchArgs, t: i64) -> anyhow::Result<(nn::VarStore, MoePolicy)> {
+/// `cpu`, `cuda` or `cuda:N`.
+fn device_arg(s: &str) -> anyhow::Result<Device> {
+    match s.trim() {
+        "cpu" => Ok(Device::Cpu),
+        other => super::gpu::parse_device(other).context("--device may also be cpu"),
+    }
+}
+
+/// The model on `device` in its training dtype ([`weight_kind_for`]): a preset built there,
+/// or a folder loaded on the CPU and copied over.
+fn load_model(
+    a: &LongBenchArgs,
+    t: i64,
+    device: Device,
+) -> anyhow::Result<(nn::VarStore, MoePolicy)> {
+    let kind = weight_kind_for(device);
     if let Some(dir) = &a.model {
         let opened = arch::open(dir, Device::Cpu)
             .with_context(|| format!("loading the model folder {}", dir.display()))?;
@@ -178,7 +211,14 @@ fn load_model(a: &LongBenchArgs, t: i64) -> anyhow::Result<(nn::VarStore, MoePol
                 dir.display()
             );
         }
-        return Ok((opened.vs, opened.model));
+        if device == Device::Cpu {
+            return Ok((opened.vs, opened.model));
+        }
+        let mut vs = nn::VarStore::new(device);
+        let model = MoePolicy::new_in_kind(&vs, opened.model.config(), kind)?;
+        // `copy` casts each value to the destination's dtype: routers stay fp32.
+        vs.copy(&opened.vs)?;
+        return Ok((vs, model));
     }
     let section = ModelSection {
         preset: a.preset.clone().unwrap_or_else(|| "tiny".into()),
@@ -193,15 +233,27 @@ fn load_model(a: &LongBenchArgs, t: i64) -> anyhow::Result<(nn::VarStore, MoePol
     let mut cfg = section.resolve()?;
     cfg.max_position_embeddings = cfg.max_position_embeddings.max(t);
     tch::manual_seed(0);
-    let vs = nn::VarStore::new(Device::Cpu);
-    let model = MoePolicy::new(&vs.root(), &cfg)?;
+    let vs = nn::VarStore::new(device);
+    let model = MoePolicy::new_in_kind(&vs, &cfg, kind)?;
     Ok((vs, model))
 }
 
+/// Waits for `device`'s queued work (a no-op on the CPU).
+fn sync(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
 /// One forward + backward of a `t`-token trajectory, every generated-token term on.
-fn measure(a: &LongBenchArgs, t: i64, checkpoint: Checkpoint) -> anyhow::Result<LongResult> {
+fn measure(
+    a: &LongBenchArgs,
+    t: i64,
+    checkpoint: Checkpoint,
+    device: Device,
+) -> anyhow::Result<LongResult> {
     tch::set_num_threads(a.threads);
-    let (_vs, model) = load_model(a, t)?;
+    let (_vs, model) = load_model(a, t, device)?;
     let v = model.config().vocab_size;
     let ids: Vec<u32> = Vec::<i64>::try_from(Tensor::randint(v, [t], (Kind::Int64, Device::Cpu)))?
         .into_iter()
@@ -215,15 +267,17 @@ fn measure(a: &LongBenchArgs, t: i64, checkpoint: Checkpoint) -> anyhow::Result<
         logit_chunk_mib: a.chunk_mib,
         ..TrainConfig::default()
     };
+    sync(device);
+    let cuda_before = device.is_cuda().then(device_used_memory).flatten();
     super::reset_peak_rss();
     let before = super::rss_bytes().unwrap_or(0);
     let start = Instant::now();
-    let batch = PackedBatch::new(&[&row], Device::Cpu)?;
+    let batch = PackedBatch::new(&[&row], device)?;
     let n = batch.n_trained as i64;
-    let behaviour_n = Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.1 - 3.0;
-    let reference_n = Tensor::randn([n], (Kind::Float, Device::Cpu)) * 0.1 - 3.0;
-    let adv_n = Tensor::randn([n], (Kind::Float, Device::Cpu));
-    let inv_temp_n1 = Tensor::ones([n, 1], (Kind::Float, Device::Cpu));
+    let behaviour_n = Tensor::randn([n], (Kind::Float, device)) * 0.1 - 3.0;
+    let reference_n = Tensor::randn([n], (Kind::Float, device)) * 0.1 - 3.0;
+    let adv_n = Tensor::randn([n], (Kind::Float, device));
+    let inv_temp_n1 = Tensor::ones([n, 1], (Kind::Float, device));
     batch.train(&model, &inv_temp_n1, &cfg, 1.0, |r, s| {
         let part = |x: &Tensor| x.narrow(0, r.start, r.end - r.start);
         let ratio = importance_ratio(&s.logp_n, &s.logp_n.detach());
@@ -235,15 +289,21 @@ fn measure(a: &LongBenchArgs, t: i64, checkpoint: Checkpoint) -> anyhow::Result<
                 + token_sum_over(&kl, n as f64) * 1e-2,
         )
     })?;
+    sync(device);
     let seconds = start.elapsed().as_secs_f64();
     let peak = super::peak_rss_bytes().unwrap_or(0);
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    let peak_cuda_mb = match (cuda_before, device_used_memory()) {
+        (Some(b), Some(after)) if device.is_cuda() => Some(mib(after.saturating_sub(b))),
+        _ => None,
+    };
     Ok(LongResult {
         tokens: t,
         seconds,
         tokens_per_s: t as f64 / seconds,
-        peak_rss_delta_mb: peak.saturating_sub(before) as f64 / (1 << 20) as f64,
-        peak_rss_mb: peak as f64 / (1 << 20) as f64,
-        peak_cuda_mb: None,
+        peak_rss_delta_mb: mib(peak.saturating_sub(before)),
+        peak_rss_mb: mib(peak),
+        peak_cuda_mb,
         killed: None,
     })
 }

@@ -161,6 +161,16 @@ pub fn device_total_memory(ordinal: usize) -> Option<u64> {
     u64::try_from(bytes).ok()
 }
 
+/// Bytes in use on the device of the calling thread's current CUDA context
+/// (`cuMemGetInfo`: total − free, every process's allocations included); `None` when the
+/// driver cannot be loaded or the thread has no current context (libtorch makes its
+/// device's primary context current on a thread once it runs CUDA work there).
+pub fn device_used_memory() -> Option<u64> {
+    driver_loadable().ok()?;
+    let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
+    u64::try_from(total.checked_sub(free)?).ok()
+}
+
 /// Ok when the custom kernels can run on `device`: a CUDA device libtorch sees, the driver
 /// library and NVRTC.
 pub fn availability(device: Device) -> Result<(), CudaError> {

@@ -16,8 +16,11 @@
 //! The backward walks the blocks from the last: it reruns block i from those values (leaf
 //! tensors), backpropagates the gradients that later blocks sent to `x_{i+1}`, `a_i` and its
 //! latent plus the block's balance loss, and collects the gradients of its inputs for the
-//! blocks before it. One block's activations exist at a time. The balance and health
-//! statistics come from the first forward only, so they are counted once.
+//! blocks before it. One block's activations exist at a time, and of its FFN half (per token
+//! but for the balance loss) one slice of tokens at a time: the FFN's activations are the
+//! block's largest (`k` routed experts' and the shared experts' intermediates per token). The
+//! balance and health statistics come from the first forward only, so they are counted once;
+//! the balance loss's slices use its assignment counts.
 //! Tests: `model/tests/logits_boundary.rs` (checkpointed equals not checkpointed).
 
 use tch::Tensor;
@@ -90,6 +93,8 @@ struct Saved {
     a_btd: Option<Tensor>,
     latent: Option<Latent>,
     noise_te: Option<Tensor>,
+    /// The MoE layer's assignment counts `[E]` (its balance loss needs the whole layer's).
+    counts_e: Option<Tensor>,
 }
 
 fn detached(l: &Latent) -> Latent {
@@ -174,6 +179,7 @@ impl MoePolicy {
                     noise_te: aux
                         .as_ref()
                         .and_then(|a| a.noise_te.as_ref().map(Tensor::shallow_clone)),
+                    counts_e: aux.as_ref().map(|a| a.stats.counts_e.shallow_clone()),
                 });
             }
             x = y;
@@ -271,8 +277,9 @@ impl MoePolicy {
                     latent: latent_in,
                 },
             };
-            let (y, aux) = blk.forward(&x_in, &mut ctx, s.noise_te.as_ref())?;
-            let mut loss = pairing(&y, &grad_x);
+            let x_mid = blk.attend(&x_in, &mut ctx)?;
+            let grad_mid = self.ffn_backward(blk, &x_mid, &grad_x, s, tape.train, aux_weight)?;
+            let mut loss = pairing(&x_mid, &grad_mid);
             if let Some(g) = &grad_a[i] {
                 let a = ctx.cross.last().expect("the block pushed its output");
                 loss = loss + pairing(&a, g);
@@ -286,12 +293,6 @@ impl MoePolicy {
                 }
                 if let Some(g) = &grad_k[i] {
                     loss = loss + pairing(&l.k_pe_btr, g);
-                }
-            }
-            if let Some(aux) = aux {
-                if aux_weight != 0.0 && aux.loss.requires_grad() {
-                    let kind = loss.kind();
-                    loss = loss + aux.loss.to_kind(kind) * aux_weight;
                 }
             }
             drop(ctx);
@@ -312,5 +313,41 @@ impl MoePolicy {
             pairing(&x0, &grad_x).f_backward()?;
         }
         Ok(())
+    }
+
+    /// Reruns `blk`'s FFN half from `x_mid [B, T, d]` (its attention half's output) in
+    /// slices of [`MoePolicy::set_recompute_slice_tokens`] tokens, each backpropagating its
+    /// rows of `grad_y` (the gradient of the block's output) plus `aux_weight ×` its share of
+    /// the balance loss; returns the gradient of `x_mid`. The FFN is per token but for that
+    /// loss, whose shares use the first forward's assignment counts, so one slice's
+    /// activations exist at a time.
+    fn ffn_backward(
+        &self,
+        blk: &super::Block,
+        x_mid_btd: &Tensor,
+        grad_y_btd: &Tensor,
+        s: &Saved,
+        train: bool,
+        aux_weight: f64,
+    ) -> Result<Tensor, ModelError> {
+        let (b, t, d) = x_mid_btd.size3()?;
+        let n = b * t;
+        let x_nd = x_mid_btd.detach().reshape([n, d]);
+        let grad_y_nd = grad_y_btd.reshape([n, d]);
+        let grad_nd = Tensor::empty([n, d], (x_nd.kind(), x_nd.device()));
+        let counts_e = s.counts_e.as_ref().filter(|_| train);
+        for (start, len) in crate::head::chunks(n, self.recompute_slice_tokens) {
+            let x = leaf(&x_nd.narrow(0, start, len));
+            let noise = s.noise_te.as_ref().map(|z| z.narrow(0, start, len));
+            let (y, share) = blk.ffn_slice(&x, noise.as_ref(), counts_e, n);
+            let mut loss = pairing(&y, &grad_y_nd.narrow(0, start, len));
+            if let Some(share) = share.filter(|l| aux_weight != 0.0 && l.requires_grad()) {
+                let kind = loss.kind();
+                loss = loss + share.to_kind(kind) * aux_weight;
+            }
+            loss.f_backward()?;
+            grad_nd.narrow(0, start, len).copy_(&x.grad());
+        }
+        Ok(grad_nd.view([b, t, d]))
     }
 }

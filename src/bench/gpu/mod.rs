@@ -51,7 +51,7 @@ pub struct GpuBenchArgs {
     out: Option<PathBuf>,
 }
 
-fn parse_device(s: &str) -> anyhow::Result<Device> {
+pub(crate) fn parse_device(s: &str) -> anyhow::Result<Device> {
     match s.trim() {
         "cuda" => Ok(Device::Cuda(0)),
         other => other
