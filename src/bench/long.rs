@@ -60,6 +60,9 @@ pub struct LongBenchArgs {
     /// MiB of logits per chunk.
     #[arg(long, default_value_t = 64)]
     chunk_mib: usize,
+    /// Tokens per slice of a checkpointed block's FFN rerun.
+    #[arg(long, default_value_t = corvid_model::DEFAULT_RECOMPUTE_SLICE_TOKENS)]
+    slice_tokens: i64,
     /// Intra-op threads.
     #[arg(long, default_value_t = 2)]
     threads: i32,
@@ -253,7 +256,8 @@ fn measure(
     device: Device,
 ) -> anyhow::Result<LongResult> {
     tch::set_num_threads(a.threads);
-    let (_vs, model) = load_model(a, t, device)?;
+    let (_vs, mut model) = load_model(a, t, device)?;
+    model.set_recompute_slice_tokens(a.slice_tokens);
     let v = model.config().vocab_size;
     let ids: Vec<u32> = Vec::<i64>::try_from(Tensor::randint(v, [t], (Kind::Int64, Device::Cpu)))?
         .into_iter()
