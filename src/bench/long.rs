@@ -90,6 +90,10 @@ struct LongResult {
     /// On CUDA: device memory added by the step (the caching allocator's peak reservation).
     #[serde(skip_serializing_if = "Option::is_none")]
     peak_cuda_mb: Option<f64>,
+    /// On CUDA: model FLOPs utilisation, `tokens/s · 3 · flops_per_token(T/2)` over the
+    /// H100/H200 dense bf16 peak (the rerun of checkpointed blocks is not counted as work).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    mfu: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     killed: Option<String>,
 }
@@ -167,6 +171,7 @@ pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
                 peak_rss_delta_mb: 0.0,
                 peak_rss_mb: 0.0,
                 peak_cuda_mb: None,
+                mfu: None,
                 killed: Some(why),
             }
         };
@@ -175,10 +180,10 @@ pub fn run(a: LongBenchArgs) -> anyhow::Result<ExitCode> {
         } else if let Some(why) = &r.killed {
             println!("{:>8} tokens  failed: {why}", r.tokens);
         } else {
-            let cuda = r
-                .peak_cuda_mb
-                .map(|m| format!("  CUDA +{m:.0} MiB"))
-                .unwrap_or_default();
+            let cuda = match (r.peak_cuda_mb, r.mfu) {
+                (Some(m), Some(u)) => format!("  CUDA +{m:.0} MiB  MFU {:.1}%", u * 100.0),
+                _ => String::new(),
+            };
             println!(
                 "{:>8} tokens  {:>8.2} s  {:>8.0} tok/s  peak RSS +{:.0} MiB ({:.0} MiB in all){cuda}",
                 r.tokens, r.seconds, r.tokens_per_s, r.peak_rss_delta_mb, r.peak_rss_mb
@@ -308,6 +313,58 @@ fn measure(
         peak_rss_delta_mb: mib(peak.saturating_sub(before)),
         peak_rss_mb: mib(peak),
         peak_cuda_mb,
+        mfu: device.is_cuda().then(|| {
+            t as f64 / seconds * 3.0 * model.config().flops_per_token(t / 2)
+                / (super::gpu::H200_BF16_PEAK_TFLOPS * 1e12)
+        }),
         killed: None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: LongBenchArgs,
+    }
+
+    fn args(extra: &[&str]) -> LongBenchArgs {
+        let mut argv = vec![
+            "long",
+            "--preset",
+            "tiny",
+            "--overrides",
+            "num_hidden_layers = 1",
+        ];
+        argv.extend_from_slice(extra);
+        Cli::try_parse_from(argv).expect("parses").a
+    }
+
+    #[test]
+    fn device_flag_takes_cpu_and_cuda_forms() {
+        assert_eq!(device_arg("cpu").unwrap(), Device::Cpu);
+        assert_eq!(device_arg("cuda").unwrap(), Device::Cuda(0));
+        assert_eq!(device_arg("cuda:1").unwrap(), Device::Cuda(1));
+        let err = format!("{:#}", device_arg("gpu").unwrap_err());
+        assert!(err.contains("cpu") && err.contains("`gpu`"), "{err}");
+    }
+
+    #[test]
+    fn a_cpu_length_reports_time_and_memory_and_no_cuda_figures() {
+        let a = args(&["--tokens", "96", "--slice-tokens", "40"]);
+        let r = measure(&a, 96, Checkpoint::Blocks, Device::Cpu).unwrap();
+        assert_eq!(r.tokens, 96);
+        assert!(r.seconds > 0.0 && r.tokens_per_s > 0.0);
+        assert!(r.peak_rss_mb > 0.0);
+        assert!(r.peak_cuda_mb.is_none() && r.mfu.is_none() && r.killed.is_none());
+        let line = serde_json::to_string(&r).unwrap();
+        assert!(
+            !line.contains("peak_cuda_mb") && !line.contains("mfu"),
+            "{line}"
+        );
+    }
 }

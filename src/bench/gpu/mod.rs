@@ -10,6 +10,7 @@ use anyhow::Context;
 use clap::Args;
 mod measure;
 
+pub(crate) use self::measure::H200_BF16_PEAK_TFLOPS;
 use self::measure::{run_gpu_bench, GpuBenchOptions, GpuReport};
 use corvid_model::cuda::{availability, CudaError};
 use tch::Device;
