@@ -12,14 +12,24 @@
 //!
 //! [`score_full`] computes them over all `N` rows at once, with autograd: the reference.
 //! [`score_chunked`] computes them a chunk of rows at a time without gradients (scoring,
-//! `π_prox`, `π_ref`). [`backward_chunked`] trains through them: for each chunk it builds the
-//! chunk's logits from a detached copy of its rows of `h`, hands the chunk's scores to the caller's loss,
-//! and runs that loss's backward, which adds into the head's gradient and the copy's; the
-//! chunk's logits are freed before the next one. It returns the gradient of the summed loss
-//! with respect to `h`, which the caller pushes through the trunk in one backward
-//! ([`MoePolicy::backward`](crate::MoePolicy::backward)). A token's loss terms depend only on
-//! its own log-prob and entropy, so the sum of the chunks' losses is the loss, and the
-//! gradients equal the reference's (tests: `model/tests/logits_boundary.rs`).
+//! `π_prox`, `π_ref`). [`backward_chunked`] trains through them a chunk at a time: it hands
+//! the chunk's scores (as leaves) to the caller's loss, backpropagates that loss to them
+//! (`g_y = ∂L/∂logp_n`, `g_H = ∂L/∂H_n`, `[n]` each), then writes the logits' gradient
+//! by hand into the chunk's own buffer,
+//!
+//! ```text
+//! ∂L/∂z = g_y · (onehot(y) − p) − g_H · p ⊙ (log p + H)      p = softmax(z)
+//!       = p ⊙ (−g_H · (log p + H) − g_y) + g_y · onehot(y)
+//! ```
+//!
+//! and adds `∂L/∂z · W` into the gradient of `h` and `(∂L/∂z)ᵀ · h` into the head's. Two
+//! `[rows, V]` fp32 buffers serve every chunk (log p, then the gradient; p), so a chunk
+//! maps no fresh memory, and no pass over `[n, V]` is spent on autograd's saved copies. It
+//! returns the gradient of the summed loss with respect to `h`, which the caller pushes
+//! through the trunk in one backward ([`MoePolicy::backward`](crate::MoePolicy::backward)).
+//! A token's loss terms depend only on its own log-prob and entropy, so the sum of the
+//! chunks' losses is the loss, and the gradients equal the reference's (tests:
+//! `model/tests/logits_boundary.rs`).
 //!
 //! Shape legend: `n` selected positions, `d` hidden, `v` vocabulary.
 
@@ -31,10 +41,10 @@ use super::ModelError;
 
 /// Bytes of fp32 logits one chunk may hold: 64 MiB, ~110 positions at Qwen3's 151,936 ids and
 /// every position of a short row at a byte vocabulary. Above glibc's 32 MiB ceiling for mapping
-/// a block on its own, so each chunk's buffers go back to the system when freed: 32 MiB chunks
+/// a block on its own, so the buffers go back to the system when freed: 32 MiB chunks
 /// left 4.9 GB of heap resident at 8K tokens, 64 MiB ones 0.77 GB
-/// (`docs/bench/log.md`, 2026-12-06 "long trajectories"). A chunk's backward holds about four
-/// such buffers (logits, log-softmax, its exponent, the gradient).
+/// (`docs/bench/log.md`, 2026-12-06 "long trajectories"). Scoring and training hold two such
+/// buffers (log p and p) for all their chunks.
 pub const DEFAULT_CHUNK_BYTES: usize = 64 << 20;
 
 /// Rows per chunk so that `[rows, vocab]` fp32 logits fit in `chunk_bytes` (at least one).
@@ -128,6 +138,54 @@ pub fn score_full(
     Ok(scores_of(h_nd, weight_vd, targets_n, inv_temp_n1))
 }
 
+/// Two `[rows, V]` fp32 buffers that every chunk of one call reuses.
+struct ChunkBuffers {
+    logp_rv: Tensor,
+    p_rv: Tensor,
+}
+
+impl ChunkBuffers {
+    fn new(rows: i64, n: i64, vocab: i64, device: tch::Device) -> Self {
+        let rows = rows.min(n).max(1);
+        ChunkBuffers {
+            logp_rv: Tensor::empty([rows, vocab], (Kind::Float, device)),
+            p_rv: Tensor::empty([rows, vocab], (Kind::Float, device)),
+        }
+    }
+
+    /// The scores of rows `hs_nd` (already scaled by `1/τ`), without gradients; leaves
+    /// `log p` and `p` in the first `n` rows of the buffers, returned as `[n, V]` views.
+    fn scores(
+        &self,
+        hs_nd: &Tensor,
+        weight_vd: &Tensor,
+        targets_n: &Tensor,
+    ) -> (TokenScores, Tensor, Tensor) {
+        let n = hs_nd.size()[0];
+        let mut logp_nv = self.logp_rv.narrow(0, 0, n);
+        let p_nv = self.p_rv.narrow(0, 0, n);
+        if weight_vd.kind() == Kind::Float {
+            let _ = hs_nd.matmul_out(&logp_nv, &weight_vd.tr());
+        } else {
+            logp_nv.copy_(&hs_nd.matmul(&weight_vd.tr()));
+        }
+        let lse_n1 = logp_nv.logsumexp([-1], true);
+        let _ = logp_nv.g_sub_(&lse_n1);
+        let _ = logp_nv.exp_out(&p_nv);
+        let logp_n = logp_nv
+            .gather(-1, &targets_n.unsqueeze(-1), false)
+            .squeeze_dim(-1);
+        // H = −Σ_v p·log p, a batched dot product (no `[n, V]` temporary).
+        let entropy_n = -p_nv.unsqueeze(1).bmm(&logp_nv.unsqueeze(2)).view([n]);
+        (TokenScores { logp_n, entropy_n }, logp_nv, p_nv)
+    }
+}
+
+/// `h · (1/τ)` in `h`'s dtype.
+fn scaled(h_nd: &Tensor, inv_temp_n1: &Tensor) -> Tensor {
+    h_nd * inv_temp_n1.to_kind(h_nd.kind())
+}
+
 /// The scores `rows` rows at a time, without gradients.
 pub fn score_chunked(
     h_nd: &Tensor,
@@ -138,14 +196,11 @@ pub fn score_chunked(
 ) -> Result<TokenScores, ModelError> {
     let n = check(h_nd, weight_vd, targets_n, inv_temp_n1)?;
     tch::no_grad(|| {
+        let buf = ChunkBuffers::new(rows, n, weight_vd.size()[0], h_nd.device());
         let parts = chunks(n, rows)
             .map(|(s, len)| {
-                scores_of(
-                    &h_nd.narrow(0, s, len),
-                    weight_vd,
-                    &targets_n.narrow(0, s, len),
-                    &inv_temp_n1.narrow(0, s, len),
-                )
+                let hs = scaled(&h_nd.narrow(0, s, len), &inv_temp_n1.narrow(0, s, len));
+                buf.scores(&hs, weight_vd, &targets_n.narrow(0, s, len)).0
             })
             .collect();
         Ok(TokenScores::cat(parts, h_nd.device()))
@@ -153,9 +208,9 @@ pub fn score_chunked(
 }
 
 /// Trains through the scores `rows` rows at a time: `loss(range, scores)` returns the scalar
-/// loss of the rows `range` (their scores carry gradients); its backward runs at once and
-/// adds into the head weight's gradient. Returns every row's scores (detached) and
-/// `∂ Σ loss / ∂ h_nd`, `[N, d]`, for the trunk's backward.
+/// loss of the rows `range` (their scores carry gradients); its gradient goes into the head
+/// weight's at once. Returns every row's scores (detached) and `∂ Σ loss / ∂ h_nd`, `[N, d]`,
+/// for the trunk's backward.
 pub fn backward_chunked(
     h_nd: &Tensor,
     weight_vd: &Tensor,
@@ -165,28 +220,69 @@ pub fn backward_chunked(
     mut loss: impl FnMut(Range<i64>, &TokenScores) -> Result<Tensor, ModelError>,
 ) -> Result<(TokenScores, Tensor), ModelError> {
     let n = check(h_nd, weight_vd, targets_n, inv_temp_n1)?;
-    // Each chunk's rows are a leaf of their own: a chunk's backward writes `[rows, d]`, never
-    // a gradient the size of all `N` rows (which `narrow` of one shared leaf would allocate,
-    // zero and add per chunk).
-    let grad_nd = tch::no_grad(|| h_nd.zeros_like());
+    let (vocab, d) = weight_vd.size2()?;
+    let device = h_nd.device();
+    let (buf, grad_nd, mut grad_w_vd) = tch::no_grad(|| {
+        (
+            ChunkBuffers::new(rows, n, vocab, device),
+            h_nd.zeros_like(),
+            Tensor::zeros([vocab, d], (Kind::Float, device)),
+        )
+    });
+    let w_f32 = tch::no_grad(|| weight_vd.to_kind(Kind::Float));
     let mut parts = Vec::new();
     for (s, len) in chunks(n, rows) {
-        let leaf = h_nd.narrow(0, s, len).detach().set_requires_grad(true);
-        let scores = scores_of(
-            &leaf,
-            weight_vd,
-            &targets_n.narrow(0, s, len),
-            &inv_temp_n1.narrow(0, s, len),
-        );
-        loss(s..s + len, &scores)?.f_backward()?;
-        let g = leaf.grad();
-        if g.defined() {
-            tch::no_grad(|| grad_nd.narrow(0, s, len).copy_(&g));
+        let inv_temp = inv_temp_n1.narrow(0, s, len);
+        let targets = targets_n.narrow(0, s, len);
+        let hs_nd = tch::no_grad(|| scaled(&h_nd.narrow(0, s, len), &inv_temp));
+        let (scores, mut g_nv, p_nv) = tch::no_grad(|| buf.scores(&hs_nd, weight_vd, &targets));
+        // The caller's loss on leaf scores: its backward stops at `g_y` and `g_H`.
+        let leaves = TokenScores {
+            logp_n: scores.logp_n.set_requires_grad(true),
+            entropy_n: scores.entropy_n.set_requires_grad(true),
+        };
+        let l = loss(s..s + len, &leaves)?;
+        if l.requires_grad() {
+            l.f_backward()?;
         }
+        tch::no_grad(|| {
+            let zero = || Tensor::zeros([len], (Kind::Float, device));
+            let defined = |g: Tensor| g.defined().then_some(g);
+            let g_y_n1 = defined(leaves.logp_n.grad())
+                .unwrap_or_else(zero)
+                .view([len, 1]);
+            let g_h = defined(leaves.entropy_n.grad());
+            // ∂L/∂z = p ⊙ (−g_H · (log p + H) − g_y) + g_y · onehot(y), in the log p buffer.
+            match g_h {
+                Some(g_h_n) => {
+                    let h_n1 = leaves.entropy_n.detach().view([len, 1]);
+                    let _ = g_nv.g_add_(&h_n1);
+                    let _ = g_nv.g_mul_(&(-g_h_n.view([len, 1])));
+                    let _ = g_nv.g_sub_(&g_y_n1);
+                }
+                None => {
+                    let _ = g_nv.fill_(0.0);
+                    let _ = g_nv.g_sub_(&g_y_n1);
+                }
+            }
+            let _ = g_nv.g_mul_(&p_nv);
+            let _ = g_nv.scatter_add_(1, &targets.unsqueeze(-1), &g_y_n1);
+            // ∂L/∂h = (∂L/∂z · W) / τ;  ∂L/∂W += (∂L/∂z)ᵀ · (h / τ).
+            let g_hs = g_nv.matmul(&w_f32) * &inv_temp;
+            grad_nd.narrow(0, s, len).copy_(&g_hs);
+            let _ = grad_w_vd.addmm_(&g_nv.tr(), &hs_nd.to_kind(Kind::Float));
+        });
         parts.push(TokenScores {
-            logp_n: scores.logp_n.detach(),
-            entropy_n: scores.entropy_n.detach(),
+            logp_n: leaves.logp_n.detach(),
+            entropy_n: leaves.entropy_n.detach(),
         });
     }
-    Ok((TokenScores::cat(parts, h_nd.device()), grad_nd))
+    // The head's gradient joins autograd's (a tied head is the embedding, which the trunk's
+    // backward adds to as well).
+    if weight_vd.requires_grad() && n > 0 {
+        (weight_vd.to_kind(Kind::Float) * grad_w_vd)
+            .sum(Kind::Float)
+            .f_backward()?;
+    }
+    Ok((TokenScores::cat(parts, device), grad_nd))
 }

@@ -146,8 +146,14 @@ fn assert_grads_equal(
 }
 
 /// A per-token loss of the kind RL uses: depends on each token's log-prob and entropy.
-fn token_loss(s: &TokenScores, adv_n: &Tensor) -> Tensor {
-    (-(&s.logp_n * adv_n) - &s.entropy_n * 0.01 + s.logp_n.exp() * 0.1).sum(Kind::Float)
+/// A loss of every kind of term the trainers use; without `entropy` the entropy has no
+/// gradient at all (as in SFT).
+fn token_loss(s: &TokenScores, adv_n: &Tensor, entropy: bool) -> Tensor {
+    let l = -(&s.logp_n * adv_n) + s.logp_n.exp() * 0.1;
+    match entropy {
+        true => (l - &s.entropy_n * 0.01).sum(Kind::Float),
+        false => l.sum(Kind::Float),
+    }
 }
 
 #[test]
@@ -187,53 +193,63 @@ fn chunked_scores_loss_and_gradients_equal_the_full_logits() {
         let adv = Tensor::randn([b * t], (Kind::Float, Device::Cpu));
         let d = cfg.hidden_size;
 
-        // Reference: full logits over every position, one backward.
-        zero_grads(&vs);
-        let trunk = model.trunk(&tokens, false, Checkpoint::None).unwrap();
-        let h = trunk.hidden_btd.view([-1, d]);
-        let full = score_full(&h, model.head_weight_vd(), &targets, &inv_temp).unwrap();
-        let want_loss = token_loss(&full, &adv);
-        want_loss.backward();
-        let want = grads(&vs);
-
-        // Chunked: 5 positions at a time (not a divisor of 48), then the trunk's backward.
-        zero_grads(&vs);
-        let trunk = model.trunk(&tokens, false, Checkpoint::None).unwrap();
-        let h = trunk.hidden_btd.view([-1, d]);
-        let mut got_loss = 0.0;
-        let (scores, grad_nd) = backward_chunked(
-            &h,
-            model.head_weight_vd(),
-            &targets,
-            &inv_temp,
-            5,
-            |r, s| {
-                let l = token_loss(s, &adv.narrow(0, r.start, r.end - r.start));
-                got_loss += l.double_value(&[]);
-                Ok(l)
-            },
-        )
-        .unwrap();
-        model
-            .backward(trunk, &grad_nd.view([b, t, d]), 0.0)
-            .unwrap();
-        let got = grads(&vs);
-
         let tol = 1e-5;
-        assert!(
-            rel(&scores.logp_n, &full.logp_n.detach()) <= tol,
-            "{name}: log-probs"
-        );
-        assert!(
-            rel(&scores.entropy_n, &full.entropy_n.detach()) <= tol,
-            "{name}: entropy"
-        );
-        let w = want_loss.double_value(&[]);
-        assert!(
-            (got_loss - w).abs() <= tol * w.abs().max(1.0),
-            "{name}: loss {got_loss} vs {w}"
-        );
-        assert_grads_equal(&got, &want, tol, name);
+        let mut last_full = None;
+        for with_entropy in [true, false] {
+            // Reference: full logits over every position, one backward.
+            zero_grads(&vs);
+            let trunk = model.trunk(&tokens, false, Checkpoint::None).unwrap();
+            let h = trunk.hidden_btd.view([-1, d]);
+            let full = score_full(&h, model.head_weight_vd(), &targets, &inv_temp).unwrap();
+            let want_loss = token_loss(&full, &adv, with_entropy);
+            want_loss.backward();
+            let want = grads(&vs);
+
+            // Chunked: 5 positions at a time (not a divisor of 48), then the trunk's backward.
+            zero_grads(&vs);
+            let trunk = model.trunk(&tokens, false, Checkpoint::None).unwrap();
+            let h = trunk.hidden_btd.view([-1, d]);
+            let mut got_loss = 0.0;
+            let (scores, grad_nd) = backward_chunked(
+                &h,
+                model.head_weight_vd(),
+                &targets,
+                &inv_temp,
+                5,
+                |r, s| {
+                    let l = token_loss(s, &adv.narrow(0, r.start, r.end - r.start), with_entropy);
+                    got_loss += l.double_value(&[]);
+                    Ok(l)
+                },
+            )
+            .unwrap();
+            model
+                .backward(trunk, &grad_nd.view([b, t, d]), 0.0)
+                .unwrap();
+            let got = grads(&vs);
+
+            assert!(
+                rel(&scores.logp_n, &full.logp_n.detach()) <= tol,
+                "{name}: log-probs"
+            );
+            assert!(
+                rel(&scores.entropy_n, &full.entropy_n.detach()) <= tol,
+                "{name}: entropy"
+            );
+            let w = want_loss.double_value(&[]);
+            assert!(
+                (got_loss - w).abs() <= tol * w.abs().max(1.0),
+                "{name}: loss {got_loss} vs {w}"
+            );
+            assert_grads_equal(
+                &got,
+                &want,
+                tol,
+                &format!("{name}, entropy term {with_entropy}"),
+            );
+            last_full = Some(full);
+        }
+        let full = last_full.expect("the loop ran");
 
         // Scoring without gradients: the same values.
         let trunk = tch::no_grad(|| model.trunk(&tokens, false, Checkpoint::None).unwrap());
