@@ -229,7 +229,6 @@ pub fn backward_chunked(
             Tensor::zeros([vocab, d], (Kind::Float, device)),
         )
     });
-    let w_f32 = tch::no_grad(|| weight_vd.to_kind(Kind::Float));
     let mut parts = Vec::new();
     for (s, len) in chunks(n, rows) {
         let inv_temp = inv_temp_n1.narrow(0, s, len);
@@ -267,10 +266,16 @@ pub fn backward_chunked(
             }
             let _ = g_nv.g_mul_(&p_nv);
             let _ = g_nv.scatter_add_(1, &targets.unsqueeze(-1), &g_y_n1);
-            // ∂L/∂h = (∂L/∂z · W) / τ;  ∂L/∂W += (∂L/∂z)ᵀ · (h / τ).
-            let g_hs = g_nv.matmul(&w_f32) * &inv_temp;
+            // ∂L/∂h = (∂L/∂z · W) / τ;  ∂L/∂W += (∂L/∂z)ᵀ · (h / τ). The products run in the
+            // head's dtype (bf16 on CUDA, as autograd's would), the sum over chunks in fp32.
+            let g_w = g_nv.to_kind(weight_vd.kind());
+            let g_hs = g_w.matmul(weight_vd) * &inv_temp;
             grad_nd.narrow(0, s, len).copy_(&g_hs);
-            let _ = grad_w_vd.addmm_(&g_nv.tr(), &hs_nd.to_kind(Kind::Float));
+            if weight_vd.kind() == Kind::Float {
+                let _ = grad_w_vd.addmm_(&g_w.tr(), &hs_nd);
+            } else {
+                grad_w_vd += g_w.tr().matmul(&hs_nd).to_kind(Kind::Float);
+            }
         });
         parts.push(TokenScores {
             logp_n: leaves.logp_n.detach(),
