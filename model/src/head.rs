@@ -23,8 +23,9 @@
 //! ```
 //!
 //! and adds `∂L/∂z · W` into the gradient of `h` and `(∂L/∂z)ᵀ · h` into the head's. Two
-//! `[rows, V]` fp32 buffers serve every chunk (log p, then the gradient; p), so a chunk
-//! maps no fresh memory, and no pass over `[n, V]` is spent on autograd's saved copies. It
+//! `[rows, V]` fp32 buffers serve every chunk (log p, then the gradient; p), so with fp32
+//! weights a chunk maps no fresh `[n, V]` memory (bf16 weights add the matmul's bf16 output
+//! and the gradient's bf16 copy), and no pass over `[n, V]` is spent on autograd's copies. It
 //! returns the gradient of the summed loss with respect to `h`, which the caller pushes
 //! through the trunk in one backward ([`MoePolicy::backward`](crate::MoePolicy::backward)).
 //! A token's loss terms depend only on its own log-prob and entropy, so the sum of the
@@ -169,9 +170,14 @@ impl ChunkBuffers {
         } else {
             logp_nv.copy_(&hs_nd.matmul(&weight_vd.tr()));
         }
-        let lse_n1 = logp_nv.logsumexp([-1], true);
-        let _ = logp_nv.g_sub_(&lse_n1);
-        let _ = logp_nv.exp_out(&p_nv);
+        // Softmax and log-softmax in the two buffers: z − max → p's buffer, exp in place,
+        // normalise; log p = z − (max + log Σ).
+        let (max_n1, _) = logp_nv.max_dim(-1, true);
+        let mut p_nv = logp_nv.sub_out(&p_nv, &max_n1);
+        let _ = p_nv.exp_();
+        let sum_n1 = p_nv.sum_dim_intlist(-1, true, Kind::Float);
+        let _ = logp_nv.g_sub_(&(max_n1 + sum_n1.log()));
+        let _ = p_nv.g_div_(&sum_n1);
         let logp_n = logp_nv
             .gather(-1, &targets_n.unsqueeze(-1), false)
             .squeeze_dim(-1);
@@ -269,7 +275,7 @@ pub fn backward_chunked(
             // ∂L/∂h = (∂L/∂z · W) / τ;  ∂L/∂W += (∂L/∂z)ᵀ · (h / τ). The products run in the
             // head's dtype (bf16 on CUDA, as autograd's would), the sum over chunks in fp32.
             let g_w = g_nv.to_kind(weight_vd.kind());
-            let g_hs = g_w.matmul(weight_vd) * &inv_temp;
+            let g_hs = g_w.matmul(weight_vd) * inv_temp.to_kind(h_nd.kind());
             grad_nd.narrow(0, s, len).copy_(&g_hs);
             if weight_vd.kind() == Kind::Float {
                 let _ = grad_w_vd.addmm_(&g_w.tr(), &hs_nd);
@@ -285,7 +291,7 @@ pub fn backward_chunked(
     // The head's gradient joins autograd's (a tied head is the embedding, which the trunk's
     // backward adds to as well).
     if weight_vd.requires_grad() && n > 0 {
-        (weight_vd.to_kind(Kind::Float) * grad_w_vd)
+        (weight_vd * grad_w_vd.to_kind(weight_vd.kind()))
             .sum(Kind::Float)
             .f_backward()?;
     }

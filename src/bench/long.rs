@@ -13,7 +13,9 @@
 //! or a model folder's; fp32 on the CPU, bf16 weights with fp32 routers on CUDA (as the
 //! trainer runs there). On CUDA the memory figure is the device memory the step added
 //! (`cuMemGetInfo` after the step minus before it): libtorch's caching allocator keeps what it
-//! reserved, so this is its peak reservation for the step.
+//! reserved, so this is its peak reservation for the step, plus kernel modules and library
+//! workspaces loaded during it (and less whatever the allocator freed to retry after running
+//! out of memory).
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -277,7 +279,11 @@ fn measure(
         ..TrainConfig::default()
     };
     sync(device);
-    let cuda_before = device.is_cuda().then(device_used_memory).flatten();
+    let ordinal = match device {
+        Device::Cuda(i) => Some(i),
+        _ => None,
+    };
+    let cuda_before = ordinal.and_then(device_used_memory);
     super::reset_peak_rss();
     let before = super::rss_bytes().unwrap_or(0);
     let start = Instant::now();
@@ -302,8 +308,8 @@ fn measure(
     let seconds = start.elapsed().as_secs_f64();
     let peak = super::peak_rss_bytes().unwrap_or(0);
     let mib = |b: u64| b as f64 / (1 << 20) as f64;
-    let peak_cuda_mb = match (cuda_before, device_used_memory()) {
-        (Some(b), Some(after)) if device.is_cuda() => Some(mib(after.saturating_sub(b))),
+    let peak_cuda_mb = match (cuda_before, ordinal.and_then(device_used_memory)) {
+        (Some(b), Some(after)) => Some(mib(after.saturating_sub(b))),
         _ => None,
     };
     Ok(LongResult {

@@ -7,8 +7,8 @@ use tch::{nn, Device};
 use super::{AdamW, OptimConfig, TrainError};
 
 /// The policy under training. The run checkpoint saves `vs` and `opt`, the weight server
-/// publishes `vs`, and a curriculum stage extends `model`'s window; SFT hands the state to
-/// RL, which starts a fresh optimizer with its own schedule ([`TrainState::restart_optimizer`]).
+/// publishes `vs`, and a curriculum stage extends `model`'s window. SFT hands `vs` and `model`
+/// to RL, which starts a fresh optimizer with its own schedule.
 #[derive(Debug)]
 pub struct TrainState {
     /// The parameters.
@@ -24,11 +24,6 @@ impl TrainState {
     pub fn new(vs: nn::VarStore, model: MoePolicy, optim: OptimConfig) -> Result<Self, TrainError> {
         let opt = AdamW::new(&vs, optim)?;
         Ok(Self { vs, model, opt })
-    }
-
-    /// The same parameters and policy with a fresh optimizer (moments zero, step 0).
-    pub fn restart_optimizer(self, optim: OptimConfig) -> Result<Self, TrainError> {
-        Self::new(self.vs, self.model, optim)
     }
 
     /// Where the parameters live.

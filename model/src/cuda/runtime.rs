@@ -161,12 +161,20 @@ pub fn device_total_memory(ordinal: usize) -> Option<u64> {
     u64::try_from(bytes).ok()
 }
 
-/// Bytes in use on the device of the calling thread's current CUDA context
-/// (`cuMemGetInfo`: total − free, every process's allocations included); `None` when the
-/// driver cannot be loaded or the thread has no current context (libtorch makes its
-/// device's primary context current on a thread once it runs CUDA work there).
-pub fn device_used_memory() -> Option<u64> {
+/// Bytes in use on CUDA device `ordinal` (`cuMemGetInfo`: total − free, every process's
+/// allocations included), read in the device's primary context, which this call makes
+/// current on the calling thread (as `cudaSetDevice` does; libtorch sets its device again
+/// before its next kernel). `None` when the driver cannot be loaded or does not answer.
+pub fn device_used_memory(ordinal: usize) -> Option<u64> {
     driver_loadable().ok()?;
+    cudarc::driver::result::init().ok()?;
+    let dev = cudarc::driver::result::device::get(i32::try_from(ordinal).ok()?).ok()?;
+    // SAFETY: `dev` was returned by `cuDeviceGet`; the primary context it names is the one
+    // libtorch's runtime uses, retained here (the driver counts retains) and made current.
+    unsafe {
+        let ctx = cudarc::driver::result::primary_ctx::retain(dev).ok()?;
+        cudarc::driver::result::ctx::set_current(ctx).ok()?;
+    }
     let (free, total) = cudarc::driver::result::mem_get_info().ok()?;
     u64::try_from(total.checked_sub(free)?).ok()
 }

@@ -335,11 +335,16 @@ impl MoePolicy {
         let x_nd = x_mid_btd.detach().reshape([n, d]);
         let grad_y_nd = grad_y_btd.reshape([n, d]);
         let grad_nd = Tensor::empty([n, d], (x_nd.kind(), x_nd.device()));
-        let counts_e = s.counts_e.as_ref().filter(|_| train);
+        // On the activations' device once, not once per slice.
+        let counts_e = s
+            .counts_e
+            .as_ref()
+            .filter(|_| train)
+            .map(|c| c.to_device(x_nd.device()));
         for (start, len) in crate::head::chunks(n, self.recompute_slice_tokens) {
             let x = leaf(&x_nd.narrow(0, start, len));
             let noise = s.noise_te.as_ref().map(|z| z.narrow(0, start, len));
-            let (y, share) = blk.ffn_slice(&x, noise.as_ref(), counts_e, n);
+            let (y, share) = blk.ffn_slice(&x, noise.as_ref(), counts_e.as_ref(), n);
             let mut loss = pairing(&y, &grad_y_nd.narrow(0, start, len));
             if let Some(share) = share.filter(|l| aux_weight != 0.0 && l.requires_grad()) {
                 let kind = loss.kind();
