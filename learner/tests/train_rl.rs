@@ -151,6 +151,11 @@ fn contrived_update_moves_the_right_way(advantage: AdvantageMode) {
     assert!((st.is_weight_mean - 1.0).abs() < 1e-5, "{st:?}");
     assert!(st.approx_kl.abs() < 1e-9, "{st:?}");
     assert_eq!(st.is_truncated_frac, 0.0);
+    // The actor's log-probs are the learner's: no mismatch (but f32 rounding).
+    let m = &st.mismatch;
+    assert!(m.k3_kl < 1e-9 && m.logp_abs_diff_max < 1e-5, "{m:?}");
+    assert!((m.token_mult_prob_error - 1.0).abs() < 1e-5, "{m:?}");
+    assert_eq!(m.ratio_above_2_frac, 0.0);
     assert!(
         after[0] > before[0] + 1e-3,
         "log p(A) did not rise: {before:?} -> {after:?}"
@@ -159,6 +164,40 @@ fn contrived_update_moves_the_right_way(advantage: AdvantageMode) {
         after[1] < before[1] - 1e-3,
         "log p(B) did not fall: {before:?} -> {after:?}"
     );
+}
+
+#[test]
+fn mismatch_compares_the_learner_before_the_update_with_the_actor() {
+    let tok = ByteTokenizer::new();
+    let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
+    let (vs, model) = small_model(12);
+    let before = action_logprobs(&model, &[a, b]);
+    // Two tokens as the learner scores them, two where the actor gave a third of the
+    // learner's probability (Δ = ln 3, π_old/μ = 3).
+    let ln3 = 3f64.ln();
+    let group = vec![
+        one_step("a1", "g", a, before[0], 1.0, 0, Termination::Answered),
+        one_step("b1", "g", b, before[1], 0.0, 0, Termination::Answered),
+        one_step("a2", "g", a, before[0] - ln3, 1.0, 0, Termination::Answered),
+        one_step("b2", "g", b, before[1] - ln3, 0.0, 0, Termination::Answered),
+    ];
+    let cfg = RlConfig {
+        minibatches: 2,
+        ..rl_config(AdvantageMode::Grpo)
+    };
+    let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
+    let st = trainer.update(&[group], 0).unwrap();
+    assert_eq!(st.tokens, 4);
+    let m = &st.mismatch;
+    let near = |x: f64, want: f64| (x - want).abs() < 1e-4;
+    assert!(near(m.ratio_above_2_frac, 0.5), "{m:?}");
+    assert!(near(m.logp_abs_diff_mean, ln3 / 2.0), "{m:?}");
+    assert!(near(m.logp_abs_diff_max, ln3), "{m:?}");
+    assert!(
+        near(m.token_mult_prob_error, (1.0 + 1.0 + 3.0 + 3.0) / 4.0),
+        "{m:?}"
+    );
+    assert!(near(m.k3_kl, 2.0 * (3.0 - 1.0 - ln3) / 4.0), "{m:?}");
 }
 
 #[test]

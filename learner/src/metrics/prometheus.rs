@@ -227,6 +227,11 @@ fn encode_record(enc: &mut DescriptorEncoder, r: &UpdateRecord) -> fmt::Result {
         ("loss_optimizer_steps", "Optimizer steps of the update.", l.optimizer_steps.into()),
         ("loss_adv_mean", "Mean advantage over generated tokens.", l.adv_mean.into()),
         ("loss_adv_abs_mean", "Mean absolute advantage.", l.adv_abs_mean.into()),
+        ("mismatch_k3_kl", "k3 KL(mu || pi_old) of the actors against the learner before the update.", r.mismatch.k3_kl.into()),
+        ("mismatch_token_mult_prob_error", "Mean exp(|log pi_old - log mu|).", r.mismatch.token_mult_prob_error.into()),
+        ("mismatch_logp_abs_diff_mean", "Mean |log pi_old - log mu|.", r.mismatch.logp_abs_diff_mean.into()),
+        ("mismatch_logp_abs_diff_max", "Largest |log pi_old - log mu|.", r.mismatch.logp_abs_diff_max.into()),
+        ("mismatch_ratio_above_2_frac", "Fraction of tokens with pi_old / mu > 2.", r.mismatch.ratio_above_2_frac.into()),
     ] {
         gauge(enc, name, help, v)?;
     }
@@ -311,6 +316,7 @@ fn registry(figures: Figures) -> Registry {
 /// | `corvid_rollout_{episodes, episodes_trained, reward_mean, success_rate, tokens, episodes_per_second, tokens_per_second, staleness_mean, staleness_max, stale_skipped, unscored_skipped, uninformative_groups, too_long_skipped, invalid_skipped, copies_skipped, template_divergent_episodes}` | |
 /// | `corvid_rollout_task_success_rate`, `corvid_rollout_task_episodes` | `family`, `level` |
 /// | `corvid_loss_{policy, kl, entropy, balance, clip_frac_low, clip_frac_high, approx_kl, iw_mean, iw_max, iw_truncated_frac, grad_norm, lr, optimizer_steps, adv_mean, adv_abs_mean}` | |
+/// | `corvid_mismatch_{k3_kl, token_mult_prob_error, logp_abs_diff_mean, logp_abs_diff_max, ratio_above_2_frac}` | |
 /// | `corvid_moe_{max_vio, cv, load_entropy, router_entropy, dead_experts}` | `layer` |
 /// | `corvid_moe_load` | `layer`, `expert` |
 /// | `corvid_loss_spike` (0 or 1), `corvid_loss_spikes_total` | |
@@ -415,6 +421,7 @@ mod tests {
             ..UpdateRecord::default()
         };
         r.loss.policy = -0.25;
+        r.mismatch.token_mult_prob_error = 1.5;
         r.service.batches_skipped = 2;
         r.rollout.success_by_task.insert(
             "hops/2".into(),
@@ -437,6 +444,7 @@ mod tests {
             "corvid_update_step 7\n",
             "corvid_policy_version 8\n",
             "corvid_loss_policy -0.25\n",
+            "corvid_mismatch_token_mult_prob_error 1.5\n",
             "corvid_rollout_task_success_rate{family=\"hops\",level=\"2\"} 0.25\n",
             "corvid_moe_load{layer=\"1\",expert=\"1\"} 0.5\n",
             "corvid_service_batches_skipped 2\n",

@@ -167,6 +167,22 @@ pub struct ServiceFigures {
     pub batches_skipped: u64,
 }
 
+/// The learner against the actors on the trained tokens, `Δ = log π_old − log μ` (the
+/// learner's log-prob before the update minus the actor's), over generated tokens.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MismatchFigures {
+    /// k3 estimate of `KL(μ ‖ π_old)`, mean `e^Δ − 1 − Δ` (the R3 paper's train–rollout KL).
+    pub k3_kl: f64,
+    /// Mean `e^|Δ|` (NeMo-RL's `token_mult_prob_error`; 1 when the sides agree).
+    pub token_mult_prob_error: f64,
+    /// Mean `|Δ|`.
+    pub logp_abs_diff_mean: f64,
+    /// Largest `|Δ|`.
+    pub logp_abs_diff_max: f64,
+    /// Fraction of tokens with `π_old/μ > 2`.
+    pub ratio_above_2_frac: f64,
+}
+
 /// One line of the metrics file.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct UpdateRecord {
@@ -182,6 +198,9 @@ pub struct UpdateRecord {
     pub rollout: RolloutFigures,
     /// Loss terms.
     pub loss: LossFigures,
+    /// Train–rollout mismatch.
+    #[serde(default)]
+    pub mismatch: MismatchFigures,
     /// MoE health per layer.
     pub moe: Vec<MoeHealth>,
     /// Loss spikes.

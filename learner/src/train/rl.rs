@@ -64,6 +64,10 @@ pub struct UpdateStats {
     pub clip_frac_high: f64,
     /// PPO's `approx_kl`: mean `(r − 1) − log r`, `r = π_θ/π_prox` (0 with one minibatch).
     pub approx_kl: f64,
+    /// Train–rollout mismatch, over the generated tokens trained on: the learner's log-prob
+    /// before the update against the actor's (`Δ = log π_old − log μ`). With lag 0 it is the
+    /// two sides' numerics; a lagged trajectory adds the policy's own change.
+    pub mismatch: Mismatch,
     /// Mean truncated importance weight `w`.
     pub is_weight_mean: f64,
     /// Largest `w` (at most `tis_cap`).
@@ -107,6 +111,21 @@ pub struct UpdateStats {
     pub adv_abs_mean: f64,
     /// MoE health per layer, from the update's last micro-batch.
     pub health: Vec<MoeHealth>,
+}
+
+/// The learner against the actor on the same tokens (`Δ = log π_old − log μ`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Mismatch {
+    /// k3 estimate of `KL(μ ‖ π_old)`: mean `e^Δ − 1 − Δ`.
+    pub k3_kl: f64,
+    /// NeMo-RL's `token_mult_prob_error`: mean `e^|Δ|` (1 when the two sides agree).
+    pub token_mult_prob_error: f64,
+    /// Mean `|Δ|`.
+    pub logp_abs_diff_mean: f64,
+    /// Largest `|Δ|`.
+    pub logp_abs_diff_max: f64,
+    /// Fraction of tokens with `π_old/μ > 2`.
+    pub ratio_above_2_frac: f64,
 }
 
 impl UpdateStats {
@@ -163,6 +182,11 @@ struct TokenSums {
     adv: f64,
     adv_abs: f64,
     is_weight_max: f64,
+    mismatch_k3_kl: f64,
+    mult_prob_error: f64,
+    logp_abs_diff: f64,
+    logp_abs_diff_max: f64,
+    ratio_above_2: f64,
     /// Balance loss summed over micro-batches, and their count.
     aux_loss: f64,
     micro_batches: usize,
@@ -184,6 +208,13 @@ impl TokenSums {
         st.adv_mean = self.adv / n;
         st.adv_abs_mean = self.adv_abs / n;
         st.is_weight_max = self.is_weight_max;
+        st.mismatch = Mismatch {
+            k3_kl: self.mismatch_k3_kl / n,
+            token_mult_prob_error: self.mult_prob_error / n,
+            logp_abs_diff_mean: self.logp_abs_diff / n,
+            logp_abs_diff_max: self.logp_abs_diff_max,
+            ratio_above_2_frac: self.ratio_above_2 / n,
+        };
         st.aux_loss = self.aux_loss / self.micro_batches.max(1) as f64;
         st.ptx_loss = self.ptx_nll / st.ptx_tokens.max(1) as f64;
     }
@@ -224,6 +255,9 @@ fn rl_loss(
     // approx_kl = (r − 1) − log r, the k3 estimate of KL(π_prox ‖ π_θ) on these tokens.
     let log_r = logp_new.detach() - &logp_prox;
     let approx_kl = log_r.exp() - 1.0 - &log_r;
+    // Mismatch: Δ = log π_old − log μ, π_old being π_prox (the policy before this update).
+    let delta = &logp_prox - part(&mb.logp_behaviour_n);
+    let abs_delta = delta.abs();
     let f = |x: &Tensor| x.detach().to_kind(Kind::Double).sum(Kind::Double);
     let v = Vec::<f64>::try_from(&Tensor::stack(
         &[
@@ -238,6 +272,11 @@ fn rl_loss(
             f(&adv.abs()),
             w.max().to_kind(Kind::Double),
             f(&approx_kl),
+            f(&(delta.exp() - 1.0 - &delta)),
+            f(&abs_delta.exp()),
+            f(&abs_delta),
+            abs_delta.max().to_kind(Kind::Double),
+            f(&delta.exp().gt(2.0)),
         ],
         0,
     ))?;
@@ -252,6 +291,11 @@ fn rl_loss(
     sums.adv_abs += v[8];
     sums.is_weight_max = sums.is_weight_max.max(v[9]);
     sums.approx_kl += v[10];
+    sums.mismatch_k3_kl += v[11];
+    sums.mult_prob_error += v[12];
+    sums.logp_abs_diff += v[13];
+    sums.logp_abs_diff_max = sums.logp_abs_diff_max.max(v[14]);
+    sums.ratio_above_2 += v[15];
     Ok(loss)
 }
 
