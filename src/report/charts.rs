@@ -6,6 +6,7 @@
 //! | `frontier.png` | the curriculum's frontier level per family, over time or updates |
 //! | `kl_entropy.png` | KL to the reference and policy entropy per update |
 //! | `policy_update.png` | clip fractions, importance weights and gradient norm per update |
+//! | `mismatch.png` | the learner before the update against the actors: k3 KL and the log-prob gap per update |
 //! | `expert_load.png` | a heat map of the expert load per layer over the last updates |
 //! | `routing_entropy.png` | router entropy per MoE layer per update |
 //! | `sft_loss.png` | SFT training and held-out loss per step |
@@ -103,6 +104,7 @@ fn charts(inputs: &Inputs, training: &Training) -> Vec<Chart> {
         frontier(u, &xs, &families),
         kl_entropy(u, &xs),
         policy_update(u, &xs),
+        mismatch(u, &xs),
         expert_load(training, u.is_empty()),
         routing_entropy(u, &xs),
         sft_loss(&inputs.sft),
@@ -273,6 +275,59 @@ fn policy_update(u: &[Update], xs: &[f64]) -> Chart {
                 ),
             ],
             "no clip fractions, importance weights or gradient norms in the metrics",
+        ),
+    }
+}
+
+/// A mismatch figure per update, absent in records written before the learner measured it
+/// (their `token_mult_prob_error` reads 0; a measured one is at least 1).
+fn per_update_mismatch(
+    label: &str,
+    xs: &[f64],
+    u: &[Update],
+    fig: fn(&UpdateRecord) -> f64,
+) -> Series {
+    series(
+        label,
+        xs,
+        u.iter()
+            .map(|l| (l.record.mismatch.token_mult_prob_error >= 1.0).then(|| fig(&l.record))),
+    )
+}
+
+fn mismatch(u: &[Update], xs: &[f64]) -> Chart {
+    Chart {
+        file: "mismatch.png",
+        title: "Train–rollout mismatch",
+        caption: "Per update, over the generated tokens trained on: the learner's log-prob \
+                  before the update against the actor's (Δ = log π_old − log μ): the k3 \
+                  estimate of KL(μ ‖ π_old), the mean and largest |Δ|, and the share of tokens \
+                  with π_old/μ > 2. Lagged trajectories add the policy's own change."
+            .into(),
+        content: lines_or_none(
+            vec![
+                panel(
+                    "KL(actor ‖ learner), k3",
+                    "KL (nats)",
+                    vec![per_update_mismatch("k3 KL", xs, u, |r| r.mismatch.k3_kl)],
+                ),
+                panel(
+                    "Log-prob gap",
+                    "|Δ log-prob| (nats)",
+                    vec![
+                        per_update_mismatch("mean", xs, u, |r| r.mismatch.logp_abs_diff_mean),
+                        per_update_mismatch("max", xs, u, |r| r.mismatch.logp_abs_diff_max),
+                    ],
+                ),
+                panel(
+                    "Tokens with ratio > 2",
+                    "share of tokens",
+                    vec![per_update_mismatch("ratio > 2", xs, u, |r| {
+                        r.mismatch.ratio_above_2_frac
+                    })],
+                ),
+            ],
+            "no `mismatch` in the metrics (written by learners since 2026-12-06)",
         ),
     }
 }

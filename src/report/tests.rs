@@ -121,6 +121,10 @@ fn metrics(n: usize) -> String {
         (lo.policy, lo.kl, lo.entropy) = (-0.01, 0.01 * x, 1.5 - x);
         (lo.clip_frac_low, lo.clip_frac_high) = (0.01, 0.02);
         (lo.iw_mean, lo.iw_max, lo.grad_norm) = (1.0, 1.8, 0.7);
+        let mm = &mut r.mismatch;
+        (mm.k3_kl, mm.token_mult_prob_error) = (1e-3 * (1.0 + x), 1.01);
+        (mm.logp_abs_diff_mean, mm.logp_abs_diff_max) = (0.01, 0.4 + x);
+        mm.ratio_above_2_frac = 1e-3;
         r.moe = vec![
             moe(0, &[0.4, 0.2, 0.2, 0.2], 0.6, 1.2 - 0.1 * x, 0),
             moe(1, &[0.25, 0.25, 0.5, 0.0], 1.0, 1.0, 1),
@@ -199,11 +203,12 @@ fn close(v: &Value, want: f64) -> bool {
     v.as_f64().is_some_and(|x| (x - want).abs() < 1e-9)
 }
 
-const ALL_CHARTS: [&str; 7] = [
+const ALL_CHARTS: [&str; 8] = [
     "reward_success.png",
     "frontier.png",
     "kl_entropy.png",
     "policy_update.png",
+    "mismatch.png",
     "expert_load.png",
     "routing_entropy.png",
     "sft_loss.png",
@@ -571,6 +576,7 @@ fn metrics_nested(n: usize, start_ms: u64) -> String {
         (lo.policy, lo.kl, lo.entropy, lo.balance) = (-0.02, 0.003, 0.9, 0.01);
         (lo.clip_frac_low, lo.clip_frac_high) = (0.01, 0.02);
         (lo.iw_mean, lo.iw_max, lo.grad_norm, lo.lr) = (1.0, 2.0, 0.8, 1e-4);
+        r.mismatch.token_mult_prob_error = 1.02;
         r.moe = vec![moe(0, &[0.5, 0.5], 0.0, 0.69, 0)];
         r.spikes.count = 2;
         r.curriculum.frontier = [("hops".into(), 2 + u as u32 / 3)].into();
