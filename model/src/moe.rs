@@ -10,8 +10,8 @@
 use tch::{nn, Kind, Tensor};
 
 use super::balance::{
-    histogram_range, needed_bias_histogram, router_z_loss, router_z_share, switch_aux_loss,
-    switch_aux_share, LayerBalanceStats, QB_BINS,
+    histogram_range, needed_bias_histogram, router_z_share, switch_aux_share, LayerBalanceStats,
+    QB_BINS,
 };
 use super::config::{BalanceMode, ModelConfig};
 use super::experts::Experts;
@@ -93,18 +93,13 @@ impl MoeLayer {
         if !train {
             return (y_btd, None);
         }
-        let mut loss = Tensor::zeros([], (routing.scores_te.kind(), x_btd.device()));
-        if self.balance == BalanceMode::AuxLoss && self.aux_coef > 0.0 {
-            loss = loss + switch_aux_loss(&routing.scores_te, &routing.idx_tk) * self.aux_coef;
-        }
-        if self.z_coef > 0.0 {
-            loss = loss + router_z_loss(&routing.logits_te) * self.z_coef;
-        }
         let n_experts = self.router.n_experts();
-        let counts_e = routing
+        let counts_dev_e = routing
             .idx_tk
             .reshape([-1])
-            .bincount(None::<Tensor>, n_experts)
+            .bincount(None::<Tensor>, n_experts);
+        let loss = self.balance_loss(&routing, &counts_dev_e, b * t);
+        let counts_e = counts_dev_e
             .to_kind(Kind::Double)
             .to_device(tch::Device::Cpu);
         let counts = Vec::<f64>::try_from(&counts_e).expect("counts convert to f64");
@@ -143,6 +138,26 @@ impl MoeLayer {
         }
     }
 
+    /// `α·aux + c_z·z` of `routing`'s tokens as a share of a forward of `n_total` tokens whose
+    /// assignment counts were `counts_e [E]` (the whole loss when `routing` is that forward).
+    fn balance_loss(
+        &self,
+        routing: &super::router::Routing,
+        counts_e: &Tensor,
+        n_total: i64,
+    ) -> Tensor {
+        let scores_te = &routing.scores_te;
+        let mut loss = Tensor::zeros([], (scores_te.kind(), scores_te.device()));
+        if self.balance == BalanceMode::AuxLoss && self.aux_coef > 0.0 {
+            let k = self.router.top_k();
+            loss = loss + switch_aux_share(scores_te, counts_e, n_total, k) * self.aux_coef;
+        }
+        if self.z_coef > 0.0 {
+            loss = loss + router_z_share(&routing.logits_te, n_total) * self.z_coef;
+        }
+        loss
+    }
+
     /// The layer on `x_nd [n, d]`, a slice of a training forward of `n_total` tokens whose
     /// assignment counts were `counts_e [E]`, with that forward's noise rows `noise_ne`: the
     /// output `[n, d]` and the slice's share of `α·aux + c_z·z` (the shares of a partition sum
@@ -157,15 +172,7 @@ impl MoeLayer {
     ) -> (Tensor, Tensor) {
         let routing = self.router.forward_with_noise(x_nd, true, noise_ne);
         let y_nd = self.experts_out(x_nd, &routing);
-        let mut loss = Tensor::zeros([], (routing.scores_te.kind(), x_nd.device()));
-        if self.balance == BalanceMode::AuxLoss && self.aux_coef > 0.0 {
-            let k = self.router.top_k();
-            loss =
-                loss + switch_aux_share(&routing.scores_te, counts_e, n_total, k) * self.aux_coef;
-        }
-        if self.z_coef > 0.0 {
-            loss = loss + router_z_share(&routing.logits_te, n_total) * self.z_coef;
-        }
+        let loss = self.balance_loss(&routing, counts_e, n_total);
         (y_nd, loss)
     }
 }

@@ -87,12 +87,23 @@ impl Block {
         noise_te: Option<&Tensor>,
     ) -> Result<(Tensor, Option<MoeAux>), ModelError> {
         let x = self.attend(x_btd, ctx)?;
-        let h = self.ffn_norm.forward(&x);
+        Ok(self.ffn(&x, ctx.train, noise_te))
+    }
+
+    /// The FFN half: `x + ffn(norm(x))` `[B, T, d]`, and in a training forward an MoE
+    /// block's balance terms.
+    fn ffn(
+        &self,
+        x_btd: &Tensor,
+        train: bool,
+        noise_te: Option<&Tensor>,
+    ) -> (Tensor, Option<MoeAux>) {
+        let h = self.ffn_norm.forward(x_btd);
         let (y, aux) = match &self.ffn {
             Ffn::Dense(m) => (m.forward(&h), None),
-            Ffn::Moe(m) => m.forward_with_noise(&h, ctx.train, noise_te),
+            Ffn::Moe(m) => m.forward_with_noise(&h, train, noise_te),
         };
-        Ok((x + y, aux))
+        (x_btd + y, aux)
     }
 
     /// The attention half: `x + mix(attention(norm(x)))` `[B, T, d]`, the FFN's input.
@@ -123,19 +134,16 @@ impl Block {
         counts_e: Option<&Tensor>,
         n_total: i64,
     ) -> (Tensor, Option<Tensor>) {
-        let h = self.ffn_norm.forward(x_nd);
-        let (y, loss) = match (&self.ffn, counts_e) {
-            (Ffn::Dense(m), _) => (m.forward(&h), None),
+        match (&self.ffn, counts_e) {
             (Ffn::Moe(m), Some(c)) => {
-                let (y, loss) = m.forward_slice(&h, noise_ne, c, n_total);
-                (y, Some(loss))
+                let (y, loss) = m.forward_slice(&self.ffn_norm.forward(x_nd), noise_ne, c, n_total);
+                (x_nd + y, Some(loss))
             }
-            (Ffn::Moe(m), None) => {
-                let (y, _) = m.forward(&h.unsqueeze(0), false);
+            _ => {
+                let (y, _) = self.ffn(&x_nd.unsqueeze(0), false, None);
                 (y.squeeze_dim(0), None)
             }
-        };
-        (x_nd + y, loss)
+        }
     }
 }
 

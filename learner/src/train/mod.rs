@@ -48,7 +48,7 @@ pub mod state;
 pub use batch::Group;
 pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig, SftLayout, TrainConfig};
 pub use optim::{lr_at, AdamW, OptimStepStats};
-pub use rl::{Mismatch, RlTrainer, UpdateStats};
+pub use rl::{RlTrainer, UpdateStats};
 pub use sft::{Example, SftStepStats, SftTrainer};
 pub use state::TrainState;
 

@@ -40,6 +40,7 @@ use super::loss::{
 use super::pack::{gather_trained, micro_batches, PackedBatch, PackedRow};
 use super::state::TrainState;
 use super::TrainError;
+use crate::metrics::MismatchFigures;
 use corvid_model::{BalanceStats, MoeHealth, MoePolicy, TokenScores};
 
 /// What one update did; every field is a mean over the generated tokens trained on unless
@@ -67,7 +68,7 @@ pub struct UpdateStats {
     /// Train–rollout mismatch, over the generated tokens trained on: the learner's log-prob
     /// before the update against the actor's (`Δ = log π_old − log μ`). With lag 0 it is the
     /// two sides' numerics; a lagged trajectory adds the policy's own change.
-    pub mismatch: Mismatch,
+    pub mismatch: MismatchFigures,
     /// Mean truncated importance weight `w`.
     pub is_weight_mean: f64,
     /// Largest `w` (at most `tis_cap`).
@@ -111,21 +112,6 @@ pub struct UpdateStats {
     pub adv_abs_mean: f64,
     /// MoE health per layer, from the update's last micro-batch.
     pub health: Vec<MoeHealth>,
-}
-
-/// The learner against the actor on the same tokens (`Δ = log π_old − log μ`).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct Mismatch {
-    /// k3 estimate of `KL(μ ‖ π_old)`: mean `e^Δ − 1 − Δ`.
-    pub k3_kl: f64,
-    /// NeMo-RL's `token_mult_prob_error`: mean `e^|Δ|` (1 when the two sides agree).
-    pub token_mult_prob_error: f64,
-    /// Mean `|Δ|`.
-    pub logp_abs_diff_mean: f64,
-    /// Largest `|Δ|`.
-    pub logp_abs_diff_max: f64,
-    /// Fraction of tokens with `π_old/μ > 2`.
-    pub ratio_above_2_frac: f64,
 }
 
 impl UpdateStats {
@@ -208,7 +194,7 @@ impl TokenSums {
         st.adv_mean = self.adv / n;
         st.adv_abs_mean = self.adv_abs / n;
         st.is_weight_max = self.is_weight_max;
-        st.mismatch = Mismatch {
+        st.mismatch = MismatchFigures {
             k3_kl: self.mismatch_k3_kl / n,
             token_mult_prob_error: self.mult_prob_error / n,
             logp_abs_diff_mean: self.logp_abs_diff / n,
@@ -420,8 +406,7 @@ impl RlTrainer {
         groups: &[Group],
         current_version: u64,
     ) -> Result<UpdateStats, TrainError> {
-        let sel = select(groups, current_version, &self.cfg)?;
-        self.train(&sel, &[], true)
+        self.update_mixed(groups, current_version, &[])
     }
 
     /// [`RlTrainer::update`] with demonstrations for the PPO-ptx term.

@@ -5,7 +5,7 @@
 use std::time::Instant;
 
 use super::Trainer;
-use crate::metrics::{CurriculumFigures, MismatchFigures, Rate, ServiceFigures, UpdateRecord};
+use crate::metrics::{CurriculumFigures, Rate, ServiceFigures, UpdateRecord};
 use crate::train::{Group, UpdateStats};
 use corvid_store::now_unix_ms;
 
@@ -38,14 +38,7 @@ pub(super) fn update_record(
     l.optimizer_steps = stats.optimizer_steps as u64;
     l.adv_mean = stats.adv_mean;
     l.adv_abs_mean = stats.adv_abs_mean;
-    let m = &stats.mismatch;
-    record.mismatch = MismatchFigures {
-        k3_kl: m.k3_kl,
-        token_mult_prob_error: m.token_mult_prob_error,
-        logp_abs_diff_mean: m.logp_abs_diff_mean,
-        logp_abs_diff_max: m.logp_abs_diff_max,
-        ratio_above_2_frac: m.ratio_above_2_frac,
-    };
+    record.mismatch = stats.mismatch.clone();
     record.moe = stats.health.clone();
     let r = &mut record.rollout;
     r.episodes_trained = stats.trajectories_used as u64;
