@@ -20,6 +20,9 @@
 //!   positions at a time, never `[T, V]` logits; [`causal`] keeps attention within rows or
 //!   packed documents without a `[T, T]` mask. [`MoePolicy::forward`] (full logits
 //!   `[B, T, V]`) is the reference path and what `corvid model logits` prints.
+//! - [`routes`] is routing replay: [`MoePolicy::forward_ragged_last_routed`] records the expert
+//!   ids the actor chose; [`MoePolicy::trunk_routed`] compares the learner's own choice with
+//!   given ids ([`RouteAgreement`]) or routes by them, gating by its own scores.
 //! - [`KvCache`] holds only the latent and the RoPE key per token (MLA), or every key and
 //!   value head (grouped-query attention, [`gqa`]);
 //!   [`MoePolicy::forward_cached`] appends tokens to every sequence of a batch (prefill, a new
@@ -45,7 +48,7 @@
 //! Files, bottom-up: `config` (schema, validation) with `presets`, `accounting` (counts, the
 //! size rule) and `fits` (device memory) →
 //! `rope`, `layers` → `attention` (MLA + gate), `gqa`, `cross_layer` → `router`, `experts`,
-//! `balance`, `health` → `moe` → `cache`, `causal` → `policy` (blocks, the decoder, the
+//! `balance`, `health`, `routes` → `moe` → `cache`, `causal` → `policy` (blocks, the decoder, the
 //! training trunk) → `head` →
 //! `checkpoint` → `arch` (Hugging Face configs, state-dict adapters, export). `docs/model.md` explains the shapes.
 //!
@@ -98,6 +101,7 @@ pub mod precision;
 mod presets;
 pub mod rope;
 pub mod router;
+pub mod routes;
 
 pub use accounting::ParamCounts;
 pub use attention::DecodeCore;
@@ -115,3 +119,4 @@ pub use policy::{
     BalanceStats, Checkpoint, ForwardOutput, MoePolicy, Trunk, DEFAULT_RECOMPUTE_SLICE_TOKENS,
 };
 pub use precision::weight_kind_for;
+pub use routes::{RouteAgreement, RouteOpts};

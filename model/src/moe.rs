@@ -17,7 +17,8 @@ use super::config::{BalanceMode, ModelConfig};
 use super::experts::Experts;
 use super::health::MoeHealth;
 use super::layers::Mlp;
-use super::router::Router;
+use super::router::{Router, Routing};
+use super::routes::RouteAgreement;
 
 /// What a training forward of one MoE layer reports besides its output.
 #[derive(Debug)]
@@ -30,6 +31,31 @@ pub struct MoeAux {
     pub stats: LayerBalanceStats,
     /// The router's selection noise ([`Routing::noise_te`](super::router::Routing::noise_te)).
     pub noise_te: Option<Tensor>,
+}
+
+/// How a forward of one MoE layer selects its experts.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Select<'a> {
+    /// Router noise of an earlier forward of the same tokens (activation recompute).
+    pub noise_te: Option<&'a Tensor>,
+    /// Routes given for these tokens `[n, k]` (`-1` rows: none), compared with the router's
+    /// own choice.
+    pub given_tk: Option<&'a Tensor>,
+    /// Send the tokens with a given route to those experts.
+    pub replay: bool,
+}
+
+/// What [`MoeLayer::forward_select`] returns.
+#[derive(Debug)]
+pub struct MoeForward {
+    /// The layer's output `[B, T, d]`.
+    pub y_btd: Tensor,
+    /// The training terms (a training forward only).
+    pub aux: Option<MoeAux>,
+    /// The router's own choice `[n, k]` (int64), whatever the tokens were sent to.
+    pub own_idx_tk: Tensor,
+    /// How the own choice agreed with the given routes (when some were given).
+    pub agreement: Option<RouteAgreement>,
 }
 
 /// One MoE FFN.
@@ -75,30 +101,45 @@ impl MoeLayer {
 
     /// `y [B, T, d]`, and in training the aux terms, health and balance statistics.
     pub fn forward(&self, x_btd: &Tensor, train: bool) -> (Tensor, Option<MoeAux>) {
-        self.forward_with_noise(x_btd, train, None)
+        let out = self.forward_select(x_btd, train, Select::default());
+        (out.y_btd, out.aux)
     }
 
-    /// [`MoeLayer::forward`] with the router's selection noise given
-    /// ([`Router::forward_with_noise`](super::router::Router::forward_with_noise)).
-    pub fn forward_with_noise(
-        &self,
-        x_btd: &Tensor,
-        train: bool,
-        noise_te: Option<&Tensor>,
-    ) -> (Tensor, Option<MoeAux>) {
+    /// The layer on `x [B, T, d]`, selecting experts as `sel` says (replayed noise, given
+    /// routes): the output, the training terms, the router's own choice and how it agreed
+    /// with the given routes.
+    ///
+    /// Balance statistics and the balance loss count the router's *own* choice even when
+    /// the tokens go to replayed experts: the bias update and the aux loss steer this
+    /// router's selection, and a replayed choice is another policy's.
+    pub fn forward_select(&self, x_btd: &Tensor, train: bool, sel: Select<'_>) -> MoeForward {
         let (b, t, d) = x_btd.size3().expect("x is [B, T, d]");
         let x_nd = x_btd.reshape([b * t, d]);
-        let routing = self.router.forward_with_noise(&x_nd, train, noise_te);
+        let replay = sel.given_tk.filter(|_| sel.replay);
+        let routing = self
+            .router
+            .forward_select(&x_nd, train, sel.noise_te, replay);
         let y_btd = self.experts_out(&x_nd, &routing).view([b, t, d]);
-        if !train {
-            return (y_btd, None);
+        let agreement = sel.given_tk.map(|g| {
+            RouteAgreement::measure(self.layer, &routing.own_idx_tk, &g.to_device(x_nd.device()))
+        });
+        let aux = train.then(|| self.training_terms(&routing, b * t));
+        MoeForward {
+            y_btd,
+            aux,
+            own_idx_tk: routing.own_idx_tk,
+            agreement,
         }
+    }
+
+    /// The balance loss, health and balance statistics of a training forward of `n` tokens.
+    fn training_terms(&self, routing: &Routing, n: i64) -> MoeAux {
         let n_experts = self.router.n_experts();
         let counts_dev_e = routing
-            .idx_tk
+            .own_idx_tk
             .reshape([-1])
             .bincount(None::<Tensor>, n_experts);
-        let loss = self.balance_loss(&routing, &counts_dev_e, b * t);
+        let loss = self.balance_loss(routing, &counts_dev_e, n);
         let counts_e = counts_dev_e
             .to_kind(Kind::Double)
             .to_device(tch::Device::Cpu);
@@ -116,19 +157,16 @@ impl MoeLayer {
             hi,
             top_k: self.router.top_k(),
         };
-        (
-            y_btd,
-            Some(MoeAux {
-                loss,
-                health,
-                stats,
-                noise_te: routing.noise_te,
-            }),
-        )
+        MoeAux {
+            loss,
+            health,
+            stats,
+            noise_te: routing.noise_te.as_ref().map(Tensor::shallow_clone),
+        }
     }
 
     /// Routed experts (weighted by the routing) plus the shared experts, `[n, d]`.
-    fn experts_out(&self, x_nd: &Tensor, routing: &super::router::Routing) -> Tensor {
+    fn experts_out(&self, x_nd: &Tensor, routing: &Routing) -> Tensor {
         let y_nd = self
             .experts
             .forward(x_nd, &routing.idx_tk, &routing.weights_tk);
@@ -140,12 +178,7 @@ impl MoeLayer {
 
     /// `α·aux + c_z·z` of `routing`'s tokens as a share of a forward of `n_total` tokens whose
     /// assignment counts were `counts_e [E]` (the whole loss when `routing` is that forward).
-    fn balance_loss(
-        &self,
-        routing: &super::router::Routing,
-        counts_e: &Tensor,
-        n_total: i64,
-    ) -> Tensor {
+    fn balance_loss(&self, routing: &Routing, counts_e: &Tensor, n_total: i64) -> Tensor {
         let scores_te = &routing.scores_te;
         let mut loss = Tensor::zeros([], (scores_te.kind(), scores_te.device()));
         if self.balance == BalanceMode::AuxLoss && self.aux_coef > 0.0 {
@@ -159,18 +192,20 @@ impl MoeLayer {
     }
 
     /// The layer on `x_nd [n, d]`, a slice of a training forward of `n_total` tokens whose
-    /// assignment counts were `counts_e [E]`, with that forward's noise rows `noise_ne`: the
+    /// assignment counts were `counts_e [E]`, with that forward's noise rows and given routes
+    /// in `sel`: the
     /// output `[n, d]` and the slice's share of `α·aux + c_z·z` (the shares of a partition sum
     /// to [`MoeLayer::forward`]'s loss). A checkpointed backward reruns a block's FFN this
     /// way, a slice at a time; health and balance statistics are the first forward's.
     pub fn forward_slice(
         &self,
         x_nd: &Tensor,
-        noise_ne: Option<&Tensor>,
+        sel: Select<'_>,
         counts_e: &Tensor,
         n_total: i64,
     ) -> (Tensor, Tensor) {
-        let routing = self.router.forward_with_noise(x_nd, true, noise_ne);
+        let replay = sel.given_tk.filter(|_| sel.replay);
+        let routing = self.router.forward_select(x_nd, true, sel.noise_te, replay);
         let y_nd = self.experts_out(x_nd, &routing);
         let loss = self.balance_loss(&routing, counts_e, n_total);
         (y_nd, loss)

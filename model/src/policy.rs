@@ -19,8 +19,9 @@ use super::cross_layer::{CrossLayerResidual, CrossLayerState};
 use super::gqa::Gqa;
 use super::health::MoeHealth;
 use super::layers::{normal_var, Linear, Mlp, RmsNorm};
-use super::moe::{MoeAux, MoeLayer};
+use super::moe::{MoeAux, MoeLayer, Select};
 use super::rope::Rope;
+use super::routes::{RouteAgreement, RouteOpts};
 use super::ModelError;
 
 mod trunk;
@@ -87,21 +88,38 @@ impl Block {
         noise_te: Option<&Tensor>,
     ) -> Result<(Tensor, Option<MoeAux>), ModelError> {
         let x = self.attend(x_btd, ctx)?;
-        Ok(self.ffn(&x, ctx.train, noise_te))
+        Ok(self.ffn(&x, ctx.train, noise_te, &mut ctx.routes))
+    }
+
+    /// Whether the FFN is an MoE layer.
+    fn is_moe(&self) -> bool {
+        matches!(self.ffn, Ffn::Moe(_))
     }
 
     /// The FFN half: `x + ffn(norm(x))` `[B, T, d]`, and in a training forward an MoE
-    /// block's balance terms.
+    /// block's balance terms. An MoE block takes its given routes from `routes` and leaves
+    /// its own choice there.
     fn ffn(
         &self,
         x_btd: &Tensor,
         train: bool,
         noise_te: Option<&Tensor>,
+        routes: &mut RouteState<'_>,
     ) -> (Tensor, Option<MoeAux>) {
         let h = self.ffn_norm.forward(x_btd);
         let (y, aux) = match &self.ffn {
             Ffn::Dense(m) => (m.forward(&h), None),
-            Ffn::Moe(m) => m.forward_with_noise(&h, train, noise_te),
+            Ffn::Moe(m) => {
+                let given_tk = routes.next_layer();
+                let sel = Select {
+                    noise_te,
+                    given_tk: given_tk.as_ref(),
+                    replay: routes.opts.replay,
+                };
+                let out = m.forward_select(&h, train, sel);
+                routes.keep(out.own_idx_tk, out.agreement);
+                (out.y_btd, out.aux)
+            }
         };
         (x_btd + y, aux)
     }
@@ -130,19 +148,20 @@ impl Block {
     fn ffn_slice(
         &self,
         x_nd: &Tensor,
-        noise_ne: Option<&Tensor>,
+        sel: Select<'_>,
         counts_e: Option<&Tensor>,
         n_total: i64,
     ) -> (Tensor, Option<Tensor>) {
         match (&self.ffn, counts_e) {
             (Ffn::Moe(m), Some(c)) => {
-                let (y, loss) = m.forward_slice(&self.ffn_norm.forward(x_nd), noise_ne, c, n_total);
+                let (y, loss) = m.forward_slice(&self.ffn_norm.forward(x_nd), sel, c, n_total);
                 (x_nd + y, Some(loss))
             }
-            _ => {
-                let (y, _) = self.ffn(&x_nd.unsqueeze(0), false, None);
-                (y.squeeze_dim(0), None)
+            (Ffn::Moe(m), None) => {
+                let out = m.forward_select(&self.ffn_norm.forward(&x_nd.unsqueeze(0)), false, sel);
+                (x_nd + out.y_btd.squeeze_dim(0), None)
             }
+            (Ffn::Dense(m), _) => (x_nd + m.forward(&self.ffn_norm.forward(x_nd)), None),
         }
     }
 }
@@ -159,6 +178,57 @@ struct BlockCtx<'a> {
     /// Router noise on, and MoE blocks report their balance terms.
     train: bool,
     attend: Attend<'a>,
+    /// Routes given to the MoE blocks, and their own choices.
+    routes: RouteState<'a>,
+}
+
+/// The routes of one forward: those given to its MoE blocks, and what the blocks chose.
+struct RouteState<'a> {
+    opts: RouteOpts<'a>,
+    /// MoE blocks run so far.
+    moe_seen: usize,
+    /// Per MoE block, its own choice `[n, k]` (with `opts.record`).
+    own: Vec<Tensor>,
+    /// Per MoE block, its agreement with the given routes (when given).
+    agreement: Vec<RouteAgreement>,
+}
+
+impl<'a> RouteState<'a> {
+    fn new(opts: RouteOpts<'a>) -> Self {
+        Self {
+            opts,
+            moe_seen: 0,
+            own: Vec::new(),
+            agreement: Vec::new(),
+        }
+    }
+
+    /// The next MoE block's given routes `[n, k]`.
+    fn next_layer(&mut self) -> Option<Tensor> {
+        let j = self.moe_seen;
+        self.moe_seen += 1;
+        self.opts.layer(j)
+    }
+
+    /// Keeps an MoE block's own choice (when recording) and agreement.
+    fn keep(&mut self, own_idx_tk: Tensor, agreement: Option<RouteAgreement>) {
+        if self.opts.record {
+            self.own.push(own_idx_tk);
+        }
+        self.agreement.extend(agreement);
+    }
+
+    /// The recorded choices as `[B, T, L, k]` (with `opts.record`).
+    fn recorded(&mut self, (b, t): (i64, i64), k: i64, device: Device) -> Option<Tensor> {
+        if !self.opts.record {
+            return None;
+        }
+        Some(if self.own.is_empty() {
+            Tensor::zeros([b, t, 0, k], (Kind::Int64, device))
+        } else {
+            Tensor::stack(&std::mem::take(&mut self.own), 1).view([b, t, -1, k])
+        })
+    }
 }
 
 /// How a block's attention reaches its keys, and where its latent goes.
@@ -618,11 +688,7 @@ impl MoePolicy {
         train: bool,
         checkpoint: Checkpoint,
     ) -> Result<Trunk, ModelError> {
-        let (b, t) = self.check_tokens(tokens_bt, 0)?;
-        let pos_bt = Tensor::arange(t, (Kind::Int64, self.device))
-            .unsqueeze(0)
-            .expand([b, t], false);
-        self.run_trunk(tokens_bt, pos_bt, None, train, checkpoint)
+        self.trunk_routed(tokens_bt, None, train, checkpoint, RouteOpts::default())
     }
 
     /// [`MoePolicy::trunk`] over packed rows: each row holds several documents, told apart
@@ -639,7 +705,35 @@ impl MoePolicy {
         train: bool,
         checkpoint: Checkpoint,
     ) -> Result<Trunk, ModelError> {
-        let (b, t) = self.check_ids(tokens_bt)?;
+        let packing = Some((positions_bt, doc_ids_bt));
+        self.trunk_routed(tokens_bt, packing, train, checkpoint, RouteOpts::default())
+    }
+
+    /// [`MoePolicy::trunk`], or with `packing = (positions, doc_ids)`
+    /// [`MoePolicy::trunk_packed`], with routes compared, replayed or recorded as `routes`
+    /// says ([`routes`](crate::routes)): [`Trunk::agreement`] per MoE layer when routes are
+    /// given, [`Trunk::routes_btlk`] when recording.
+    pub fn trunk_routed(
+        &self,
+        tokens_bt: &Tensor,
+        packing: Option<(&Tensor, &Tensor)>,
+        train: bool,
+        checkpoint: Checkpoint,
+        routes: RouteOpts<'_>,
+    ) -> Result<Trunk, ModelError> {
+        let (b, t) = match packing {
+            None => self.check_tokens(tokens_bt, 0)?,
+            Some(_) => self.check_ids(tokens_bt)?,
+        };
+        if let Some(g) = routes.given_btlk {
+            self.check_routes(g, (b, t))?;
+        }
+        let Some((positions_bt, doc_ids_bt)) = packing else {
+            let pos_bt = Tensor::arange(t, (Kind::Int64, self.device))
+                .unsqueeze(0)
+                .expand([b, t], false);
+            return self.run_trunk(tokens_bt, pos_bt, None, train, checkpoint, routes);
+        };
         for (name, x) in [("positions", positions_bt), ("doc_ids", doc_ids_bt)] {
             if x.size() != [b, t] || x.kind() != Kind::Int64 {
                 return Err(ModelError::Input(format!(
@@ -661,7 +755,38 @@ impl MoePolicy {
         }
         let positions_bt = positions_bt.to_device(self.device);
         let docs = DocSpans::from_doc_ids(doc_ids_bt)?;
-        self.run_trunk(tokens_bt, positions_bt, Some(docs), train, checkpoint)
+        self.run_trunk(
+            tokens_bt,
+            positions_bt,
+            Some(docs),
+            train,
+            checkpoint,
+            routes,
+        )
+    }
+
+    /// Checks a route table for tokens `(b, t)`: int64 `[B, T, L, k]` with this model's MoE
+    /// layers and `k`, every id `-1` (no route) or an expert.
+    fn check_routes(&self, routes_btlk: &Tensor, (b, t): (i64, i64)) -> Result<(), ModelError> {
+        let want = [b, t, self.cfg.n_moe_layers(), self.cfg.num_experts_per_tok];
+        if routes_btlk.size() != want || routes_btlk.kind() != Kind::Int64 {
+            return Err(ModelError::Input(format!(
+                "routes must be int64 {want:?} (tokens, MoE layers, k), got {:?} {:?}",
+                routes_btlk.kind(),
+                routes_btlk.size()
+            )));
+        }
+        if routes_btlk.numel() > 0 {
+            let lo = routes_btlk.f_min()?.int64_value(&[]);
+            let hi = routes_btlk.f_max()?.int64_value(&[]);
+            if lo < -1 || hi >= self.cfg.n_routed_experts {
+                return Err(ModelError::Input(format!(
+                    "route ids span {lo}..={hi}, outside -1..{}",
+                    self.cfg.n_routed_experts
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Log-probabilities `[B, T]` of `targets [B, T]` under `logits [B, T, V] / temperature`.
@@ -697,7 +822,10 @@ impl MoePolicy {
         tokens_bt: &Tensor,
     ) -> Result<Tensor, ModelError> {
         let (b, t) = self.check_ids(tokens_bt)?;
-        self.append_rows(cache, tokens_bt, (b, t), &vec![t; b as usize], false)
+        let new_b = vec![t; b as usize];
+        Ok(self
+            .append_rows(cache, tokens_bt, (b, t), &new_b, false, false)?
+            .0)
     }
 
     /// Like [`forward_cached`](Self::forward_cached) for rows that append different numbers
@@ -718,7 +846,9 @@ impl MoePolicy {
         new_b: &[i64],
     ) -> Result<Tensor, ModelError> {
         let bt = self.check_ids(tokens_bt)?;
-        self.append_rows(cache, tokens_bt, bt, new_b, false)
+        Ok(self
+            .append_rows(cache, tokens_bt, bt, new_b, false, false)?
+            .0)
     }
 
     /// [`forward_ragged`](Self::forward_ragged), returning logits `[B, V]` only at each row's
@@ -732,13 +862,29 @@ impl MoePolicy {
         new_b: &[i64],
     ) -> Result<Tensor, ModelError> {
         let bt = self.check_ids(tokens_bt)?;
-        self.append_rows(cache, tokens_bt, bt, new_b, true)
+        Ok(self
+            .append_rows(cache, tokens_bt, bt, new_b, true, false)?
+            .0)
+    }
+
+    /// [`forward_ragged_last`](Self::forward_ragged_last), also returning every appended
+    /// token's expert ids `[B, T, L, k]` (int64; `L` MoE layers in layer order; padded
+    /// positions' ids mean nothing): what the actor records for routing replay.
+    pub fn forward_ragged_last_routed(
+        &self,
+        cache: &mut KvCache,
+        tokens_bt: &Tensor,
+        new_b: &[i64],
+    ) -> Result<(Tensor, Tensor), ModelError> {
+        let bt = self.check_ids(tokens_bt)?;
+        let (logits, routes) = self.append_rows(cache, tokens_bt, bt, new_b, true, true)?;
+        Ok((logits, routes.expect("recorded")))
     }
 
     /// The body of [`forward_cached`](Self::forward_cached),
     /// [`forward_ragged`](Self::forward_ragged) and
     /// [`forward_ragged_last`](Self::forward_ragged_last), for tokens of shape `(b, t)` whose
-    /// ids `check_ids` has accepted.
+    /// ids `check_ids` has accepted; with `record`, also the tokens' expert ids.
     fn append_rows(
         &self,
         cache: &mut KvCache,
@@ -746,24 +892,32 @@ impl MoePolicy {
         (b, t): (i64, i64),
         new_b: &[i64],
         last_only: bool,
-    ) -> Result<Tensor, ModelError> {
+        record: bool,
+    ) -> Result<(Tensor, Option<Tensor>), ModelError> {
         tch::no_grad(|| {
             let mut ctx = self.cached_ctx(cache, (b, t), new_b)?;
+            if record {
+                ctx.routes = RouteState::new(RouteOpts::record());
+            }
             let mut x = self.embed(tokens_bt, b, t);
             for blk in &self.blocks {
                 x = blk.forward(&x, &mut ctx, None)?.0;
             }
+            let routes = ctx
+                .routes
+                .recorded((b, t), self.cfg.num_experts_per_tok, self.device);
             drop(ctx); // gives the cache back
             cache.advance_rows(new_b);
             if !last_only {
-                return Ok(self.head(&x));
+                return Ok((self.head(&x), routes));
             }
             let last_b = new_b.iter().map(|n| (n - 1).max(0)).collect::<Vec<_>>();
             let idx_b11 = Tensor::from_slice(&last_b)
                 .to_device(self.device)
                 .view([b, 1, 1])
                 .expand([b, 1, self.cfg.hidden_size], false);
-            Ok(self.head(&x.gather(1, &idx_b11, false)).squeeze_dim(1))
+            let logits = self.head(&x.gather(1, &idx_b11, false)).squeeze_dim(1);
+            Ok((logits, routes))
         })
     }
 
@@ -847,6 +1001,7 @@ impl MoePolicy {
             rope: &self.rope,
             cross: CrossLayerState::new(),
             train: false,
+            routes: RouteState::new(RouteOpts::default()),
             attend: Attend::Cached {
                 cache,
                 slot_bt: pos_bt,

@@ -23,8 +23,11 @@ pub struct Routing {
     pub logits_te: Tensor,
     /// Unbiased scores `[T, E]`.
     pub scores_te: Tensor,
-    /// Chosen experts `[T, k]` (int64).
+    /// Experts the tokens go to `[T, k]` (int64): the router's own choice, or where a
+    /// forward replays routes, the given ones.
     pub idx_tk: Tensor,
+    /// The router's own choice `[T, k]` (int64): what balance statistics count.
+    pub own_idx_tk: Tensor,
     /// Combine weights `[T, k]` in the model's dtype.
     pub weights_tk: Tensor,
     /// The bar an expert's biased score must clear per token `[T]`: the midpoint of the k-th
@@ -124,6 +127,20 @@ impl Router {
         train: bool,
         noise_te: Option<&Tensor>,
     ) -> Routing {
+        self.forward_select(x_td, train, noise_te, None)
+    }
+
+    /// [`Router::forward_with_noise`], sending each token whose row of `replay [T, k]` is not
+    /// `-1` to those experts instead of its own choice. Only the selection is replayed: the
+    /// combine weights are the router's own unbiased scores gathered at the replayed ids
+    /// (renormalised and scaled as always), so the router's gradient flows through them.
+    pub fn forward_select(
+        &self,
+        x_td: &Tensor,
+        train: bool,
+        noise_te: Option<&Tensor>,
+        replay_tk: Option<&Tensor>,
+    ) -> Routing {
         let work = work_kind(x_td.kind());
         let logits_te = x_td
             .to_kind(work)
@@ -144,7 +161,15 @@ impl Router {
             select_te = self.limit_to_groups(&select_te);
         }
         let (top_vals, top_idx) = select_te.topk(self.top_k + 1, -1, true, true);
-        let idx_tk = top_idx.narrow(1, 0, self.top_k);
+        let own_idx_tk = top_idx.narrow(1, 0, self.top_k);
+        let idx_tk = match replay_tk {
+            Some(r) => {
+                let r = r.to_device(own_idx_tk.device());
+                let given_t1 = r.select(1, 0).ge(0).unsqueeze(1);
+                r.where_self(&given_t1, &own_idx_tk)
+            }
+            None => own_idx_tk.shallow_clone(),
+        };
         // Midpoint of the k-th and (k+1)-th biased scores: `s + b > cutoff` is then exactly the
         // current selection. torchtitan uses the (k+1)-th score itself; with that, the
         // (k+1)-th expert sits at needed bias = b exactly, and on the skewed-router test
@@ -159,6 +184,7 @@ impl Router {
             logits_te,
             scores_te,
             idx_tk,
+            own_idx_tk,
             weights_tk,
             cutoff_t,
             noise_te,

@@ -10,6 +10,7 @@
 //!                 a_0 … a_{i−1}              earlier attention outputs (cross-layer residual)
 //!                 latent of its CLA owner    (a CLA-shared block)
 //!                 the router noise it drew   (so the rerun routes the same tokens)
+//!                 its given routes           (replay, compare)
 //! block i writes  x_{i+1}, a_i, its own latent (an owner)
 //! ```
 //!
@@ -25,12 +26,14 @@
 
 use tch::Tensor;
 
-use super::{Attend, BalanceStats, BlockCtx, MoePolicy};
+use super::{Attend, BalanceStats, BlockCtx, MoePolicy, RouteState};
 use crate::attention::Latent;
 use crate::causal::DocSpans;
 use crate::cross_layer::CrossLayerState;
 use crate::health::MoeHealth;
+use crate::moe::Select;
 use crate::precision::work_kind;
+use crate::routes::{RouteAgreement, RouteOpts};
 use crate::ModelError;
 
 /// Whether a training forward keeps each block's activations for the backward or recomputes
@@ -70,6 +73,11 @@ pub struct Trunk {
     pub health: Vec<MoeHealth>,
     /// Balance statistics per MoE layer (empty when `train` is false).
     pub balance: BalanceStats,
+    /// Per MoE layer, how its own choice agreed with the given routes (empty when none
+    /// were given).
+    pub agreement: Vec<RouteAgreement>,
+    /// Every token's own expert ids `[B, T, L, k]` (when recording).
+    pub routes_btlk: Option<Tensor>,
     tape: Option<Tape>,
 }
 
@@ -80,6 +88,8 @@ struct Tape {
     pos_bt: Tensor,
     docs: Option<DocSpans>,
     train: bool,
+    /// Route the given tokens by their given routes.
+    replay: bool,
     /// Per block: its input, its attention output, its own latent, its router noise.
     blocks: Vec<Saved>,
     /// The last block's output as a leaf: `hidden_btd` is its norm, with a graph.
@@ -93,6 +103,8 @@ struct Saved {
     a_btd: Option<Tensor>,
     latent: Option<Latent>,
     noise_te: Option<Tensor>,
+    /// The MoE layer's given routes `[n, k]`.
+    given_tk: Option<Tensor>,
     /// The MoE layer's assignment counts `[E]` (its balance loss needs the whole layer's).
     counts_e: Option<Tensor>,
 }
@@ -134,6 +146,7 @@ impl MoePolicy {
         docs: Option<DocSpans>,
         train: bool,
         checkpoint: Checkpoint,
+        routes: RouteOpts<'_>,
     ) -> Result<Trunk, ModelError> {
         let checkpointed = checkpoint == Checkpoint::Blocks;
         let (b, t) = tokens_bt.size2()?;
@@ -146,6 +159,7 @@ impl MoePolicy {
                 docs: docs.as_ref(),
                 latent: None,
             },
+            routes: RouteState::new(routes),
         };
         let x0 = if checkpointed {
             tch::no_grad(|| self.embed(tokens_bt, b, t))
@@ -158,7 +172,10 @@ impl MoePolicy {
         let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
         let mut saved = Vec::new();
         let mut x = x0;
+        let mut moe_seen = 0;
         for (i, blk) in self.blocks.iter().enumerate() {
+            let given_tk = blk.is_moe().then(|| routes.layer(moe_seen)).flatten();
+            moe_seen += usize::from(blk.is_moe());
             let step = |x: &Tensor, ctx: &mut BlockCtx<'_>| blk.forward(x, ctx, None);
             let (y, aux) = if checkpointed {
                 tch::no_grad(|| step(&x, &mut ctx))?
@@ -179,6 +196,7 @@ impl MoePolicy {
                     noise_te: aux
                         .as_ref()
                         .and_then(|a| a.noise_te.as_ref().map(Tensor::shallow_clone)),
+                    given_tk,
                     counts_e: aux.as_ref().map(|a| a.stats.counts_e.shallow_clone()),
                 });
             }
@@ -189,6 +207,9 @@ impl MoePolicy {
                 balance.layers.push((i as i64, aux.stats));
             }
         }
+        let k = self.cfg.num_experts_per_tok;
+        let routes_btlk = ctx.routes.recorded((b, t), k, self.device);
+        let agreement = std::mem::take(&mut ctx.routes.agreement);
         drop(ctx);
         let (hidden_btd, tape) = if checkpointed {
             let x_last = leaf(&x);
@@ -197,6 +218,7 @@ impl MoePolicy {
                 pos_bt,
                 docs,
                 train,
+                replay: routes.replay,
                 blocks: saved,
                 x_last: x_last.shallow_clone(),
             };
@@ -209,6 +231,8 @@ impl MoePolicy {
             aux_loss,
             health,
             balance,
+            agreement,
+            routes_btlk,
             tape,
         })
     }
@@ -276,9 +300,10 @@ impl MoePolicy {
                     docs: tape.docs.as_ref(),
                     latent: latent_in,
                 },
+                routes: RouteState::new(RouteOpts::default()),
             };
             let x_mid = blk.attend(&x_in, &mut ctx)?;
-            let grad_mid = self.ffn_backward(blk, &x_mid, &grad_x, s, tape.train, aux_weight)?;
+            let grad_mid = self.ffn_backward(blk, &x_mid, &grad_x, s, &tape, aux_weight)?;
             let mut loss = pairing(&x_mid, &grad_mid);
             if let Some(g) = &grad_a[i] {
                 let a = ctx.cross.last().expect("the block pushed its output");
@@ -327,7 +352,7 @@ impl MoePolicy {
         x_mid_btd: &Tensor,
         grad_y_btd: &Tensor,
         s: &Saved,
-        train: bool,
+        tape: &Tape,
         aux_weight: f64,
     ) -> Result<Tensor, ModelError> {
         let (b, t, d) = x_mid_btd.size3()?;
@@ -339,12 +364,18 @@ impl MoePolicy {
         let counts_e = s
             .counts_e
             .as_ref()
-            .filter(|_| train)
+            .filter(|_| tape.train)
             .map(|c| c.to_device(x_nd.device()));
         for (start, len) in crate::head::chunks(n, self.recompute_slice_tokens) {
             let x = leaf(&x_nd.narrow(0, start, len));
             let noise = s.noise_te.as_ref().map(|z| z.narrow(0, start, len));
-            let (y, share) = blk.ffn_slice(&x, noise.as_ref(), counts_e.as_ref(), n);
+            let given = s.given_tk.as_ref().map(|g| g.narrow(0, start, len));
+            let sel = Select {
+                noise_te: noise.as_ref(),
+                given_tk: given.as_ref(),
+                replay: tape.replay,
+            };
+            let (y, share) = blk.ffn_slice(&x, sel, counts_e.as_ref(), n);
             let mut loss = pairing(&y, &grad_y_nd.narrow(0, start, len));
             if let Some(share) = share.filter(|l| aux_weight != 0.0 && l.requires_grad()) {
                 let kind = loss.kind();
