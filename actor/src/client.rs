@@ -107,6 +107,8 @@ pub struct Registration {
     pub policy_version: u64,
     /// The run's episode format, which this actor's own must equal.
     pub episode_format: FormatDescription,
+    /// Record each token's expert ids in the steps (the run's `[rollout] record_routes`).
+    pub record_routes: bool,
 }
 
 /// `PolicyInfo`'s answer.
@@ -460,6 +462,7 @@ impl LearnerLink {
                 })?;
             Ok(Registration {
                 episode_format,
+                record_routes: s.record_routes,
                 actor_id: resp.actor_id,
                 run_name: s.run_name,
                 sampling,

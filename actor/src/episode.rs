@@ -13,16 +13,31 @@ use std::time::{Duration, Instant};
 
 use corvid_episode::{invalid_call_reward, CallParseError, Conversation, EpisodeFormat};
 use corvid_proto::{
-    SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult, ToolStatus,
-    TrajectoryFooter, TrajectoryHeader,
+    RouteShape, SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult,
+    ToolStatus, TrajectoryFooter, TrajectoryHeader,
 };
 use corvid_sandbox::ToolOutput;
 use corvid_tasks::{SplitMix64, TaskEnv, TaskInstance, Verdict};
 
 /// Most tokens in one proto step; a longer turn is split into consecutive steps with the
-/// same turn index (the tool call, result and reward go on the last piece). Far below
-/// `corvid_proto::limits::MAX_STEP_CHUNK_BYTES` (about 400K tokens).
+/// same turn index (the tool call, result and reward go on the last piece). Recorded routes
+/// lower it further: see [`tokens_per_step`].
 pub const MAX_TOKENS_PER_STEP: usize = 65_536;
+
+/// Bytes a step's tokens may take on the wire: half of
+/// `corvid_proto::limits::MAX_STEP_CHUNK_BYTES`, the rest left for the tool call and result.
+pub const STEP_TOKEN_BYTES: usize = corvid_proto::limits::MAX_STEP_CHUNK_BYTES / 2;
+
+/// Most wire bytes of one token without routes: its id and version (varints of up to 5 and
+/// 10 bytes), its mask byte and its 4-byte log-prob.
+const TOKEN_WIRE_BYTES: usize = 20;
+
+/// Most tokens in one step when each also carries `route_bytes` bytes of routes: at most
+/// [`MAX_TOKENS_PER_STEP`], and few enough that the step stays within [`STEP_TOKEN_BYTES`]
+/// (4,332 tokens of a DeepSeek-V3 shape: 58 MoE layers × 8 experts, one byte each).
+pub fn tokens_per_step(route_bytes: usize) -> usize {
+    (STEP_TOKEN_BYTES / (TOKEN_WIRE_BYTES + route_bytes)).min(MAX_TOKENS_PER_STEP)
+}
 
 /// Least room, in tokens, a turn needs within the context budget to start (capped by
 /// `max_new_tokens`). A turn that starts generates at most what still fits; if the budget
@@ -76,6 +91,7 @@ impl EpisodeSpec {
             sampling: self.sampling,
             group_id: self.group_id.clone(),
             started_unix_ms: unix_ms(),
+            routes: None,
         }
     }
 }
@@ -165,6 +181,13 @@ pub(crate) struct EpisodeRun {
     pub turns_finished: usize,
     /// Why the episode could not start (the format could not lay out its prompt).
     pub start_error: Option<String>,
+    /// Leading positions of `history` whose routes were recorded (each keeps the first
+    /// forward's: a re-prefill after a weight swap records only positions past these).
+    pub routed: usize,
+    /// Recorded expert ids of the positions from `routes_from` to `routed`, not yet sent.
+    pub route_ids: Vec<u16>,
+    /// The position of `route_ids`' first row.
+    pub routes_from: usize,
 }
 
 impl EpisodeRun {
@@ -208,8 +231,27 @@ impl EpisodeRun {
             last_generated: Vec::new(),
             turns_finished: 0,
             start_error,
+            routed: 0,
+            route_ids: Vec::new(),
+            routes_from: 0,
             spec,
         }
+    }
+
+    /// Keeps the expert ids of a forward that ran the positions from `start` on (`ids`, one
+    /// row per position), for the positions not recorded before.
+    pub fn record_routes(&mut self, start: usize, ids: &[u16]) {
+        let Some(shape) = self.header.routes else {
+            return;
+        };
+        let per = shape.ids_per_token();
+        let rows = ids.len() / per;
+        if start + rows <= self.routed || start > self.routed {
+            return;
+        }
+        let skip = self.routed - start;
+        self.route_ids.extend_from_slice(&ids[skip * per..]);
+        self.routed = start + rows;
     }
 
     /// `max_new_tokens` of the episode's sampling (at least 1).
@@ -284,12 +326,27 @@ impl EpisodeRun {
         let mut policy_versions = vec![0; n_ctx];
         policy_versions.append(&mut self.versions);
         let total = token_ids.len();
-        let pieces = total.div_ceil(MAX_TOKENS_PER_STEP).max(1);
+        // Route row `j` belongs to token `j` (the input before it predicted it); the
+        // trajectory's first token has none.
+        let first_step = self.steps_out == 0;
+        let off = usize::from(first_step);
+        let (routes, per_token) = match self.header.routes {
+            Some(shape) => (self.take_routes(total, first_step), shape.bytes_per_token()),
+            None => (Vec::new(), 0),
+        };
+        let per_step = tokens_per_step(per_token);
+        let pieces = total.div_ceil(per_step).max(1);
         let mut steps = Vec::with_capacity(pieces);
         for i in 0..pieces {
-            let lo = i * MAX_TOKENS_PER_STEP;
-            let hi = (lo + MAX_TOKENS_PER_STEP).min(total);
+            let lo = i * per_step;
+            let hi = (lo + per_step).min(total);
             let last = i + 1 == pieces;
+            let route_bytes = if per_token == 0 {
+                Vec::new()
+            } else {
+                routes[lo.saturating_sub(off) * per_token..hi.saturating_sub(off) * per_token]
+                    .to_vec()
+            };
             steps.push(Step {
                 turn: self.turn,
                 token_ids: token_ids[lo..hi].to_vec(),
@@ -307,12 +364,39 @@ impl EpisodeRun {
                 } else {
                     StepTimings::default()
                 },
+                routes: route_bytes,
             });
         }
         self.steps_out += steps.len() as u64;
         self.tokens_out += total as u64;
         self.generated_out += n_gen as u64;
         steps
+    }
+
+    /// The route bytes of a finished turn of `total` tokens ending at the end of `history`:
+    /// the rows of the positions before each of its tokens. All of them were run while the
+    /// turn was produced; should any be missing, the whole turn's rows are refused at the
+    /// learner, so this is checked here and logged.
+    fn take_routes(&mut self, total: usize, first_step: bool) -> Vec<u8> {
+        let Some(shape) = self.header.routes else {
+            return Vec::new();
+        };
+        let per = shape.ids_per_token();
+        // The next turn's context is not queued yet: the turn ends the history.
+        let start = self.history.len() - total;
+        let from = start.saturating_sub(usize::from(!first_step));
+        let rows = RouteShape::rows_of(total, first_step);
+        if self.routes_from != from || self.routed < from + rows {
+            tracing::error!(
+                episode = %self.header.trajectory_id,
+                from, rows, routes_from = self.routes_from, routed = self.routed,
+                "a turn's routes were not all recorded"
+            );
+        }
+        let n = (rows * per).min(self.route_ids.len());
+        let ids: Vec<u16> = self.route_ids.drain(..n).collect();
+        self.routes_from = from + rows;
+        shape.pack(&ids)
     }
 
     /// Queues the next turn's context (the tool message, after the turn `after` just

@@ -44,7 +44,7 @@ use std::time::{Duration, Instant};
 
 use corvid_episode::EpisodeFormat;
 use corvid_model::{KvCache, MoePolicy};
-use corvid_proto::{Step, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader};
+use corvid_proto::{RouteShape, Step, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader};
 use corvid_tasks::{TaskEnv, Verdict};
 use serde::Serialize;
 use tch::{Kind, Tensor};
@@ -68,6 +68,9 @@ pub struct EngineConfig {
     pub idle_wait: Duration,
     /// How episodes become token ids: the run's format, which the learner trains in.
     pub format: EpisodeFormat,
+    /// Record every token's expert ids in the steps (an MoE policy; ignored for a dense
+    /// one). Default false.
+    pub record_routes: bool,
 }
 
 impl Default for EngineConfig {
@@ -77,6 +80,7 @@ impl Default for EngineConfig {
             tool_timeout: Duration::from_secs(120),
             idle_wait: Duration::from_millis(20),
             format: EpisodeFormat::default(),
+            record_routes: false,
         }
     }
 }
@@ -410,6 +414,7 @@ impl<'p> RolloutEngine<'p> {
                 &self.env,
                 max_pos,
             );
+            run.header.routes = self.route_shape();
             sink.header(&run.header);
             if let Some(why) = run.start_error.take() {
                 tracing::error!(episode = %run.header.trajectory_id, "{why}");
@@ -636,6 +641,17 @@ impl<'p> RolloutEngine<'p> {
         Ok(())
     }
 
+    /// The layout of the routes this engine records: `None` unless recording is on and the
+    /// policy has MoE layers.
+    fn route_shape(&self) -> Option<RouteShape> {
+        let c = self.policy.model().config();
+        (self.cfg.record_routes && c.n_moe_layers() > 0).then(|| RouteShape {
+            moe_layers: c.n_moe_layers() as u32,
+            experts_per_token: c.num_experts_per_tok as u32,
+            routed_experts: c.n_routed_experts as u32,
+        })
+    }
+
     /// Prefills every ready episode; each then decodes.
     fn prefill_ready(&mut self, _sink: &mut dyn TrajectorySink) -> Result<(), ActorError> {
         if self.pending_policy.is_some() || self.shutdown_at.is_some_and(|t| Instant::now() >= t) {
@@ -681,6 +697,7 @@ impl<'p> RolloutEngine<'p> {
         }
         let t = new.iter().copied().max().unwrap_or(0);
         let k = keys.len();
+        let recording = self.cfg.record_routes && model.config().n_moe_layers() > 0;
         let mut tokens = vec![0i64; k * t as usize];
         for (i, key) in keys.iter().enumerate() {
             let r = &self.episodes[key].run;
@@ -694,7 +711,7 @@ impl<'p> RolloutEngine<'p> {
             .view([k as i64, t])
             .to_device(dev);
         // Logits only at each row's last token: the one position sampled from.
-        let logits_kv = model.forward_ragged_last(&mut sub, &tokens_bt, &new)?;
+        let (logits_kv, routes) = forward_last(model, &mut sub, &tokens_bt, &new, recording)?;
         cache.put(&rows, &sub)?;
         let flat = logits_to_vec(&logits_kv)?;
         self.stats.forward_s += t0.elapsed().as_secs_f64();
@@ -702,6 +719,9 @@ impl<'p> RolloutEngine<'p> {
         let v = flat.len() / k;
         for (i, key) in keys.iter().enumerate() {
             let r = &mut self.episodes.get_mut(key).expect("ready key exists").run;
+            if let Some(routes) = &routes {
+                r.record_routes(r.cached, &routes.row(i, new[i] as usize));
+            }
             r.cached = r.history.len();
             draw_next(self.chooser.as_mut(), r, &flat[i * v..(i + 1) * v], version)?;
             self.stats.generated_tokens += 1;
@@ -775,7 +795,10 @@ impl<'p> RolloutEngine<'p> {
         let tokens_bt = Tensor::from_slice(&tokens)
             .view([n as i64, 1])
             .to_device(dev);
-        let logits = cache.with_prefix(n, 1, |c| model.forward_ragged_last(c, &tokens_bt, &new))?;
+        let recording = self.cfg.record_routes && model.config().n_moe_layers() > 0;
+        let (logits, routes) = cache.with_prefix(n, 1, |c| {
+            forward_last(model, c, &tokens_bt, &new, recording)
+        })?;
         let idx =
             Tensor::from_slice(&rows.iter().map(|&r| r as i64).collect::<Vec<_>>()).to_device(dev);
         let flat = logits_to_vec(&logits.index_select(0, &idx))?;
@@ -785,12 +808,63 @@ impl<'p> RolloutEngine<'p> {
         let v = flat.len() / rows.len();
         for (i, key) in self.decoding.iter().enumerate() {
             let r = &mut self.episodes.get_mut(key).expect("decoding key exists").run;
+            if let Some(routes) = &routes {
+                r.record_routes(r.cached, &routes.row(rows[i], 1));
+            }
             r.cached += 1;
             draw_next(self.chooser.as_mut(), r, &flat[i * v..(i + 1) * v], version)?;
             self.stats.generated_tokens += 1;
         }
         Ok(())
     }
+}
+
+/// Expert ids of one forward's appended tokens, on the host: `[B, T, L·k]` row-major.
+struct ForwardRoutes {
+    ids: Vec<u16>,
+    t: usize,
+    per_token: usize,
+}
+
+impl ForwardRoutes {
+    fn new(routes_btlk: &Tensor) -> Result<Self, ActorError> {
+        let (_, t, l, k) = routes_btlk.size4().map_err(ActorError::from)?;
+        let flat = routes_btlk
+            .to_kind(Kind::Int)
+            .to_device(tch::Device::Cpu)
+            .reshape([-1]);
+        let ids = Vec::<i32>::try_from(&flat)
+            .map_err(ActorError::from)?
+            .into_iter()
+            .map(|i| i as u16)
+            .collect();
+        Ok(Self {
+            ids,
+            t: t as usize,
+            per_token: (l * k) as usize,
+        })
+    }
+
+    /// Row `b`'s first `n` tokens' ids.
+    fn row(&self, b: usize, n: usize) -> &[u16] {
+        let start = b * self.t * self.per_token;
+        &self.ids[start..start + n * self.per_token]
+    }
+}
+
+/// [`MoePolicy::forward_ragged_last`], with the appended tokens' expert ids when `recording`.
+fn forward_last(
+    model: &MoePolicy,
+    cache: &mut KvCache,
+    tokens_bt: &Tensor,
+    new: &[i64],
+    recording: bool,
+) -> Result<(Tensor, Option<ForwardRoutes>), ActorError> {
+    if !recording {
+        return Ok((model.forward_ragged_last(cache, tokens_bt, new)?, None));
+    }
+    let (logits, routes) = model.forward_ragged_last_routed(cache, tokens_bt, new)?;
+    Ok((logits, Some(ForwardRoutes::new(&routes)?)))
 }
 
 /// Draws an episode's next token from the logits of its last position and records it

@@ -335,6 +335,7 @@ fn refusal(actor_id: &str, id: String, a: &Assignment, version: u64) -> [(String
         sampling: a.sampling,
         group_id: a.group_id.clone(),
         started_unix_ms: unix_ms(),
+        routes: None,
     };
     let footer = TrajectoryFooter {
         outcome_reward: 0.0,
@@ -629,6 +630,7 @@ pub async fn run_actor(
     let engine_cfg = EngineConfig {
         max_concurrency: cfg.concurrency.max(1),
         format: episode_format(cfg.tokenizer_dir.as_deref(), &reg.episode_format)?,
+        record_routes: reg.record_routes,
         ..cfg.engine.clone()
     };
     let (model_cfg, device, threads) = (reg.model_config.clone(), cfg.device, cfg.threads);

@@ -279,6 +279,7 @@ pub(crate) fn demo_step(
         tool_result: None,
         process_reward: 0.0,
         timings: Default::default(),
+        routes: Vec::new(),
     }
 }
 

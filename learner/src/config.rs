@@ -383,6 +383,10 @@ pub struct RolloutSection {
     /// Policy versions kept for `FetchPolicy` (the current one and the ones before it).
     /// Default 4.
     pub keep_policy_versions: usize,
+    /// Actors record every token's expert ids (an MoE policy; ignored for a dense one):
+    /// the learner then measures routing agreement on every update, and `[rl]
+    /// router_replay = "rollout"` needs them. Default true.
+    pub record_routes: bool,
 }
 
 impl Default for RolloutSection {
@@ -394,6 +398,7 @@ impl Default for RolloutSection {
             sampling: SamplingSection::default(),
             policy_poll_interval_ms: 1000,
             keep_policy_versions: 4,
+            record_routes: true,
         }
     }
 }

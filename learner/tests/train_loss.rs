@@ -136,6 +136,7 @@ fn header(id: &str) -> TrajectoryHeader {
         sampling: SamplingParams::default(),
         group_id: "g".into(),
         started_unix_ms: 0,
+        routes: None,
     }
 }
 

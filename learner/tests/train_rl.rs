@@ -35,6 +35,7 @@ fn header(id: &str, group: &str, version: u64) -> TrajectoryHeader {
         sampling: SamplingParams::default(),
         group_id: group.into(),
         started_unix_ms: 0,
+        routes: None,
     }
 }
 

@@ -11,6 +11,8 @@
 //!   wire ([`TryFrom`] from `pb`, [`From`] into `pb`).
 //! - [`synthetic`] makes deterministic trajectories for tests and benchmarks.
 //! - [`limits`] fixes the message and chunk sizes both sides enforce.
+//! - [`routes`] packs and checks the expert ids an MoE actor records per token
+//!   ([`RouteShape`]).
 //! - [`auth`] builds and checks the shared-token metadata; [`client`] connects
 //!   with it and turns a trajectory into the part stream `SubmitTrajectory` takes.
 //!
@@ -27,6 +29,7 @@ pub mod assignment;
 pub mod auth;
 pub mod client;
 pub mod limits;
+pub mod routes;
 pub mod synthetic;
 pub mod trajectory;
 pub mod types;
@@ -42,6 +45,7 @@ pub mod pb {
 pub use tonic_health::pb as health;
 
 pub use assignment::Assignment;
+pub use routes::RouteShape;
 pub use trajectory::{Trajectory, TurnTotals};
 pub use types::{
     validate_trajectory_id, ProtoError, SamplingParams, Step, StepTimings, TaskRef, Termination,

@@ -5,8 +5,8 @@
 //! trajectory whole.
 
 use crate::{
-    SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult, ToolStatus,
-    TrajectoryFooter, TrajectoryHeader,
+    RouteShape, SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult,
+    ToolStatus, TrajectoryFooter, TrajectoryHeader,
 };
 
 /// Shape of a synthetic trajectory.
@@ -60,7 +60,23 @@ pub fn header(id: &str, family: &str, level: u32, policy_version: u64) -> Trajec
         sampling: SamplingParams::default(),
         group_id: format!("{family}-{level}"),
         started_unix_ms: 1_700_000_000_000,
+        routes: None,
     }
+}
+
+/// `step` (step `seq` of synthetic trajectory `id`) with route bytes of `shape`: a row per
+/// token (one fewer in the first step), deterministic ids below the expert count.
+pub fn with_routes(id: &str, seq: u64, mut step: Step, shape: RouteShape) -> Step {
+    let rows = RouteShape::rows_of(step.token_ids.len(), seq == 0);
+    let mut state = mix(hash(id) ^ seq.wrapping_mul(0x51ed));
+    let ids: Vec<u16> = (0..rows * shape.ids_per_token())
+        .map(|_| {
+            state = mix(state);
+            (state % u64::from(shape.routed_experts)) as u16
+        })
+        .collect();
+    step.routes = shape.pack(&ids);
+    step
 }
 
 /// Step `seq` of synthetic trajectory `id`.

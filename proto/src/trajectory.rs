@@ -37,6 +37,20 @@ impl Trajectory {
             .collect()
     }
 
+    /// Recorded expert ids, unpacked and concatenated over the steps: row `j` (of
+    /// [`RouteShape::ids_per_token`](crate::RouteShape::ids_per_token) ids) is the routing of
+    /// input position `j`, for `j < len − 1` (the last token was never an input). `None`
+    /// without a route shape in the header.
+    pub fn route_ids(&self) -> Option<Vec<u16>> {
+        let shape = self.header.routes?;
+        Some(
+            self.steps
+                .iter()
+                .flat_map(|s| shape.unpack(&s.routes))
+                .collect(),
+        )
+    }
+
     /// Total tokens.
     pub fn len(&self) -> usize {
         self.steps.iter().map(|s| s.token_ids.len()).sum()

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::limits::MAX_TRAJECTORY_ID_LEN;
 use crate::pb;
+use crate::routes::RouteShape;
 
 /// A message from the wire that does not describe a valid value.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -200,6 +201,9 @@ pub struct TrajectoryHeader {
     pub group_id: String,
     /// Wall-clock start, milliseconds since the Unix epoch.
     pub started_unix_ms: u64,
+    /// How the steps' route bytes are laid out; `None` when the actor recorded no routing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routes: Option<RouteShape>,
 }
 
 impl TryFrom<pb::TrajectoryHeader> for TrajectoryHeader {
@@ -220,6 +224,7 @@ impl TryFrom<pb::TrajectoryHeader> for TrajectoryHeader {
             policy_version: h.policy_version,
             group_id: h.group_id,
             started_unix_ms: h.started_unix_ms,
+            routes: h.routes.map(RouteShape::try_from).transpose()?,
         })
     }
 }
@@ -234,6 +239,7 @@ impl From<TrajectoryHeader> for pb::TrajectoryHeader {
             sampling: Some(h.sampling.into()),
             group_id: h.group_id,
             started_unix_ms: h.started_unix_ms,
+            routes: h.routes.map(Into::into),
         }
     }
 }
@@ -414,6 +420,10 @@ pub struct Step {
     pub process_reward: f32,
     /// Timings.
     pub timings: StepTimings,
+    /// Recorded expert ids, laid out by the header's [`RouteShape`] (empty without one):
+    /// see [`crate::routes`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routes: Vec<u8>,
 }
 
 impl Step {
@@ -430,6 +440,7 @@ impl Step {
             tool_result: None,
             process_reward: 0.0,
             timings: StepTimings::default(),
+            routes: Vec::new(),
         }
     }
 
@@ -446,6 +457,7 @@ impl Step {
             tool_result: None,
             process_reward: 0.0,
             timings: StepTimings::default(),
+            routes: Vec::new(),
         }
     }
 
@@ -520,6 +532,7 @@ impl TryFrom<pb::Step> for Step {
                     tool_us: t.tool_us,
                 })
                 .unwrap_or_default(),
+            routes: s.routes,
         };
         step.validate()?;
         Ok(step)
@@ -544,6 +557,7 @@ impl From<Step> for pb::Step {
                 generate_us: s.timings.generate_us,
                 tool_us: s.timings.tool_us,
             }),
+            routes: s.routes,
         }
     }
 }
@@ -709,6 +723,7 @@ mod tests {
             sampling: SamplingParams::default(),
             group_id: "g1".into(),
             started_unix_ms: 1,
+            routes: None,
         }
     }
 

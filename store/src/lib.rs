@@ -639,6 +639,7 @@ impl TrajectoryStore {
         // JSON null) would make every later read of the store fail on this record.
         corvid_proto::validate_trajectory_id(&id)
             .and_then(|()| header.sampling.validate())
+            .and_then(|()| header.routes.map_or(Ok(()), |r| r.validate()))
             .map_err(|e| StoreError::Invalid {
                 id: id.clone(),
                 reason: e.to_string(),
@@ -817,6 +818,18 @@ impl TrajectoryWriter {
         }
         step.validate()
             .map_err(|e: ProtoError| self.invalid(format!("step chunk seq {seq}: {e}")))?;
+        match self.header.routes {
+            Some(shape) => shape
+                .check_step(seq, step.token_ids.len(), &step.routes)
+                .map_err(|e| self.invalid(e.to_string()))?,
+            None if !step.routes.is_empty() => {
+                return Err(self.invalid(format!(
+                    "step chunk seq {seq}: step.routes has {} bytes but the header declares no route shape",
+                    step.routes.len()
+                )))
+            }
+            None => {}
+        }
         let (tokens, generated) = (step.token_ids.len() as u64, step.generated_count() as u64);
         let bytes = pb::Step::from(step).encode_to_vec();
         self.store

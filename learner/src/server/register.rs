@@ -36,6 +36,8 @@ pub struct RunSettings {
     pub model_config_json: String,
     /// The run's episode format, which every actor's must equal.
     pub episode_format: FormatDescription,
+    /// Actors record each token's expert ids (`[rollout] record_routes` and an MoE policy).
+    pub record_routes: bool,
 }
 
 impl RunSettings {
@@ -54,6 +56,7 @@ impl RunSettings {
             policy_poll_interval_ms: cfg.rollout.policy_poll_interval_ms,
             model_config_json: serde_json::to_string(model).unwrap_or_default(),
             episode_format: format.clone(),
+            record_routes: cfg.rollout.record_routes && model.n_moe_layers() > 0,
         }
     }
 }
@@ -67,6 +70,7 @@ impl From<RunSettings> for pb::RunSettings {
             policy_poll_interval_ms: s.policy_poll_interval_ms,
             model_config_json: s.model_config_json,
             episode_format_json: serde_json::to_string(&s.episode_format).unwrap_or_default(),
+            record_routes: s.record_routes,
         }
     }
 }

@@ -391,6 +391,24 @@ pub enum AdvantageMode {
     Rloo,
 }
 
+/// Which expert selection the learner's passes over a trajectory use (`[rl] router_replay`).
+/// Only the selection is replayed; the gates are always the learner's own dense scores at
+/// the replayed ids, so the router keeps its gradient (`corvid_model::routes`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RouterReplay {
+    /// The learner routes by its own choice (the mismatch is still measured).
+    #[default]
+    Off,
+    /// R3: every pass (π_θ, π_prox, π_ref) routes by the actor's recorded selection; a
+    /// trajectory without routes is trained on the learner's own and counted.
+    Rollout,
+    /// R2: the π_prox pass records the learner's own selection and the update's
+    /// minibatches route by it (with one minibatch π_prox is the update's own forward, so
+    /// this changes nothing).
+    Old,
+}
+
 /// Asynchronous policy optimisation from stored trajectories.
 ///
 /// The loss (see `train::loss`, each term a named function):
@@ -479,6 +497,8 @@ pub struct RlConfig {
     /// Synchronous mode: actors wait for each new policy version before rolling out again
     /// (on-policy; for comparison). Asynchronous by default. Default `false`.
     pub sync: bool,
+    /// `off`, `rollout` (R3) or `old` (R2): see [`RouterReplay`]. Default `off`.
+    pub router_replay: RouterReplay,
     /// Optimizer settings. Default: [`OptimConfig::default`] with `lr = 2e-4`,
     /// `warmup_steps = 10`. A `[rl.optim]` table that names some fields keeps these RL
     /// defaults for the others (not the SFT-scale struct defaults: `lr = 1e-3` would be 5×).
@@ -542,6 +562,7 @@ impl Default for RlConfig {
             minibatches: 1,
             micro_batch_tokens: 4096,
             sync: false,
+            router_replay: RouterReplay::Off,
             optim: OptimConfig {
                 lr: 2e-4,
                 warmup_steps: 10,

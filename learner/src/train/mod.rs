@@ -46,7 +46,9 @@ pub mod sft;
 pub mod state;
 
 pub use batch::Group;
-pub use config::{AdvantageMode, OptimConfig, RlConfig, SftConfig, SftLayout, TrainConfig};
+pub use config::{
+    AdvantageMode, OptimConfig, RlConfig, RouterReplay, SftConfig, SftLayout, TrainConfig,
+};
 pub use optim::{lr_at, AdamW, OptimStepStats};
 pub use rl::{RlTrainer, UpdateStats};
 pub use sft::{Example, SftStepStats, SftTrainer};

@@ -139,6 +139,7 @@ fn store_episodes(dir: &Path, members: &[(&str, Member)]) -> (Arc<TrajectoryStor
             },
             group_id: "g1".into(),
             started_unix_ms: 0,
+            routes: None,
         };
         let Begin::New(mut w) = store.begin(header).expect("begin") else {
             panic!("duplicate")

@@ -1,0 +1,198 @@
+//! Routing recorded by the engine: with `record_routes`, every step carries one row of expert
+//! ids per token (the first step one fewer), each the choice the policy made for the input
+//! before that token, the same a full forward over the stored tokens makes; across a weight
+//! swap every row is still there (the re-prefill records only the positions not yet routed).
+//! Without it nothing is recorded, and a step's token limit shrinks with the route bytes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use corvid_actor::{
+    run_episodes, tokens_per_step, ChoiceContext, CollectSink, EngineConfig, EngineHandle,
+    EpisodeSpec, NucleusSampler, PolicyUpdate, RolloutEngine, TokenChooser, MAX_TOKENS_PER_STEP,
+};
+use corvid_model::{Checkpoint, MoePolicy, RouteOpts};
+use corvid_proto::{RouteShape, Trajectory};
+use tch::Tensor;
+
+fn cfg(record_routes: bool) -> EngineConfig {
+    EngineConfig {
+        max_concurrency: 3,
+        tool_timeout: Duration::from_secs(30),
+        record_routes,
+        ..EngineConfig::default()
+    }
+}
+
+fn specs(prefix: &str, n: u64) -> Vec<EpisodeSpec> {
+    (0..n)
+        .map(|i| {
+            let mut s = EpisodeSpec::new(
+                format!("{prefix}-{i}"),
+                task("hops", 1, 20 + i),
+                sampling(20, 300 + i),
+            );
+            s.max_turns = 3;
+            s
+        })
+        .collect()
+}
+
+/// Every step's route bytes have the shape the header declares.
+fn assert_routes_complete(t: &Trajectory, shape: RouteShape) {
+    assert_eq!(t.header.routes, Some(shape));
+    for (seq, s) in t.steps.iter().enumerate() {
+        shape
+            .check_step(seq as u64, s.token_ids.len(), &s.routes)
+            .unwrap_or_else(|e| panic!("{}: {e}", t.header.trajectory_id));
+    }
+}
+
+/// The recorded routes as a table `[1, T, L, k]`, `-1` for the last token.
+fn route_table(t: &Trajectory, shape: RouteShape) -> Tensor {
+    let mut ids: Vec<i64> = t
+        .route_ids()
+        .expect("routes recorded")
+        .into_iter()
+        .map(i64::from)
+        .collect();
+    ids.extend(std::iter::repeat_n(-1, shape.ids_per_token()));
+    Tensor::from_slice(&ids).view([
+        1,
+        t.len() as i64,
+        i64::from(shape.moe_layers),
+        i64::from(shape.experts_per_token),
+    ])
+}
+
+/// Fraction of (token, layer) pairs whose recorded set equals `model`'s own choice over the
+/// stored tokens, and the tokens compared per layer.
+fn agreement(model: &MoePolicy, t: &Trajectory, shape: RouteShape) -> (f64, i64) {
+    let ids: Vec<i64> = t.token_ids().into_iter().map(i64::from).collect();
+    let tokens = Tensor::from_slice(&ids).view([1, -1]);
+    let given = route_table(t, shape);
+    let trunk = tch::no_grad(|| {
+        model
+            .trunk_routed(
+                &tokens,
+                None,
+                false,
+                Checkpoint::None,
+                RouteOpts::compare(&given),
+            )
+            .unwrap()
+    });
+    let equal: i64 = trunk.agreement.iter().map(|a| a.equal).sum();
+    let total: i64 = trunk.agreement.iter().map(|a| a.tokens).sum();
+    (equal as f64 / total as f64, trunk.agreement[0].tokens)
+}
+
+fn shape_of(model: &MoePolicy) -> RouteShape {
+    let c = model.config();
+    RouteShape {
+        moe_layers: c.n_moe_layers() as u32,
+        experts_per_token: c.num_experts_per_tok as u32,
+        routed_experts: c.n_routed_experts as u32,
+    }
+}
+
+#[test]
+fn recorded_routes_are_the_policys_own_choice_for_every_input() {
+    let mut policy = random_policy(1);
+    let shape = shape_of(policy.model());
+    let (trajs, _) = run_episodes(&mut policy, &env(), specs("r", 4), cfg(true), None).unwrap();
+    assert_eq!(trajs.len(), 4);
+    for t in &trajs {
+        assert_valid(t);
+        assert_routes_complete(t, shape);
+        let (agree, tokens) = agreement(policy.model(), t, shape);
+        assert_eq!(
+            tokens as usize,
+            t.len() - 1,
+            "every input but the last has a row"
+        );
+        // The cached path and the full forward round differently; a near-tie may flip.
+        assert!(
+            agree >= 0.99,
+            "{}: agreement {agree}",
+            t.header.trajectory_id
+        );
+        let max = t.route_ids().unwrap().into_iter().max().unwrap();
+        assert!(u32::from(max) < shape.routed_experts);
+    }
+
+    let (plain, _) = run_episodes(&mut policy, &env(), specs("p", 1), cfg(false), None).unwrap();
+    assert!(plain[0].header.routes.is_none());
+    assert!(plain[0].steps.iter().all(|s| s.routes.is_empty()));
+}
+
+/// Hands over `update` once `after` tokens were drawn, then samples as usual.
+struct SwapAfter {
+    after: usize,
+    seen: usize,
+    handle: EngineHandle,
+    update: Option<PolicyUpdate>,
+}
+
+impl TokenChooser for SwapAfter {
+    fn choose(
+        &mut self,
+        ctx: ChoiceContext<'_>,
+        logits: &[f32],
+    ) -> Result<corvid_actor::Choice, corvid_actor::ActorError> {
+        self.seen += 1;
+        if self.seen == self.after {
+            if let Some(u) = self.update.take() {
+                self.handle.update_policy(u)?;
+            }
+        }
+        NucleusSampler.choose(ctx, logits)
+    }
+}
+
+#[test]
+fn routes_stay_complete_across_a_weight_swap() {
+    let v2 = random_policy(2);
+    let mut v1 = random_policy(1);
+    let shape = shape_of(v1.model());
+    let mut engine = RolloutEngine::new(&mut v1, env(), cfg(true));
+    let handle = engine.handle();
+    engine = engine.with_chooser(Box::new(SwapAfter {
+        after: 30,
+        seen: 0,
+        handle: handle.clone(),
+        update: Some(PolicyUpdate {
+            version: 2,
+            bytes: std::sync::Arc::new(v2.to_bytes().unwrap()),
+        }),
+    }));
+    for s in specs("swap", 3) {
+        handle.start_episode(s).unwrap();
+    }
+    handle.close().unwrap();
+    let mut sink = CollectSink::default();
+    let stats = engine.run(&mut sink).unwrap();
+    drop(engine);
+    assert_eq!(stats.weight_swaps, 1);
+    for t in &sink.finished {
+        assert_valid(t);
+        assert_routes_complete(t, shape);
+        // Positions routed before the swap keep v1's choice, the rest are v2's: the table
+        // agrees with neither model alone unless the swap came before or after every turn.
+        let (a1, _) = agreement(random_policy(1).model(), t, shape);
+        let (a2, _) = agreement(v2.model(), t, shape);
+        assert!(a1.max(a2) > 0.5, "{}: {a1} / {a2}", t.header.trajectory_id);
+    }
+}
+
+#[test]
+fn a_steps_token_limit_shrinks_with_its_route_bytes() {
+    assert_eq!(tokens_per_step(0), MAX_TOKENS_PER_STEP);
+    // A DeepSeek-V3 shape: 58 MoE layers × 8 experts of 256, one byte per id.
+    let per = tokens_per_step(58 * 8);
+    assert_eq!(per, 4332);
+    let bytes = per * (58 * 8 + 20);
+    assert!(bytes <= corvid_proto::limits::MAX_STEP_CHUNK_BYTES / 2);
+}
