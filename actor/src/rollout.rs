@@ -720,7 +720,7 @@ impl<'p> RolloutEngine<'p> {
         for (i, key) in keys.iter().enumerate() {
             let r = &mut self.episodes.get_mut(key).expect("ready key exists").run;
             if let Some(routes) = &routes {
-                r.record_routes(r.cached, &routes.row(i, new[i] as usize));
+                r.record_routes(r.cached, routes.row(i, new[i] as usize));
             }
             r.cached = r.history.len();
             draw_next(self.chooser.as_mut(), r, &flat[i * v..(i + 1) * v], version)?;
@@ -809,7 +809,7 @@ impl<'p> RolloutEngine<'p> {
         for (i, key) in self.decoding.iter().enumerate() {
             let r = &mut self.episodes.get_mut(key).expect("decoding key exists").run;
             if let Some(routes) = &routes {
-                r.record_routes(r.cached, &routes.row(rows[i], 1));
+                r.record_routes(r.cached, routes.row(rows[i], 1));
             }
             r.cached += 1;
             draw_next(self.chooser.as_mut(), r, &flat[i * v..(i + 1) * v], version)?;
