@@ -4,7 +4,7 @@ use corvid_model::checkpoint::{load_weights_from_bytes, weights_to_bytes};
 use corvid_model::precision::weight_kind_for;
 use corvid_model::{ModelConfig, MoePolicy};
 use sha2::{Digest, Sha256};
-use tch::{nn, Device};
+use tch::{nn, Device, Kind};
 
 use crate::error::ActorError;
 
@@ -25,8 +25,15 @@ impl LoadedPolicy {
     /// Weights loaded later are cast to each variable's dtype, so a CPU actor takes the
     /// bf16 weights a CUDA learner serves.
     pub fn random(cfg: &ModelConfig, device: Device) -> Result<Self, ActorError> {
+        Self::random_in(cfg, device, weight_kind_for(device))
+    }
+
+    /// [`LoadedPolicy::random`] with the weights stored in `kind` (routers fp32): bf16 on
+    /// the CPU is an actor whose numerics differ from an fp32 learner's
+    /// (`corvid actor --dtype bf16`).
+    pub fn random_in(cfg: &ModelConfig, device: Device, kind: Kind) -> Result<Self, ActorError> {
         let vs = nn::VarStore::new(device);
-        let model = MoePolicy::new_in_kind(&vs, cfg, weight_kind_for(device))?;
+        let model = MoePolicy::new_in_kind(&vs, cfg, kind)?;
         Ok(Self {
             vs,
             model,

@@ -671,6 +671,22 @@ impl LearnerConfig {
                 ),
             ));
         }
+        if self.rl.router_replay == crate::train::RouterReplay::Rollout {
+            if !self.rollout.record_routes {
+                return Err(invalid(
+                    "rl.router_replay",
+                    "\"rollout\"",
+                    "\"off\" or \"old\" when [rollout] record_routes = false: replaying the actors' routes needs them recorded",
+                ));
+            }
+            if model.n_moe_layers() == 0 {
+                return Err(invalid(
+                    "rl.router_replay",
+                    "\"rollout\"",
+                    "\"off\" for a dense model: it has no routes to replay",
+                ));
+            }
+        }
         if self.tasks.families.is_empty() {
             return Err(invalid("tasks.families", "[]", "at least one family"));
         }

@@ -47,8 +47,8 @@ use crate::dispenser::group_ids::{resume_past, GroupIds};
 use crate::dispenser::{DispenseError, DispenserConfig, DispenserState, TaskDispenser};
 use crate::metrics::{serve_prometheus, LiveGauges};
 use crate::policy_store::{PolicyStore, PublishError};
-use crate::server::{serve, ActorRegistry, Control, LearnerService, RunSettings};
-use crate::train::TrainError;
+use crate::server::{serve, ActorRegistry, Admission, Control, LearnerService, RunSettings};
+use crate::train::{RouterReplay, TrainError};
 pub use crate::trainer::Trainer;
 use corvid_model::{ModelConfig, ModelError};
 use corvid_store::{StoreError, TrajectoryStore};
@@ -506,8 +506,16 @@ pub async fn run(
 
     tracing::info!(addr = %listener.local_addr().map(|a| a.to_string()).unwrap_or_default(), token_file = %paths.token.0.display(), "serving corvid.v1.Learner");
     let (server_stop, server_stopped) = tokio::sync::oneshot::channel::<()>();
-    let service =
-        LearnerService::new(Arc::clone(&shared.store)).with_control(Arc::clone(&shared.control));
+    let admission = admission(&cfg, &model_config);
+    tracing::info!(
+        record_routes = admission.routes.is_some() && cfg.rollout.record_routes,
+        router_replay = ?cfg.rl.router_replay,
+        "actors {} each token's expert ids",
+        if admission.routes.is_some() && cfg.rollout.record_routes { "record" } else { "do not record" }
+    );
+    let service = LearnerService::new(Arc::clone(&shared.store))
+        .with_control(Arc::clone(&shared.control))
+        .with_admission(admission);
     let health = service.health();
     let mut server = tokio::spawn(serve(listener, service, token, async {
         let _ = server_stopped.await;
@@ -589,6 +597,22 @@ pub async fn run(
 }
 
 /// The fields in which two model configs differ, as `field: checkpoint X, config Y`.
+/// What the policy of `model` takes at submit under `cfg`.
+fn admission(cfg: &LearnerConfig, model: &ModelConfig) -> Admission {
+    let routes = (model.n_moe_layers() > 0).then(|| corvid_proto::RouteShape {
+        moe_layers: model.n_moe_layers() as u32,
+        experts_per_token: model.num_experts_per_tok as u32,
+        routed_experts: model.n_routed_experts as u32,
+    });
+    Admission {
+        vocab_size: u32::try_from(model.vocab_size).unwrap_or(u32::MAX),
+        require_routes: routes.is_some()
+            && cfg.rollout.record_routes
+            && cfg.rl.router_replay == RouterReplay::Rollout,
+        routes,
+    }
+}
+
 pub(crate) fn model_differences(checkpoint: &ModelConfig, config: &ModelConfig) -> String {
     let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (
         serde_json::to_value(checkpoint),

@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use corvid_learner::server::{serve, LearnerService};
+use corvid_learner::server::{serve, Admission, LearnerService};
 use corvid_proto::client::{connect, trajectory_parts, AuthedClient};
 use corvid_proto::limits::MAX_STEP_CHUNK_BYTES;
 use corvid_proto::pb::{self, trajectory_part::Part};
 use corvid_proto::synthetic::{self, Shape};
-use corvid_proto::Step;
+use corvid_proto::{RouteShape, Step};
 use corvid_store::TrajectoryStore;
 use prost::Message;
 use tonic::Code;
@@ -24,12 +24,20 @@ struct Learner {
 }
 
 async fn start() -> Learner {
+    start_admitting(None).await
+}
+
+/// A learner whose service checks `admission` at submit.
+async fn start_admitting(admission: Option<Admission>) -> Learner {
     let dir = tempfile::tempdir().unwrap();
     let store = Arc::new(TrajectoryStore::open(dir.path().join("store")).unwrap());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let service = LearnerService::new(Arc::clone(&store));
+    let mut service = LearnerService::new(Arc::clone(&store));
+    if let Some(a) = admission {
+        service = service.with_admission(a);
+    }
     tokio::spawn(async move {
         serve(listener, service, TOKEN, async {
             let _ = stopped.await;
@@ -293,6 +301,129 @@ async fn malformed_streams_are_invalid_argument_and_leave_nothing() {
     all.push(footer_part("t1", SMALL));
     all.push(step_part(3, s(3)));
     assert_invalid(&l, all, "t1", "step chunk seq 3 arrived after the footer").await;
+}
+
+const ROUTES: RouteShape = RouteShape {
+    moe_layers: 3,
+    experts_per_token: 2,
+    routed_experts: 8,
+};
+
+fn routed_header(id: &str, routes: Option<RouteShape>) -> pb::TrajectoryPart {
+    let mut h = synthetic::header(id, "hops", 1, 0);
+    h.routes = routes;
+    pb::TrajectoryPart {
+        part: Some(Part::Header(h.into())),
+    }
+}
+
+fn routed_step(id: &str, seq: u64) -> Step {
+    synthetic::with_routes(id, seq, synthetic::step(id, seq, SMALL), ROUTES)
+}
+
+/// Routes are checked at submit, before anything is stored or acked: their length per
+/// token (one row fewer in the first step), every id below the expert count, their shape
+/// against the learner's policy (none for a dense one), their presence where the run
+/// replays them; token ids against the vocabulary. Each refusal names the step and field
+/// and leaves nothing; a well-formed routed trajectory round-trips byte for byte.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_and_vocabulary_are_checked_at_submit() {
+    let moe = Admission {
+        vocab_size: 50_000,
+        routes: Some(ROUTES),
+        require_routes: false,
+    };
+    let l = start_admitting(Some(moe)).await;
+    let whole = |id: &str, steps: Vec<Step>| {
+        let mut parts = vec![routed_header(id, Some(ROUTES))];
+        parts.extend(
+            steps
+                .into_iter()
+                .enumerate()
+                .map(|(i, s)| step_part(i as u64, s)),
+        );
+        parts.push(footer_part(id, SMALL));
+        parts
+    };
+    let good: Vec<Step> = (0..SMALL.steps).map(|i| routed_step("r1", i)).collect();
+    let ok = start_admitting(Some(moe)).await;
+    let ack = submit(&mut client(&ok).await, whole("r1", good.clone()))
+        .await
+        .unwrap();
+    assert!(!ack.duplicate);
+    let (_, stored) = ok.store.load("r1").unwrap().unwrap();
+    assert_eq!(stored.header.routes, Some(ROUTES));
+    assert_eq!(stored.steps, good);
+    let per = ROUTES.ids_per_token();
+    assert_eq!(
+        stored.route_ids().unwrap().len(),
+        (stored.len() - 1) * per,
+        "a row per input but the last"
+    );
+
+    // One row too many in the first step (it has none for its first token).
+    let mut bad = good.clone();
+    bad[0] = synthetic::with_routes("r2", 1, synthetic::step("r2", 0, SMALL), ROUTES);
+    assert_invalid(&l, whole("r2", bad), "r2", "step chunk seq 0: step.routes").await;
+    // An id past the expert count.
+    let mut bad = good.clone();
+    bad[1].routes[5] = 8;
+    assert_invalid(
+        &l,
+        whole("r2", bad),
+        "r2",
+        "names expert 8, but the policy has 8",
+    )
+    .await;
+    // Routes of another policy's shape.
+    let other = RouteShape {
+        routed_experts: 16,
+        ..ROUTES
+    };
+    let mut parts = whole("r2", good.clone());
+    parts[0] = routed_header("r2", Some(other));
+    assert_invalid(&l, parts, "r2", "but the learner's policy routes as").await;
+    // Routes without a shape in the header.
+    let mut parts = whole("r2", good.clone());
+    parts[0] = routed_header("r2", None);
+    assert_invalid(&l, parts, "r2", "the header declares no route shape").await;
+    // A token past the vocabulary, refused before it is stored.
+    let mut bad = good.clone();
+    bad[2].token_ids[1] = 50_000;
+    assert_invalid(
+        &l,
+        whole("r2", bad),
+        "r2",
+        "step.token_ids[1] = 50000 is outside",
+    )
+    .await;
+
+    // A dense policy takes no routes; a replay run demands them.
+    let dense = start_admitting(Some(Admission {
+        routes: None,
+        ..moe
+    }))
+    .await;
+    assert_invalid(
+        &dense,
+        whole("r3", good.clone()),
+        "r3",
+        "the learner's policy is dense",
+    )
+    .await;
+    let replay = start_admitting(Some(Admission {
+        require_routes: true,
+        ..moe
+    }))
+    .await;
+    let mut parts = whole(
+        "r4",
+        (0..SMALL.steps)
+            .map(|i| synthetic::step("r4", i, SMALL))
+            .collect(),
+    );
+    parts[0] = routed_header("r4", None);
+    assert_invalid(&replay, parts, "r4", "header.routes is missing").await;
 }
 
 /// A context-only step whose `StepChunk` encoding is exactly `target` bytes.

@@ -36,8 +36,8 @@ mod spike;
 
 pub use prometheus::{render_prometheus, serve_prometheus, LiveGauges};
 pub use record::{
-    CurriculumFigures, LossFigures, MismatchFigures, Rate, RolloutFigures, ServiceFigures,
-    SpikeFigures, UpdateRecord,
+    CurriculumFigures, LayerRouting, LossFigures, MismatchFigures, Rate, RolloutFigures,
+    ServiceFigures, SpikeFigures, UpdateRecord,
 };
 pub use sink::MetricsSink;
 pub use spike::SpikeDetector;

@@ -232,9 +232,17 @@ fn encode_record(enc: &mut DescriptorEncoder, r: &UpdateRecord) -> fmt::Result {
         ("mismatch_logp_abs_diff_mean", "Mean |log pi_old - log mu|.", r.mismatch.logp_abs_diff_mean.into()),
         ("mismatch_logp_abs_diff_max", "Largest |log pi_old - log mu|.", r.mismatch.logp_abs_diff_max.into()),
         ("mismatch_ratio_above_2_frac", "Fraction of tokens with pi_old / mu > 2.", r.mismatch.ratio_above_2_frac.into()),
+        ("mismatch_without_routes", "Trajectories trained on without recorded routes.", (r.mismatch.without_routes as u64).into()),
     ] {
         gauge(enc, name, help, v)?;
     }
+    if let (Some(a), Some(o)) = (r.mismatch.routing_agreement, r.mismatch.routing_overlap) {
+        gauge(enc, "mismatch_routing_agreement", "Fraction of (token, MoE layer) pairs whose top-k sets equal the actor's.", a)?;
+        gauge(enc, "mismatch_routing_overlap", "Mean |learner and actor experts| / k.", o)?;
+    }
+    let routing = || r.mismatch.routing_layers.iter().map(|l| ([("layer", l.layer)], l));
+    family(enc, "mismatch_routing_agreement_by_layer", "Routing agreement per MoE layer.", routing().map(|(k, l)| (k, l.agreement)))?;
+    family(enc, "mismatch_routing_overlap_by_layer", "Routing overlap per MoE layer.", routing().map(|(k, l)| (k, l.overlap)))?;
 
     let layers = || r.moe.iter().map(|h| ([("layer", h.layer)], h));
     family(enc, "moe_max_vio", "MaxVio of the expert load.", layers().map(|(k, h)| (k, h.max_vio)))?;
@@ -316,7 +324,8 @@ fn registry(figures: Figures) -> Registry {
 /// | `corvid_rollout_{episodes, episodes_trained, reward_mean, success_rate, tokens, episodes_per_second, tokens_per_second, staleness_mean, staleness_max, stale_skipped, unscored_skipped, uninformative_groups, too_long_skipped, invalid_skipped, copies_skipped, template_divergent_episodes}` | |
 /// | `corvid_rollout_task_success_rate`, `corvid_rollout_task_episodes` | `family`, `level` |
 /// | `corvid_loss_{policy, kl, entropy, balance, clip_frac_low, clip_frac_high, approx_kl, iw_mean, iw_max, iw_truncated_frac, grad_norm, lr, optimizer_steps, adv_mean, adv_abs_mean}` | |
-/// | `corvid_mismatch_{k3_kl, token_mult_prob_error, logp_abs_diff_mean, logp_abs_diff_max, ratio_above_2_frac}` | |
+/// | `corvid_mismatch_{k3_kl, token_mult_prob_error, logp_abs_diff_mean, logp_abs_diff_max, ratio_above_2_frac, without_routes}` | |
+/// | `corvid_mismatch_routing_{agreement, overlap}` (when routes were recorded), `…_by_layer` | `layer` |
 /// | `corvid_moe_{max_vio, cv, load_entropy, router_entropy, dead_experts}` | `layer` |
 /// | `corvid_moe_load` | `layer`, `expert` |
 /// | `corvid_loss_spike` (0 or 1), `corvid_loss_spikes_total` | |

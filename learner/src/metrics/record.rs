@@ -181,6 +181,32 @@ pub struct MismatchFigures {
     pub logp_abs_diff_max: f64,
     /// Fraction of tokens with `π_old/μ > 2`.
     pub ratio_above_2_frac: f64,
+    /// Fraction of (token, MoE layer) pairs where the learner before the update chose the
+    /// same top-k set as the actor's recorded routes; `None` when no trajectory trained on
+    /// carried routes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_agreement: Option<f64>,
+    /// Mean `|learner ∩ actor| / k` over the same pairs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub routing_overlap: Option<f64>,
+    /// The two per MoE layer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub routing_layers: Vec<LayerRouting>,
+    /// Trajectories trained on without recorded routes (their tokens are not in the
+    /// agreement; a replay run trains them on the learner's own routing).
+    #[serde(default)]
+    pub without_routes: usize,
+}
+
+/// Routing agreement of one MoE layer ([`MismatchFigures::routing_agreement`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct LayerRouting {
+    /// The layer's index in the model.
+    pub layer: i64,
+    /// Fraction of tokens with equal top-k sets.
+    pub agreement: f64,
+    /// Mean `|learner ∩ actor| / k`.
+    pub overlap: f64,
 }
 
 /// One line of the metrics file.

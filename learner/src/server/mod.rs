@@ -39,6 +39,7 @@ use corvid_store::TrajectoryStore;
 
 pub use health::{LearnerHealth, LEARNER_SERVICE};
 pub use register::{ActorRegistry, RunSettings};
+pub use submit::Admission;
 
 /// Checks the shared token on every request.
 #[derive(Clone)]
@@ -107,6 +108,7 @@ impl Control {
 pub struct LearnerService {
     store: Arc<TrajectoryStore>,
     control: Option<Arc<Control>>,
+    admission: Option<Admission>,
     health: LearnerHealth,
 }
 
@@ -116,6 +118,7 @@ impl LearnerService {
         Self {
             store,
             control: None,
+            admission: None,
             health: LearnerHealth::new(),
         }
     }
@@ -124,6 +127,12 @@ impl LearnerService {
     /// starts to stop, before the server itself stops.
     pub fn health(&self) -> LearnerHealth {
         self.health.clone()
+    }
+
+    /// The same service, refusing at submit what `admission` says the policy cannot take.
+    pub fn with_admission(mut self, admission: Admission) -> Self {
+        self.admission = Some(admission);
+        self
     }
 
     /// The same service, also serving registration, tasks and weights from `control`.
@@ -231,7 +240,7 @@ impl pb::learner_server::Learner for LearnerService {
         &self,
         req: Request<Streaming<pb::TrajectoryPart>>,
     ) -> Result<Response<pb::SubmitAck>, Status> {
-        let ack = submit::ingest(&self.store, req.into_inner()).await?;
+        let ack = submit::ingest(&self.store, self.admission.as_ref(), req.into_inner()).await?;
         if let (Some(c), false) = (&self.control, ack.duplicate) {
             // A new trajectory counts towards its group's completion (dispenser, rule 4).
             match self.store.get(&ack.trajectory_id) {

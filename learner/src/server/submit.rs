@@ -5,12 +5,16 @@
 //! that says what arrived and what was expected; the [`TrajectoryWriter`] is
 //! dropped on every error path, which deletes whatever was written, so nothing
 //! partial remains.
+//!
+//! With an [`Admission`] the trajectory is also checked against the learner's policy before
+//! anything of it is stored: token ids inside the vocabulary, routes of the policy's shape
+//! (none for a dense policy), and routes present where the run replays them.
 
 use std::sync::Arc;
 
 use corvid_proto::limits::MAX_STEP_CHUNK_BYTES;
 use corvid_proto::pb::{self, trajectory_part::Part};
-use corvid_proto::{Step, TrajectoryFooter, TrajectoryHeader};
+use corvid_proto::{RouteShape, Step, TrajectoryFooter, TrajectoryHeader};
 use prost::Message;
 use tonic::{Status, Streaming};
 
@@ -36,9 +40,56 @@ fn store_status(e: StoreError) -> Status {
     }
 }
 
+/// What the learner's policy takes, checked at submit before anything is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Admission {
+    /// Every token id must be below this.
+    pub vocab_size: u32,
+    /// The policy's route shape; `None` for a dense policy, which takes no routes.
+    pub routes: Option<RouteShape>,
+    /// Refuse a trajectory without routes (`[rl] router_replay = "rollout"` with the actors
+    /// recording).
+    pub require_routes: bool,
+}
+
+impl Admission {
+    /// Checks the header's route shape against the policy's.
+    fn check_header(&self, h: &TrajectoryHeader) -> Result<(), String> {
+        match (h.routes, self.routes) {
+            (Some(got), None) => Err(format!(
+                "header.routes declares {} MoE layers, but the learner's policy is dense; send no routes",
+                got.moe_layers
+            )),
+            (Some(got), Some(want)) if got != want => Err(format!(
+                "header.routes is {got:?}, but the learner's policy routes as {want:?}"
+            )),
+            (None, Some(_)) if self.require_routes => Err(
+                "header.routes is missing, but this run replays the actors' routes ([rl] router_replay = \"rollout\"); record them".into(),
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks step `seq`'s token ids against the vocabulary.
+    fn check_step(&self, seq: u64, step: &Step) -> Result<(), String> {
+        match step
+            .token_ids
+            .iter()
+            .position(|&id| id >= self.vocab_size)
+        {
+            Some(i) => Err(format!(
+                "step chunk seq {seq}: step.token_ids[{i}] = {} is outside the policy's vocabulary of {}",
+                step.token_ids[i], self.vocab_size
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
 /// Reads one trajectory from `stream` into `store` and acks it after the flush.
 pub(super) async fn ingest(
     store: &Arc<TrajectoryStore>,
+    admission: Option<&Admission>,
     mut stream: Streaming<pb::TrajectoryPart>,
 ) -> Result<pb::SubmitAck, Status> {
     let first = stream
@@ -55,6 +106,11 @@ pub(super) async fn ingest(
             )))
         }
     };
+    if let Some(a) = admission {
+        a.check_header(&header).map_err(|e| {
+            Status::invalid_argument(format!("trajectory {:?}: {e}", header.trajectory_id))
+        })?;
+    }
     let id = header.trajectory_id.clone();
     match store.begin(header).map_err(store_status)? {
         Begin::Duplicate(rec) => {
@@ -70,12 +126,13 @@ pub(super) async fn ingest(
                 tokens_stored: tokens,
             })
         }
-        Begin::New(writer) => fold(writer, stream).await,
+        Begin::New(writer) => fold(writer, admission, stream).await,
     }
 }
 
 async fn fold(
     mut writer: TrajectoryWriter,
+    admission: Option<&Admission>,
     mut stream: Streaming<pb::TrajectoryPart>,
 ) -> Result<pb::SubmitAck, Status> {
     let invalid = |w: &TrajectoryWriter, msg: String| {
@@ -111,6 +168,9 @@ async fn fold(
                         Step::try_from(s)
                             .map_err(|e| invalid(&writer, format!("step chunk seq {seq}: {e}")))
                     })?;
+                if let Some(a) = admission {
+                    a.check_step(seq, &step).map_err(|e| invalid(&writer, e))?;
+                }
                 writer.append(seq, step).map_err(store_status)?;
             }
             Some(Part::Footer(f)) => {

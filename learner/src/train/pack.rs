@@ -26,7 +26,8 @@ use super::config::TrainConfig;
 use super::loss::summed_nll;
 use super::TrainError;
 use corvid_model::{
-    head, BalanceStats, Checkpoint, ModelError, MoeHealth, MoePolicy, TokenScores, Trunk,
+    head, BalanceStats, Checkpoint, ModelError, MoeHealth, MoePolicy, RouteAgreement, RouteOpts,
+    TokenScores, Trunk,
 };
 
 /// One packed row; all vectors have the row length.
@@ -44,6 +45,9 @@ pub struct PackedRow {
     pub loss_mask: Vec<bool>,
     /// The episode format's pad id, which [`PackedBatch::new`] fills shorter rows with.
     pub pad_id: u32,
+    /// Recorded expert ids of each position (the MoE layers' `k` ids each, `-1` where none),
+    /// or empty: the row carries no routes.
+    pub routes: Vec<i32>,
 }
 
 impl PackedRow {
@@ -56,6 +60,7 @@ impl PackedRow {
             targets: vec![pad_id as i64; len],
             loss_mask: vec![false; len],
             pad_id,
+            routes: Vec::new(),
         }
     }
 
@@ -171,6 +176,9 @@ pub struct PackedBatch {
     pub n_trained: usize,
     /// Every row is one document from position 0 (then padding): the causal forward serves.
     pub single_document: bool,
+    /// Recorded expert ids per position, int64 `[B, T, L·k]` (`-1` where none), when some
+    /// row carries routes.
+    pub routes_btp: Option<Tensor>,
 }
 
 impl PackedBatch {
@@ -209,7 +217,27 @@ impl PackedBatch {
                 }
             }
         }
+        let routes_btp = match rows.iter().map(|r| r.routes.len() / r.len()).max() {
+            Some(per) if per > 0 => {
+                let mut v = Vec::with_capacity(b * t * per);
+                for r in rows {
+                    if r.routes.len() == r.len() * per {
+                        v.extend(r.routes.iter().map(|&i| i64::from(i)));
+                    } else {
+                        v.resize(v.len() + r.len() * per, -1);
+                    }
+                    v.resize(v.len() + (t - r.len()) * per, -1);
+                }
+                Some(
+                    Tensor::from_slice(&v)
+                        .view([b as i64, t as i64, per as i64])
+                        .to_device(device),
+                )
+            }
+            _ => None,
+        };
         Ok(Self {
+            routes_btp,
             tokens_bt: flat(|r| &r.tokens, i64::from(pad_id)),
             positions_bt: flat(|r| &r.positions, 0),
             doc_ids_bt: flat(|r| &r.doc_ids, -1),
@@ -221,24 +249,27 @@ impl PackedBatch {
     }
 
     /// The model's trunk over the batch: causal when every row is a single document,
-    /// otherwise with the per-document mask.
+    /// otherwise with the per-document mask; routes given, replayed or recorded as `routes`
+    /// says.
     pub fn trunk(
         &self,
         model: &MoePolicy,
         train: bool,
         checkpoint: Checkpoint,
+        routes: RouteOpts<'_>,
     ) -> Result<Trunk, ModelError> {
-        if self.single_document {
-            model.trunk(&self.tokens_bt, train, checkpoint)
-        } else {
-            model.trunk_packed(
-                &self.tokens_bt,
-                &self.positions_bt,
-                &self.doc_ids_bt,
-                train,
-                checkpoint,
-            )
-        }
+        let packing = (!self.single_document).then_some((&self.positions_bt, &self.doc_ids_bt));
+        model.trunk_routed(&self.tokens_bt, packing, train, checkpoint, routes)
+    }
+
+    /// The rows' recorded routes as the model's route table `[B, T, L, k]`, when some row
+    /// carries them.
+    pub fn recorded_routes(&self, model: &MoePolicy) -> Option<Tensor> {
+        let c = model.config();
+        self.routes_btp.as_ref().map(|r| {
+            let (b, t, _) = r.size3().expect("routes are [B, T, L·k]");
+            r.view([b, t, c.n_moe_layers(), c.num_experts_per_tok])
+        })
     }
 
     /// The hidden states of the trained-on positions, `[N, d]`.
@@ -255,16 +286,34 @@ impl PackedBatch {
         inv_temp_n1: &Tensor,
         cfg: &TrainConfig,
     ) -> Result<TokenScores, ModelError> {
+        Ok(self
+            .score_routed(model, inv_temp_n1, cfg, RouteOpts::default())?
+            .scores)
+    }
+
+    /// [`PackedBatch::score`] with routes given, replayed or recorded as `routes` says.
+    pub fn score_routed(
+        &self,
+        model: &MoePolicy,
+        inv_temp_n1: &Tensor,
+        cfg: &TrainConfig,
+        routes: RouteOpts<'_>,
+    ) -> Result<RoutedScores, ModelError> {
         tch::no_grad(|| {
-            let trunk = self.trunk(model, false, Checkpoint::None)?;
+            let trunk = self.trunk(model, false, Checkpoint::None, routes)?;
             let rows = cfg.chunk_rows(model.config().vocab_size);
-            head::score_chunked(
+            let scores = head::score_chunked(
                 &self.hidden_n(&trunk)?,
                 model.head_weight_vd(),
                 &self.targets_n,
                 inv_temp_n1,
                 rows,
-            )
+            )?;
+            Ok(RoutedScores {
+                scores,
+                agreement: trunk.agreement,
+                routes_btlk: trunk.routes_btlk,
+            })
         })
     }
 
@@ -280,7 +329,21 @@ impl PackedBatch {
         aux_weight: f64,
         loss: impl FnMut(Range<i64>, &TokenScores) -> Result<Tensor, ModelError>,
     ) -> Result<Trained, ModelError> {
-        let mut trunk = self.trunk(model, true, cfg.checkpoint)?;
+        let routes = RouteOpts::default();
+        self.train_routed(model, inv_temp_n1, cfg, aux_weight, routes, loss)
+    }
+
+    /// [`PackedBatch::train`] with routes given or replayed as `routes` says.
+    pub fn train_routed(
+        &self,
+        model: &MoePolicy,
+        inv_temp_n1: &Tensor,
+        cfg: &TrainConfig,
+        aux_weight: f64,
+        routes: RouteOpts<'_>,
+        loss: impl FnMut(Range<i64>, &TokenScores) -> Result<Tensor, ModelError>,
+    ) -> Result<Trained, ModelError> {
+        let mut trunk = self.trunk(model, true, cfg.checkpoint, routes)?;
         let (b, t, d) = trunk.hidden_btd.size3()?;
         let rows = cfg.chunk_rows(model.config().vocab_size);
         let (scores, grad_nd) = head::backward_chunked(
@@ -299,6 +362,7 @@ impl PackedBatch {
             aux_loss: trunk.aux_loss.double_value(&[]),
             health: std::mem::take(&mut trunk.health),
             balance: std::mem::take(&mut trunk.balance),
+            agreement: std::mem::take(&mut trunk.agreement),
         };
         model.backward(trunk, &grad_btd, aux_weight)?;
         Ok(trained)
@@ -343,6 +407,19 @@ pub struct Trained {
     pub health: Vec<MoeHealth>,
     /// Balance statistics per MoE layer.
     pub balance: BalanceStats,
+    /// Per MoE layer, agreement with the given routes (empty when none were given).
+    pub agreement: Vec<RouteAgreement>,
+}
+
+/// What [`PackedBatch::score_routed`] returns.
+#[derive(Debug)]
+pub struct RoutedScores {
+    /// Every trained-on token's scores.
+    pub scores: TokenScores,
+    /// Per MoE layer, agreement with the given routes (empty when none were given).
+    pub agreement: Vec<RouteAgreement>,
+    /// The model's own choice `[B, T, L, k]`, when recording.
+    pub routes_btlk: Option<Tensor>,
 }
 
 /// `[N]` values of a per-token field of `rows` at the trained-on positions, as float32.

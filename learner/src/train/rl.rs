@@ -32,16 +32,18 @@ use tch::{nn, Kind, Tensor};
 use std::ops::Range;
 
 use super::batch::{select, Group, Scored, Selection};
-use super::config::RlConfig;
+use super::config::{RlConfig, RouterReplay};
 use super::loss::{
     clip_masks, clipped_surrogate, importance_ratio, k3_kl, token_sum_over,
     truncated_importance_weight,
 };
-use super::pack::{gather_trained, micro_batches, PackedBatch, PackedRow};
+use super::pack::{gather_trained, micro_batches, PackedBatch, PackedRow, RoutedScores};
 use super::state::TrainState;
 use super::TrainError;
-use crate::metrics::MismatchFigures;
-use corvid_model::{BalanceStats, MoeHealth, MoePolicy, TokenScores};
+use crate::metrics::{LayerRouting, MismatchFigures};
+use corvid_model::routes::merge_agreement;
+use corvid_model::{BalanceStats, MoeHealth, MoePolicy, RouteAgreement, RouteOpts, TokenScores};
+use corvid_proto::RouteShape;
 
 /// What one update did; every field is a mean over the generated tokens trained on unless
 /// said otherwise.
@@ -152,6 +154,55 @@ struct MicroBatch {
     logp_prox_n: Option<Tensor>,
     /// `log π_ref` per token, with a KL term.
     logp_ref_n: Option<Tensor>,
+    /// The actors' recorded routes `[B, T, L, k]`, when some row carries them.
+    actor_routes: Option<Tensor>,
+    /// R2: the learner's own choice in the π_prox pass `[B, T, L, k]`.
+    old_routes: Option<Tensor>,
+}
+
+/// A learner pass over a micro-batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    /// `π_prox`, the policy before the update (several minibatches).
+    Prox,
+    /// `π_ref`, the frozen reference.
+    Ref,
+    /// `π_θ`, the update's forward and backward.
+    Update,
+}
+
+/// The routes pass `pass` of a micro-batch uses under `mode`. The passes that define
+/// `π_old` compare with the actors' routes (for the agreement) whatever the mode.
+fn pass_routes<'a>(
+    mode: RouterReplay,
+    pass: Pass,
+    actor: Option<&'a Tensor>,
+    old: Option<&'a Tensor>,
+) -> RouteOpts<'a> {
+    let compare = RouteOpts {
+        given_btlk: actor,
+        ..RouteOpts::default()
+    };
+    match (mode, pass) {
+        // R3: the actors' selection in every pass.
+        (RouterReplay::Rollout, _) => RouteOpts {
+            given_btlk: actor,
+            replay: actor.is_some(),
+            record: false,
+        },
+        // R2: π_prox records the learner's own choice; the update's minibatches replay it.
+        (RouterReplay::Old, Pass::Prox) => RouteOpts {
+            record: true,
+            ..compare
+        },
+        (RouterReplay::Old, Pass::Update) if old.is_some() => RouteOpts {
+            given_btlk: old,
+            replay: true,
+            record: false,
+        },
+        (_, Pass::Ref) => RouteOpts::default(),
+        _ => compare,
+    }
 }
 
 /// Sums over the update's generated tokens, divided by their count into [`UpdateStats`].
@@ -173,6 +224,8 @@ struct TokenSums {
     logp_abs_diff: f64,
     logp_abs_diff_max: f64,
     ratio_above_2: f64,
+    /// Per MoE layer, the learner before the update against the actors' routes.
+    agreement: Vec<RouteAgreement>,
     /// Balance loss summed over micro-batches, and their count.
     aux_loss: f64,
     micro_batches: usize,
@@ -194,12 +247,27 @@ impl TokenSums {
         st.adv_mean = self.adv / n;
         st.adv_abs_mean = self.adv_abs / n;
         st.is_weight_max = self.is_weight_max;
+        let routed: i64 = self.agreement.iter().map(|a| a.tokens).sum();
+        let share = |x: f64| (routed > 0).then(|| x / routed as f64);
         st.mismatch = MismatchFigures {
             k3_kl: self.mismatch_k3_kl / n,
             token_mult_prob_error: self.mult_prob_error / n,
             logp_abs_diff_mean: self.logp_abs_diff / n,
             logp_abs_diff_max: self.logp_abs_diff_max,
             ratio_above_2_frac: self.ratio_above_2 / n,
+            routing_agreement: share(self.agreement.iter().map(|a| a.equal as f64).sum()),
+            routing_overlap: share(self.agreement.iter().map(|a| a.overlap).sum()),
+            routing_layers: self
+                .agreement
+                .iter()
+                .filter(|a| a.tokens > 0)
+                .map(|a| LayerRouting {
+                    layer: a.layer,
+                    agreement: a.agreement(),
+                    overlap: a.overlap_mean(),
+                })
+                .collect(),
+            without_routes: st.mismatch.without_routes,
         };
         st.aux_loss = self.aux_loss / self.micro_batches.max(1) as f64;
         st.ptx_loss = self.ptx_nll / st.ptx_tokens.max(1) as f64;
@@ -293,20 +361,46 @@ struct RlRow {
     inv_temp: Vec<f32>,
 }
 
-/// Lays out trajectories (their tokens, generated mask, behaviour log-probs and token
-/// advantages) one per row, longest first, so that a micro-batch holds rows of similar
-/// length and runs the causal forward without a document mask.
-fn pack_trajectories(items: &[&Scored<'_>], pad_id: u32) -> Vec<RlRow> {
+/// Lays out trajectories (their tokens, generated mask, behaviour log-probs, token
+/// advantages and recorded routes) one per row, longest first, so that a micro-batch holds
+/// rows of similar length and runs the causal forward without a document mask.
+fn pack_trajectories(items: &[&Scored<'_>], pad_id: u32, routes: Option<RouteShape>) -> Vec<RlRow> {
     let mut order: Vec<&Scored<'_>> = items.to_vec();
     order.sort_by_key(|s| std::cmp::Reverse(s.trajectory.len()));
     order
         .into_iter()
-        .map(|s| trajectory_row(s, pad_id))
+        .map(|s| trajectory_row(s, pad_id, routes))
         .collect()
 }
 
+/// The route shape of `model`'s MoE layers (`None` for a dense model).
+pub(crate) fn route_shape(model: &MoePolicy) -> Option<RouteShape> {
+    let c = model.config();
+    (c.n_moe_layers() > 0).then(|| RouteShape {
+        moe_layers: c.n_moe_layers() as u32,
+        experts_per_token: c.num_experts_per_tok as u32,
+        routed_experts: c.n_routed_experts as u32,
+    })
+}
+
+/// A trajectory's routes per input position (`-1` for the last), when it carries routes of
+/// the learner's shape `want`; else empty.
+fn trajectory_routes(t: &corvid_proto::Trajectory, want: Option<RouteShape>) -> Vec<i32> {
+    let (Some(want), Some(ids)) = (want.filter(|w| t.header.routes == Some(*w)), t.route_ids())
+    else {
+        return Vec::new();
+    };
+    let per = want.ids_per_token();
+    if ids.len() != t.len().saturating_sub(1) * per {
+        return Vec::new();
+    }
+    let mut out: Vec<i32> = ids.into_iter().map(i32::from).collect();
+    out.resize(t.len() * per, -1);
+    out
+}
+
 /// One trajectory as a row of its own length.
-fn trajectory_row(s: &Scored<'_>, pad_id: u32) -> RlRow {
+fn trajectory_row(s: &Scored<'_>, pad_id: u32, routes: Option<RouteShape>) -> RlRow {
     let t = s.trajectory;
     let ids = t.token_ids();
     let len = ids.len();
@@ -314,8 +408,10 @@ fn trajectory_row(s: &Scored<'_>, pad_id: u32) -> RlRow {
     let logp: Vec<f32> = t.steps.iter().flat_map(|st| st.logprobs.clone()).collect();
     let temp = t.header.sampling.temperature;
     let inv = if temp > 0.0 { 1.0 / temp } else { 1.0 };
+    let mut row = PackedRow::single(&ids, &mask, pad_id);
+    row.routes = trajectory_routes(t, routes);
     let mut r = RlRow {
-        row: PackedRow::single(&ids, &mask, pad_id),
+        row,
         behaviour: vec![0.0; len],
         adv: vec![0.0; len],
         inv_temp: vec![1.0; len],
@@ -376,7 +472,7 @@ impl RlTrainer {
 
     /// Builds the micro-batches of one minibatch.
     fn micro_batches(&self, items: &[&Scored<'_>]) -> Result<Vec<MicroBatch>, TrainError> {
-        let rows = pack_trajectories(items, self.pad_id);
+        let rows = pack_trajectories(items, self.pad_id, route_shape(&self.state.model));
         let device = self.state.device();
         let mut out = Vec::new();
         for chunk in micro_batches(&rows, |r| r.row.len(), self.cfg.micro_batch_tokens) {
@@ -393,6 +489,8 @@ impl RlTrainer {
                     .view([n, 1]),
                 logp_prox_n: None,
                 logp_ref_n: None,
+                actor_routes: batch.recorded_routes(&self.state.model),
+                old_routes: None,
                 batch,
             });
         }
@@ -472,22 +570,37 @@ impl RlTrainer {
         if fit.is_empty() {
             return Ok(st);
         }
+        let want = route_shape(&self.state.model);
+        st.mismatch.without_routes = fit
+            .iter()
+            .filter(|s| trajectory_routes(s.trajectory, want).is_empty())
+            .count();
+        if st.mismatch.without_routes > 0 && self.cfg.router_replay == RouterReplay::Rollout {
+            tracing::warn!(
+                trajectories = st.mismatch.without_routes,
+                "router_replay = \"rollout\": trajectories without recorded routes train on the learner's own routing"
+            );
+        }
         let n_mini = self.cfg.minibatches.min(fit.len());
         let per_mini = fit.len().div_ceil(n_mini);
         let mut minis: Vec<Vec<MicroBatch>> = fit
             .chunks(per_mini)
             .map(|c| self.micro_batches(c))
             .collect::<Result<_, _>>()?;
+        let mut sums = TokenSums::default();
         // π_prox: the policy before this update's first step.
         if minis.len() > 1 {
             for mb in minis.iter_mut().flatten() {
-                mb.logp_prox_n = Some(self.score(&self.state.model, mb)?);
+                let s = self.score(&self.state.model, mb, Pass::Prox)?;
+                merge_agreement(&mut sums.agreement, &s.agreement);
+                mb.logp_prox_n = Some(s.scores.logp_n);
+                mb.old_routes = s.routes_btlk;
             }
         }
         // π_ref: the frozen reference, for the KL term.
         if let (Some((_, r)), true) = (&self.reference, self.cfg.kl_coef > 0.0) {
             for mb in minis.iter_mut().flatten() {
-                mb.logp_ref_n = Some(self.score(r, mb)?);
+                mb.logp_ref_n = Some(self.score(r, mb, Pass::Ref)?.scores.logp_n);
             }
         }
         // PPO-ptx: each minibatch's share of the demonstrations.
@@ -496,11 +609,14 @@ impl RlTrainer {
         } else {
             Vec::new()
         };
-        let mut sums = TokenSums::default();
         let mut grad_norm_sum = 0.0;
+        // With one minibatch π_old is the update's own forward: it measures the agreement.
+        let update_is_old = minis.len() == 1;
         for (mi, mbs) in minis.iter().enumerate() {
             let demos = demo_shares.get(mi).copied().unwrap_or_default();
-            let Some(balance) = self.minibatch_backward(mbs, demos, &mut sums, &mut st)? else {
+            let Some(balance) =
+                self.minibatch_backward(mbs, demos, update_is_old, &mut sums, &mut st)?
+            else {
                 continue;
             };
             if !take_steps {
@@ -523,12 +639,23 @@ impl RlTrainer {
         Ok(st)
     }
 
-    /// `log π(target)` of every trained-on token of `mb` under `model`, without gradients.
-    fn score(&self, model: &MoePolicy, mb: &MicroBatch) -> Result<Tensor, TrainError> {
+    /// `log π(target)` of every trained-on token of `mb` under `model`, without gradients,
+    /// routed as `pass` is under `[rl] router_replay`.
+    fn score(
+        &self,
+        model: &MoePolicy,
+        mb: &MicroBatch,
+        pass: Pass,
+    ) -> Result<RoutedScores, TrainError> {
+        let routes = pass_routes(
+            self.cfg.router_replay,
+            pass,
+            mb.actor_routes.as_ref(),
+            mb.old_routes.as_ref(),
+        );
         Ok(mb
             .batch
-            .score(model, &mb.inv_temp_n1, &self.cfg.train)?
-            .logp_n)
+            .score_routed(model, &mb.inv_temp_n1, &self.cfg.train, routes)?)
     }
 
     /// The gradients of one minibatch's loss (its trajectories and its share of the
@@ -538,6 +665,7 @@ impl RlTrainer {
         &self,
         mbs: &[MicroBatch],
         demos: &[PackedRow],
+        update_is_old: bool,
         sums: &mut TokenSums,
         st: &mut UpdateStats,
     ) -> Result<Option<BalanceStats>, TrainError> {
@@ -550,13 +678,23 @@ impl RlTrainer {
         let mut balance = BalanceStats::default();
         for mb in mbs.iter().filter(|mb| mb.batch.n_trained > 0) {
             let aux_weight = c.aux_loss_scale * mb.rows as f64 / n_rows as f64;
-            let trained = mb.batch.train(
+            let routes = pass_routes(
+                c.router_replay,
+                Pass::Update,
+                mb.actor_routes.as_ref(),
+                mb.old_routes.as_ref(),
+            );
+            let trained = mb.batch.train_routed(
                 &self.state.model,
                 &mb.inv_temp_n1,
                 &c.train,
                 aux_weight,
+                routes,
                 |range, scores| Ok(rl_loss(c, mb, range, scores, n_tokens as f64, sums)?),
             )?;
+            if update_is_old {
+                merge_agreement(&mut sums.agreement, &trained.agreement);
+            }
             sums.aux_loss += trained.aux_loss;
             sums.micro_batches += 1;
             balance.merge(&trained.balance);
