@@ -67,6 +67,10 @@ pub struct ActorConfig {
     pub spool_dir: PathBuf,
     /// Device for the model. Default CPU.
     pub device: tch::Device,
+    /// The weights' dtype (routers stay fp32); `None`: bf16 on CUDA, fp32 on the CPU
+    /// ([`corvid_model::weight_kind_for`]). bf16 on the CPU is an actor whose numerics differ
+    /// from an fp32 learner's.
+    pub dtype: Option<tch::Kind>,
     /// tch intra-op threads (0: leave libtorch's default). Default 1: on a shared CPU,
     /// contending OpenMP threads made small-batch decoding ~20x slower.
     pub threads: i32,
@@ -99,6 +103,7 @@ impl ActorConfig {
             max_episodes: None,
             spool_dir: PathBuf::from(".corvid/spool"),
             device: tch::Device::Cpu,
+            dtype: None,
             threads: 1,
             shutdown_grace: Duration::from_secs(30),
             final_drain: Duration::from_secs(10),
@@ -634,6 +639,7 @@ pub async fn run_actor(
         ..cfg.engine.clone()
     };
     let (model_cfg, device, threads) = (reg.model_config.clone(), cfg.device, cfg.threads);
+    let dtype = cfg.dtype;
     let sink_tx = parts_tx.clone();
     let first_for_engine: PolicyUpdate = first.clone();
     std::thread::Builder::new()
@@ -643,12 +649,9 @@ pub async fn run_actor(
                 if threads > 0 {
                     tch::set_num_threads(threads);
                 }
-                let mut policy = LoadedPolicy::from_bytes(
-                    &model_cfg,
-                    device,
-                    &first_for_engine.bytes,
-                    first_for_engine.version,
-                )?;
+                let kind = dtype.unwrap_or_else(|| corvid_model::weight_kind_for(device));
+                let mut policy = LoadedPolicy::random_in(&model_cfg, device, kind)?;
+                policy.load(&first_for_engine.bytes, first_for_engine.version)?;
                 let mut engine = RolloutEngine::new(&mut policy, env, engine_cfg);
                 let _ = handle_tx.send(engine.handle());
                 let mut sink = ChannelSink { tx: sink_tx };

@@ -43,6 +43,11 @@ pub struct ActorArgs {
     /// Device for the policy: cpu, cuda or cuda:N.
     #[arg(long, default_value = "cpu")]
     device: String,
+    /// The policy's weight dtype, fp32 or bf16 (routers stay fp32); default bf16 on CUDA,
+    /// fp32 on the CPU. A bf16 CPU actor against an fp32 learner is the train–rollout
+    /// mismatch that `[rl] router_replay` addresses.
+    #[arg(long, value_name = "DTYPE")]
+    dtype: Option<String>,
     /// libtorch intra-op threads (0: libtorch's default, one per core). 1 suits CPU actors
     /// sharing a machine: contending OpenMP threads slow small-batch decoding badly.
     #[arg(long, default_value_t = 1)]
@@ -86,6 +91,14 @@ fn parse_device(s: &str) -> Result<tch::Device> {
             .and_then(|n| n.parse().ok())
             .map(tch::Device::Cuda)
             .with_context(|| format!("--device {s:?}: expected cpu, cuda or cuda:N")),
+    }
+}
+
+fn parse_dtype(s: &str) -> Result<tch::Kind> {
+    match s {
+        "fp32" => Ok(tch::Kind::Float),
+        "bf16" => Ok(tch::Kind::BFloat16),
+        _ => anyhow::bail!("--dtype {s:?}: expected fp32 or bf16"),
     }
 }
 
@@ -145,6 +158,7 @@ fn config(a: &ActorArgs) -> Result<ActorConfig> {
         .clone()
         .unwrap_or_else(|| PathBuf::from(".corvid/spool").join(&a.name));
     cfg.device = parse_device(&a.device)?;
+    cfg.dtype = a.dtype.as_deref().map(parse_dtype).transpose()?;
     cfg.threads = a.threads;
     cfg.shutdown_grace = secs("--grace-s", a.grace_s, GRACE_S)?;
     cfg.final_drain = secs("--drain-s", a.drain_s, GRACE_S)?;

@@ -21,6 +21,9 @@ pub struct RunSection {
     pub actors: usize,
     /// Episodes each actor runs at once. Default 16.
     pub actor_concurrency: usize,
+    /// The actors' weight dtype, `fp32` or `bf16` (`corvid actor --dtype`); empty: the
+    /// device's default (fp32 on the CPU). Default empty.
+    pub actor_dtype: String,
     /// Wall-clock minutes of RL per run (the learner's `schedule.max_updates` may stop it
     /// sooner); with `run_minutes` set, the most each arm gets. Default 8.
     pub rl_minutes: f64,
@@ -55,6 +58,7 @@ impl Default for RunSection {
         Self {
             actors: 2,
             actor_concurrency: 16,
+            actor_dtype: String::new(),
             rl_minutes: 8.0,
             run_minutes: 0.0,
             eval_reserve_minutes: 2.5,
@@ -108,6 +112,12 @@ impl RunSection {
         }
         crate::cmd::eval::parse_levels(&self.eval_levels)
             .map_err(|e| anyhow::anyhow!("[run] eval_levels: {e}"))?;
+        if !["", "fp32", "bf16"].contains(&self.actor_dtype.as_str()) {
+            bail!(
+                "[run] actor_dtype = {:?}: must be \"fp32\", \"bf16\" or left out",
+                self.actor_dtype
+            );
+        }
         Ok(())
     }
 

@@ -320,6 +320,9 @@ fn spawn_actors(
         if let Some(dir) = &arm.tokenizer {
             args.extend(["--tokenizer".into(), dir.display().to_string()]);
         }
+        if !run.actor_dtype.is_empty() {
+            args.extend(["--dtype".into(), run.actor_dtype.clone()]);
+        }
         args.rotate_left(2 * packs.len());
         actors.push(ChildProcess::spawn(
             &format!("actor {i}"),
