@@ -74,6 +74,10 @@ enum ReplayCommand {
         /// Print tool output and prompts in full (default: the first 400 characters).
         #[arg(long)]
         full: bool,
+        /// Print the recorded routing: for each token, the experts each MoE layer chose for
+        /// the input before it.
+        #[arg(long)]
+        routes: bool,
         /// The learner config whose `[rl]` settings (advantage, gamma, process_weight,
         /// process_clip, normalize_step_advantages, adv_eps) the advantages are computed with.
         /// Default: the run's `config.toml`, else `learner.toml`, in the folder holding the
@@ -259,12 +263,13 @@ fn run_command(args: ReplayArgs, out: &mut dyn Write) -> Result<ExitCode> {
             id,
             json,
             full,
+            routes,
             config,
         } => show::run(
             &store.store,
             &id,
             json,
-            full,
+            show::Detail { full, routes },
             config.as_deref(),
             &store.format()?,
             out,

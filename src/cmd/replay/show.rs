@@ -8,11 +8,20 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use corvid_episode::EpisodeFormat;
-use corvid_proto::Step;
+use corvid_proto::{RouteShape, Step};
 use corvid_store::TrajectoryRecord;
 
 use super::advantages::{group_advantages, run_rl_config, Advantages};
 use super::{open, stored_steps};
+
+/// What a transcript shows besides the turns.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Detail {
+    /// Tool output and prompts in full.
+    pub full: bool,
+    /// The recorded routes of every token.
+    pub routes: bool,
+}
 
 /// Writes the trajectory `id` of the store at `store_path` to `out`, its advantages
 /// computed with the `[rl]` settings of `config` or of the run the store belongs to.
@@ -20,7 +29,7 @@ pub(super) fn run(
     store_path: &Path,
     id: &str,
     json: bool,
-    full: bool,
+    detail: Detail,
     config: Option<&Path>,
     format: &EpisodeFormat,
     out: &mut dyn Write,
@@ -43,9 +52,44 @@ pub(super) fn run(
         writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?;
     } else {
         let advantages = group_advantages(&store, &rec, rl.as_ref())?;
-        write_transcript(out, format, &rec, &steps, &advantages, full)?;
+        write_transcript(out, format, &rec, &steps, &advantages, detail)?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One line per token of step `s` (its first at trajectory position `position`): the token,
+/// then per MoE layer the experts chosen for the input before it. The trajectory's first
+/// token has no row.
+fn write_routes(
+    out: &mut dyn Write,
+    format: &EpisodeFormat,
+    s: &Step,
+    shape: RouteShape,
+    first_step: bool,
+    position: usize,
+) -> Result<()> {
+    let ids = shape.unpack(&s.routes);
+    let (k, skip) = (shape.experts_per_token as usize, usize::from(first_step));
+    for (row, experts) in ids.chunks(shape.ids_per_token()).enumerate() {
+        let j = row + skip;
+        let token = s.token_ids[j];
+        let layers: Vec<String> = experts
+            .chunks(k)
+            .map(|e| {
+                let e: Vec<String> = e.iter().map(u16::to_string).collect();
+                format!("[{}]", e.join(" "))
+            })
+            .collect();
+        writeln!(
+            out,
+            "    route | {:>6} {:>6} {:<10} {}",
+            position + j,
+            token,
+            format!("{:?}", format.decode(&[token])),
+            layers.join(" ")
+        )?;
+    }
+    Ok(())
 }
 
 /// `s`, cut to its first 400 characters unless `full`.
@@ -69,8 +113,9 @@ pub(super) fn write_transcript(
     rec: &TrajectoryRecord,
     steps: &[Step],
     advantages: &Advantages,
-    full: bool,
+    detail: Detail,
 ) -> Result<()> {
+    let full = detail.full;
     let h = &rec.header;
     writeln!(out, "trajectory {}", h.trajectory_id)?;
     writeln!(
@@ -90,7 +135,18 @@ pub(super) fn write_transcript(
         h.sampling.temperature, h.sampling.top_p, h.sampling.max_new_tokens, h.sampling.seed
     )?;
     writeln!(out, "  advantages: {}", advantages.note)?;
-    for s in steps {
+    if detail.routes {
+        match h.routes {
+            Some(r) => writeln!(
+                out,
+                "  routes: {} MoE layers × {} of {} experts per token",
+                r.moe_layers, r.experts_per_token, r.routed_experts
+            )?,
+            None => writeln!(out, "  routes: none recorded")?,
+        }
+    }
+    let mut position = 0;
+    for (seq, s) in steps.iter().enumerate() {
         let generated = s.generated_count();
         let first_gen = s
             .loss_mask
@@ -141,6 +197,10 @@ pub(super) fn write_transcript(
                 r.status, r.exit_code, r.bytes_shown, r.bytes_total, r.fuel_used, r.wall_us
             )?;
         }
+        if let (true, Some(shape)) = (detail.routes, h.routes) {
+            write_routes(out, format, s, shape, seq == 0, position)?;
+        }
+        position += s.token_ids.len();
     }
     if let Some(f) = rec.footer {
         writeln!(

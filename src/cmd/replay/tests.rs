@@ -9,7 +9,7 @@ use anyhow::Result;
 use corvid_episode::{oracle_steps, EpisodeFormat};
 use corvid_learner::train::batch::turn_advantages;
 use corvid_proto::{
-    SamplingParams, Step, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader,
+    RouteShape, SamplingParams, Step, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader,
 };
 use corvid_store::{Begin, Filter, TrajectoryRecord, TrajectoryStore};
 use corvid_tasks::{Families, TaskEnv};
@@ -18,7 +18,7 @@ use corvid_tokenizer::Special;
 use super::advantages::{group_advantages, load_rl, run_rl_config, Advantages, RunRl};
 use super::export::export_chat;
 use super::rescore::{rescore, Skip};
-use super::show::write_transcript;
+use super::show::{write_transcript, Detail};
 use super::{open, run, run_to, ReplayArgs};
 
 /// How a stored member of [`store_episodes`]'s group differs from the oracle episode.
@@ -349,10 +349,82 @@ fn shown(rec: &TrajectoryRecord, steps: &[Step], advantages: &Advantages) -> Str
         rec,
         steps,
         advantages,
-        false,
+        Detail::default(),
     )
     .expect("show");
     String::from_utf8(text).expect("utf8")
+}
+
+/// `replay show --routes` prints a line per token but the first: the experts each MoE layer
+/// chose for the input before it, at its position in the trajectory.
+#[test]
+fn show_routes_prints_each_tokens_experts_per_layer() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _env) = store_group(dir.path());
+    let mut rec = store.get("good").expect("get").expect("stored");
+    let mut steps = stored_steps(&store, "good");
+    let shape = RouteShape {
+        moe_layers: 2,
+        experts_per_token: 2,
+        routed_experts: 8,
+    };
+    rec.header.routes = Some(shape);
+    let mut next = 0u16;
+    for (seq, s) in steps.iter_mut().enumerate() {
+        let rows = RouteShape::rows_of(s.token_ids.len(), seq == 0);
+        let ids: Vec<u16> = (0..rows * 4)
+            .map(|_| {
+                next = (next + 3) % 8;
+                next
+            })
+            .collect();
+        s.routes = shape.pack(&ids);
+    }
+    let none = group_advantages(&store, &rec, None).expect("adv");
+    let mut text = Vec::new();
+    let detail = Detail {
+        full: false,
+        routes: true,
+    };
+    write_transcript(
+        &mut text,
+        &EpisodeFormat::default(),
+        &rec,
+        &steps,
+        &none,
+        detail,
+    )
+    .expect("show");
+    let text = String::from_utf8(text).expect("utf8");
+    assert!(
+        text.contains("routes: 2 MoE layers × 2 of 8 experts per token"),
+        "{text}"
+    );
+    let lines: Vec<&str> = text.lines().filter(|l| l.contains("route |")).collect();
+    let total: usize = steps.iter().map(|s| s.token_ids.len()).sum();
+    assert_eq!(lines.len(), total - 1);
+    // The first row is position 1's: ids 3 6 | 1 4.
+    let first = steps[0].token_ids[1];
+    assert!(
+        lines[0].contains(&format!("     1 {first:>6}")) && lines[0].ends_with("[3 6] [1 4]"),
+        "{}",
+        lines[0]
+    );
+    // Without recorded routes it says so.
+    let plain = store.get("good").expect("get").expect("stored");
+    let mut text = Vec::new();
+    write_transcript(
+        &mut text,
+        &EpisodeFormat::default(),
+        &plain,
+        &stored_steps(&store, "good"),
+        &none,
+        detail,
+    )
+    .expect("show");
+    assert!(String::from_utf8(text)
+        .expect("utf8")
+        .contains("routes: none recorded"));
 }
 
 #[test]
