@@ -268,6 +268,21 @@ fn a_learner_that_is_down_gets_the_spooled_trajectories_when_it_is_back() {
     assert_eq!((f.step_count, f.token_count), (1, 3));
     for t in l.trajectories() {
         assert_valid(&t);
+        if t.header.trajectory_id == orphan.trajectory_id {
+            continue;
+        }
+        // The routes the engine recorded came through the journal, the spool, the stream
+        // and the store whole: a row per token but the first.
+        let shape = t.header.routes.expect("the run's actors record routes");
+        for (seq, s) in t.steps.iter().enumerate() {
+            shape
+                .check_step(seq as u64, s.token_ids.len(), &s.routes)
+                .unwrap();
+        }
+        assert_eq!(
+            t.route_ids().unwrap().len(),
+            (t.len() - 1) * shape.ids_per_token()
+        );
     }
     assert_eq!(spool_files(spool.path(), "active"), 0);
     assert_eq!(spool_files(spool.path(), "ready"), 0);
