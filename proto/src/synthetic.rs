@@ -64,19 +64,55 @@ pub fn header(id: &str, family: &str, level: u32, policy_version: u64) -> Trajec
     }
 }
 
-/// `step` (step `seq` of synthetic trajectory `id`) with route bytes of `shape`: a row per
-/// token (one fewer in the first step), deterministic ids below the expert count.
-pub fn with_routes(id: &str, seq: u64, mut step: Step, shape: RouteShape) -> Step {
-    let rows = RouteShape::rows_of(step.token_ids.len(), seq == 0);
-    let mut state = mix(hash(id) ^ seq.wrapping_mul(0x51ed));
-    let ids: Vec<u16> = (0..rows * shape.ids_per_token())
-        .map(|_| {
-            state = mix(state);
-            (state % u64::from(shape.routed_experts)) as u16
-        })
-        .collect();
-    step.routes = shape.pack(&ids);
-    step
+/// Deterministic route bytes for synthetic trajectory `id`: 4,096 rows of ids below the
+/// expert count, drawn once and reused cyclically, so that adding routes to a stream costs a
+/// copy per step rather than a draw per id.
+#[derive(Debug, Clone)]
+pub struct RoutePattern {
+    shape: RouteShape,
+    bytes: Vec<u8>,
+}
+
+impl RoutePattern {
+    /// Rows in the pattern.
+    const ROWS: usize = 4096;
+
+    /// The pattern of `id` in `shape`.
+    pub fn new(id: &str, shape: RouteShape) -> Self {
+        let mut state = mix(hash(id) ^ 0x51ed);
+        let ids: Vec<u16> = (0..Self::ROWS * shape.ids_per_token())
+            .map(|_| {
+                state = mix(state);
+                (state % u64::from(shape.routed_experts)) as u16
+            })
+            .collect();
+        Self {
+            shape,
+            bytes: shape.pack(&ids),
+        }
+    }
+
+    /// `step` (step `seq`) with its route bytes: a row per token, one fewer in the first
+    /// step, the rows following on from the pattern position of `seq`.
+    pub fn apply(&self, seq: u64, mut step: Step) -> Step {
+        let row = self.shape.bytes_per_token();
+        let rows = RouteShape::rows_of(step.token_ids.len(), seq == 0);
+        let mut out = Vec::with_capacity(rows * row);
+        let mut at = (seq as usize * 7919) % Self::ROWS;
+        while out.len() < rows * row {
+            let take = (Self::ROWS - at).min(rows - out.len() / row);
+            out.extend_from_slice(&self.bytes[at * row..(at + take) * row]);
+            at = 0;
+        }
+        step.routes = out;
+        step
+    }
+}
+
+/// `step` (step `seq` of synthetic trajectory `id`) with route bytes of `shape`
+/// ([`RoutePattern`]; build the pattern once to add routes to many steps).
+pub fn with_routes(id: &str, seq: u64, step: Step, shape: RouteShape) -> Step {
+    RoutePattern::new(id, shape).apply(seq, step)
 }
 
 /// Step `seq` of synthetic trajectory `id`.

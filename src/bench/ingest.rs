@@ -9,6 +9,10 @@
 //! `peak_rss_delta_mb` is the growth of this process's peak RSS (client and
 //! server together) over its RSS before the gRPC run: it stays flat because
 //! neither side ever holds the trajectory whole.
+//!
+//! `--routes LAYERSxKxEXPERTS` adds recorded routes of that shape to every step (both
+//! paths), so the figures show what routing replay costs on the wire and in the store;
+//! `route_bytes_per_token` is their measured size per token.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -20,6 +24,7 @@ use corvid_learner::server::{serve, LearnerService};
 use corvid_proto::client::{connect, trajectory_parts};
 use corvid_proto::pb;
 use corvid_proto::synthetic::{self, Shape};
+use corvid_proto::RouteShape;
 use corvid_store::TrajectoryStore;
 use prost::Message;
 
@@ -38,6 +43,49 @@ pub struct IngestArgs {
     /// Keep the gRPC path's store here (must not exist yet) instead of a temporary directory.
     #[arg(long, value_name = "DIR")]
     keep: Option<std::path::PathBuf>,
+    /// Recorded routes on every step, `LAYERSxKxEXPERTS` (MoE layers × experts per token ×
+    /// routed experts), e.g. `58x8x256` for DeepSeek-V3's shape.
+    #[arg(long, value_name = "LxKxE", value_parser = parse_routes)]
+    routes: Option<RouteShape>,
+}
+
+/// `LxKxE` as a route shape.
+fn parse_routes(s: &str) -> std::result::Result<RouteShape, String> {
+    let parts: Vec<u32> = s
+        .split('x')
+        .map(|p| p.parse::<u32>())
+        .collect::<std::result::Result<_, _>>()
+        .map_err(|e| format!("{s:?}: {e}; expected LAYERSxKxEXPERTS, e.g. 58x8x256"))?;
+    let [moe_layers, experts_per_token, routed_experts] = parts[..] else {
+        return Err(format!("{s:?}: expected LAYERSxKxEXPERTS, e.g. 58x8x256"));
+    };
+    let shape = RouteShape {
+        moe_layers,
+        experts_per_token,
+        routed_experts,
+    };
+    shape.validate().map_err(|e| format!("{s:?}: {e}"))?;
+    Ok(shape)
+}
+
+/// The synthetic trajectory's header and steps, with routes of `routes` when given.
+fn trajectory(
+    shape: Shape,
+    routes: Option<RouteShape>,
+) -> (
+    corvid_proto::TrajectoryHeader,
+    impl Iterator<Item = corvid_proto::Step> + Send + 'static,
+) {
+    let mut header = synthetic::header("bench", "bench", 1, 0);
+    header.routes = routes;
+    let pattern = routes.map(|r| synthetic::RoutePattern::new("bench", r));
+    let steps = synthetic::steps("bench", shape)
+        .enumerate()
+        .map(move |(seq, s)| match &pattern {
+            Some(p) => p.apply(seq as u64, s),
+            None => s,
+        });
+    (header, steps)
 }
 
 /// Runs the benchmark.
@@ -61,13 +109,19 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
         Some(p) => p.clone(),
         None => dir.path().join("grpc"),
     };
-    let (grpc_s, peak_delta) = rt.block_on(grpc_path(grpc_store, shape))?;
-    let (raw_s, bytes) = raw_sled(dir.path().join("raw"), shape)?;
+    let (grpc_s, peak_delta) = rt.block_on(grpc_path(grpc_store, shape, args.routes))?;
+    let (raw_s, bytes) = raw_sled(dir.path().join("raw"), shape, args.routes)?;
 
     let tokens = shape.tokens();
+    let route_bytes: usize = trajectory(shape, args.routes)
+        .1
+        .map(|s| s.routes.len())
+        .sum();
     let report = serde_json::json!({
         "tokens": tokens,
         "steps": shape.steps,
+        "routes": args.routes.map(|r| format!("{}x{}x{}", r.moe_layers, r.experts_per_token, r.routed_experts)),
+        "route_bytes_per_token": route_bytes as f64 / tokens as f64,
         "step_bytes": bytes,
         "grpc_seconds": grpc_s,
         "raw_sled_seconds": raw_s,
@@ -89,7 +143,11 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn grpc_path(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)> {
+async fn grpc_path(
+    path: std::path::PathBuf,
+    shape: Shape,
+    routes: Option<RouteShape>,
+) -> Result<(f64, u64)> {
     const TOKEN: &str = "bench";
     let store = Arc::new(TrajectoryStore::open(&path)?);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -102,11 +160,12 @@ async fn grpc_path(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)>
 
     super::reset_peak_rss();
     let before = super::rss_bytes().unwrap_or(0);
+    let (header, steps) = trajectory(shape, routes);
     let start = Instant::now();
     let ack = client
         .submit_trajectory(trajectory_parts(
-            synthetic::header("bench", "bench", 1, 0),
-            synthetic::steps("bench", shape),
+            header,
+            steps,
             synthetic::footer("bench", shape),
         ))
         .await
@@ -125,7 +184,11 @@ async fn grpc_path(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)>
 }
 
 /// The baseline; returns its seconds and the encoded step bytes it wrote.
-fn raw_sled(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)> {
+fn raw_sled(
+    path: std::path::PathBuf,
+    shape: Shape,
+    routes: Option<RouteShape>,
+) -> Result<(f64, u64)> {
     let db = sled::Config::new()
         .path(&path)
         .cache_capacity(corvid_store::DEFAULT_CACHE_BYTES)
@@ -133,7 +196,7 @@ fn raw_sled(path: std::path::PathBuf, shape: Shape) -> Result<(f64, u64)> {
     let steps = db.open_tree("steps")?;
     let mut bytes = 0u64;
     let start = Instant::now();
-    for (seq, step) in synthetic::steps("bench", shape).enumerate() {
+    for (seq, step) in trajectory(shape, routes).1.enumerate() {
         let mut key = b"bench\0".to_vec();
         key.extend_from_slice(&(seq as u64).to_be_bytes());
         let value = pb::Step::from(step).encode_to_vec();

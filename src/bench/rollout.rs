@@ -59,6 +59,11 @@ pub struct RolloutBenchArgs {
     /// Skip the oracle-forced runs.
     #[arg(long)]
     no_oracle: bool,
+    /// Also measure the cost of recording routes (`[rollout] record_routes`): the largest
+    /// concurrency three times with and three times without, alternating;
+    /// `record_routes_ratio` is the median episodes/s with over without.
+    #[arg(long)]
+    record_routes: bool,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -112,10 +117,12 @@ fn measure(
     specs: Vec<EpisodeSpec>,
     concurrency: usize,
     scripted: Option<ScriptedTokens>,
+    record_routes: bool,
 ) -> Result<Run> {
     let episodes = specs.len();
     let cfg = EngineConfig {
         max_concurrency: concurrency,
+        record_routes,
         ..EngineConfig::default()
     };
     let t0 = Instant::now();
@@ -206,7 +213,7 @@ pub fn run(a: RolloutBenchArgs) -> Result<ExitCode> {
         seed: 0,
     };
     // Warm-up (allocator, sandbox module cache).
-    measure(&mut policy, &env, specs(&tasks, 2, sampling, 1), 2, None)?;
+    measure(&mut policy, &env, specs(&tasks, 2, sampling, 1), 2, None, false)?;
 
     let mut random = Vec::new();
     for &c in &a.concurrency {
@@ -216,6 +223,7 @@ pub fn run(a: RolloutBenchArgs) -> Result<ExitCode> {
             specs(&tasks, c * a.rounds, sampling, a.max_turns),
             c,
             None,
+            false,
         )?;
         eprintln!(
             "random c={c}: {:.2} episodes/s, {:.0} generated tokens/s, sandbox {:.3}",
@@ -235,12 +243,40 @@ pub fn run(a: RolloutBenchArgs) -> Result<ExitCode> {
         specs(&tasks, top * a.rounds, sampling, a.max_turns),
         1,
         None,
+        false,
     )?;
     let speedup = batched.generated_tokens_per_s / one_at_a_time.generated_tokens_per_s;
     eprintln!(
         "one at a time ({} episodes): {:.0} generated tokens/s; batched speed-up {speedup:.2}",
         one_at_a_time.episodes, one_at_a_time.generated_tokens_per_s
     );
+
+    // Recording routes on against off, alternating, at the largest concurrency.
+    let record_routes_ratio = if a.record_routes {
+        let (mut on, mut off) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            for (record, runs) in [(false, &mut off), (true, &mut on)] {
+                let r = measure(
+                    &mut policy,
+                    &env,
+                    specs(&tasks, top * a.rounds, sampling, a.max_turns),
+                    top,
+                    None,
+                    record,
+                )?;
+                runs.push(r.episodes_per_s);
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let ratio = median(&mut on) / median(&mut off);
+        eprintln!("recording routes: {ratio:.3}x the episodes/s without (on {on:?}, off {off:?})");
+        Some(ratio)
+    } else {
+        None
+    };
 
     let mut oracle = Vec::new();
     if !a.no_oracle {
@@ -261,6 +297,7 @@ pub fn run(a: RolloutBenchArgs) -> Result<ExitCode> {
                 specs(&otasks, c * a.rounds, s, 64),
                 c,
                 Some(script),
+                false,
             )?;
             eprintln!(
                 "oracle-forced c={c}: {:.2} episodes/s, sandbox {:.3}",
@@ -282,6 +319,7 @@ pub fn run(a: RolloutBenchArgs) -> Result<ExitCode> {
     });
     let report = serde_json::json!({
         "model": "tiny",
+        "record_routes_ratio": record_routes_ratio,
         "load_average_1m_at_end": load_average,
         "weights": "random",
         "threads": a.threads,
