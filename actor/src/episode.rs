@@ -188,6 +188,9 @@ pub(crate) struct EpisodeRun {
     pub route_ids: Vec<u16>,
     /// The position of `route_ids`' first row.
     pub routes_from: usize,
+    /// A turn's routes were not all recorded (a bug, never expected): the episode ends as
+    /// `infra_error`, so it is stored but never trained on.
+    pub routes_broken: bool,
 }
 
 impl EpisodeRun {
@@ -234,6 +237,7 @@ impl EpisodeRun {
             routed: 0,
             route_ids: Vec::new(),
             routes_from: 0,
+            routes_broken: false,
             spec,
         }
     }
@@ -246,7 +250,12 @@ impl EpisodeRun {
         };
         let per = shape.ids_per_token();
         let rows = ids.len() / per;
-        if start + rows <= self.routed || start > self.routed {
+        if start > self.routed {
+            debug_assert!(false, "routes skip positions {}..{start}", self.routed);
+            self.routes_broken = true;
+            return;
+        }
+        if start + rows <= self.routed {
             return;
         }
         let skip = self.routed - start;
@@ -375,8 +384,9 @@ impl EpisodeRun {
 
     /// The route bytes of a finished turn of `total` tokens ending at the end of `history`:
     /// the rows of the positions before each of its tokens. All of them were run while the
-    /// turn was produced; should any be missing, the whole turn's rows are refused at the
-    /// learner, so this is checked here and logged.
+    /// turn was produced. Should any be missing, the episode is marked `routes_broken` and the
+    /// turn gets well-formed placeholder rows (experts `0..k` in every layer), so that what
+    /// it streams is still stored, as an `infra_error` episode that is never trained on.
     fn take_routes(&mut self, total: usize, first_step: bool) -> Vec<u8> {
         let Some(shape) = self.header.routes else {
             return Vec::new();
@@ -386,15 +396,23 @@ impl EpisodeRun {
         let start = self.history.len() - total;
         let from = start.saturating_sub(usize::from(!first_step));
         let rows = RouteShape::rows_of(total, first_step);
-        if self.routes_from != from || self.routed < from + rows {
+        if self.routes_broken || self.routes_from != from || self.routed < from + rows {
             tracing::error!(
                 episode = %self.header.trajectory_id,
                 from, rows, routes_from = self.routes_from, routed = self.routed,
-                "a turn's routes were not all recorded"
+                "a turn's routes were not all recorded; the episode ends as infra_error"
             );
+            self.routes_broken = true;
+            self.route_ids.clear();
+            self.routes_from = from + rows;
+            self.routed = self.routed.max(from + rows);
+            let k = shape.experts_per_token as u16;
+            let ids: Vec<u16> = (0..rows * shape.moe_layers as usize)
+                .flat_map(|_| 0..k)
+                .collect();
+            return shape.pack(&ids);
         }
-        let n = (rows * per).min(self.route_ids.len());
-        let ids: Vec<u16> = self.route_ids.drain(..n).collect();
+        let ids: Vec<u16> = self.route_ids.drain(..rows * per).collect();
         self.routes_from = from + rows;
         shape.pack(&ids)
     }
@@ -425,7 +443,9 @@ impl EpisodeRun {
     /// What follows a turn whose tool message is queued: the answer, the turn limit, or
     /// the context guard may end the episode.
     fn decide(&self, answered: bool) -> Next {
-        if answered {
+        if self.routes_broken {
+            Next::End(Termination::InfraError)
+        } else if answered {
             Next::Check(Termination::Answered)
         } else if self.turn >= self.spec.max_turns {
             Next::Check(Termination::MaxTurns)
@@ -456,6 +476,9 @@ impl EpisodeRun {
     /// episode ends (after the checker) as `context_full`.
     pub fn finish_cut(&mut self) -> (Vec<Step>, Next) {
         let steps = self.take_turn_steps(None, None, 0.0, 0);
+        if self.routes_broken {
+            return (steps, Next::End(Termination::InfraError));
+        }
         (steps, Next::Check(Termination::ContextFull))
     }
 

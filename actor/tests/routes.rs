@@ -14,7 +14,7 @@ use corvid_actor::{
     EpisodeSpec, NucleusSampler, PolicyUpdate, RolloutEngine, TokenChooser, MAX_TOKENS_PER_STEP,
 };
 use corvid_model::{Checkpoint, MoePolicy, RouteOpts};
-use corvid_proto::{RouteShape, Trajectory};
+use corvid_proto::{RouteShape, Step, Trajectory};
 use tch::Tensor;
 
 fn cfg(record_routes: bool) -> EngineConfig {
@@ -52,12 +52,19 @@ fn assert_routes_complete(t: &Trajectory, shape: RouteShape) {
 
 /// The recorded routes as a table `[1, T, L, k]`, `-1` for the last token.
 fn route_table(t: &Trajectory, shape: RouteShape) -> Tensor {
-    let mut ids: Vec<i64> = t
-        .route_ids()
-        .expect("routes recorded")
-        .into_iter()
-        .map(i64::from)
-        .collect();
+    route_table_of(t, shape, |_| true)
+}
+
+/// [`route_table`] with only the rows of the steps `keep` accepts (`-1` for the others).
+fn route_table_of(t: &Trajectory, shape: RouteShape, keep: impl Fn(&Step) -> bool) -> Tensor {
+    let mut ids: Vec<i64> = Vec::new();
+    for s in &t.steps {
+        let step_ids = shape.unpack(&s.routes);
+        match keep(s) {
+            true => ids.extend(step_ids.into_iter().map(i64::from)),
+            false => ids.extend(std::iter::repeat_n(-1, step_ids.len())),
+        }
+    }
     ids.extend(std::iter::repeat_n(-1, shape.ids_per_token()));
     Tensor::from_slice(&ids).view([
         1,
@@ -70,9 +77,14 @@ fn route_table(t: &Trajectory, shape: RouteShape) -> Tensor {
 /// Fraction of (token, layer) pairs whose recorded set equals `model`'s own choice over the
 /// stored tokens, and the tokens compared per layer.
 fn agreement(model: &MoePolicy, t: &Trajectory, shape: RouteShape) -> (f64, i64) {
+    agreement_with(model, t, &route_table(t, shape))
+}
+
+/// [`agreement`] against the table `given`.
+fn agreement_with(model: &MoePolicy, t: &Trajectory, given: &Tensor) -> (f64, i64) {
     let ids: Vec<i64> = t.token_ids().into_iter().map(i64::from).collect();
     let tokens = Tensor::from_slice(&ids).view([1, -1]);
-    let given = route_table(t, shape);
+    let given = given.shallow_clone();
     let trunk = tch::no_grad(|| {
         model
             .trunk_routed(
@@ -176,15 +188,31 @@ fn routes_stay_complete_across_a_weight_swap() {
     let stats = engine.run(&mut sink).unwrap();
     drop(engine);
     assert_eq!(stats.weight_swaps, 1);
+    let v1 = random_policy(1);
+    let mut straddled = 0;
     for t in &sink.finished {
         assert_valid(t);
         assert_routes_complete(t, shape);
-        // Positions routed before the swap keep v1's choice, the rest are v2's: the table
-        // agrees with neither model alone unless the swap came before or after every turn.
-        let (a1, _) = agreement(random_policy(1).model(), t, shape);
-        let (a2, _) = agreement(v2.model(), t, shape);
-        assert!(a1.max(a2) > 0.5, "{}: {a1} / {a2}", t.header.trajectory_id);
+        // A step's rows were run while it was produced, under the version of its generated
+        // tokens; the re-prefill after the swap recorded only the positions not routed
+        // before, so the rows of turns before it stay v1's.
+        let version = |s: &Step| s.policy_versions.iter().copied().max().unwrap_or(0);
+        let versions: std::collections::BTreeSet<u64> = t.steps.iter().map(version).collect();
+        straddled += usize::from(versions.len() == 2);
+        for (v, model) in [(1, v1.model()), (2, v2.model())] {
+            if !versions.contains(&v) {
+                continue;
+            }
+            let given = route_table_of(t, shape, |s| version(s) == v);
+            let (agree, _) = agreement_with(model, t, &given);
+            assert!(
+                agree >= 0.99,
+                "{}: v{v} rows agree {agree}",
+                t.header.trajectory_id
+            );
+        }
     }
+    assert!(straddled > 0, "some episode ran turns under both versions");
 }
 
 #[test]

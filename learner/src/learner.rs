@@ -596,7 +596,6 @@ pub async fn run(
     result.map_err(|e| LearnerError::Panicked(e.to_string()))?
 }
 
-/// The fields in which two model configs differ, as `field: checkpoint X, config Y`.
 /// What the policy of `model` takes at submit under `cfg`.
 fn admission(cfg: &LearnerConfig, model: &ModelConfig) -> Admission {
     let routes = (model.n_moe_layers() > 0).then(|| corvid_proto::RouteShape {
@@ -613,6 +612,7 @@ fn admission(cfg: &LearnerConfig, model: &ModelConfig) -> Admission {
     }
 }
 
+/// The fields in which two model configs differ, as `field: checkpoint X, config Y`.
 pub(crate) fn model_differences(checkpoint: &ModelConfig, config: &ModelConfig) -> String {
     let (Ok(serde_json::Value::Object(a)), Ok(serde_json::Value::Object(b))) = (
         serde_json::to_value(checkpoint),

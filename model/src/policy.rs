@@ -765,13 +765,14 @@ impl MoePolicy {
         )
     }
 
-    /// Checks a route table for tokens `(b, t)`: int64 `[B, T, L, k]` with this model's MoE
-    /// layers and `k`, every id `-1` (no route) or an expert.
+    /// Checks a route table for tokens `(b, t)`: integer `[B, T, L, k]` with this model's MoE
+    /// layers and `k`, each row either all `-1` (no route) or `k` distinct experts.
     fn check_routes(&self, routes_btlk: &Tensor, (b, t): (i64, i64)) -> Result<(), ModelError> {
         let want = [b, t, self.cfg.n_moe_layers(), self.cfg.num_experts_per_tok];
-        if routes_btlk.size() != want || routes_btlk.kind() != Kind::Int64 {
+        let integer = matches!(routes_btlk.kind(), Kind::Int64 | Kind::Int | Kind::Int16);
+        if routes_btlk.size() != want || !integer {
             return Err(ModelError::Input(format!(
-                "routes must be int64 {want:?} (tokens, MoE layers, k), got {:?} {:?}",
+                "routes must be integer {want:?} (tokens, MoE layers, k), got {:?} {:?}",
                 routes_btlk.kind(),
                 routes_btlk.size()
             )));
@@ -784,6 +785,32 @@ impl MoePolicy {
                     "route ids span {lo}..={hi}, outside -1..{}",
                     self.cfg.n_routed_experts
                 )));
+            }
+            let k = want[3];
+            let given_btl = routes_btlk.ge(0).sum_dim_intlist(-1, false, Kind::Int64);
+            if given_btl
+                .gt(0)
+                .logical_and(&given_btl.lt(k))
+                .any()
+                .int64_value(&[])
+                != 0
+            {
+                return Err(ModelError::Input(
+                    "a route row mixes -1 with expert ids: give all k experts or none".into(),
+                ));
+            }
+            let sorted = routes_btlk.sort(-1, false).0;
+            let (lo_k, hi_k) = (sorted.narrow(3, 0, k - 1), sorted.narrow(3, 1, k - 1));
+            if hi_k
+                .eq_tensor(&lo_k)
+                .logical_and(&lo_k.ge(0))
+                .any()
+                .int64_value(&[])
+                != 0
+            {
+                return Err(ModelError::Input(
+                    "a route row names the same expert twice".into(),
+                ));
             }
         }
         Ok(())

@@ -16,8 +16,8 @@ use tch::{Kind, Tensor};
 /// What a trunk or cached forward does with routes.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RouteOpts<'a> {
-    /// Routes to compare with (and, with `replay`, route by), int64 `[B, T, L, k]`, `-1` rows
-    /// where none was given.
+    /// Routes to compare with (and, with `replay`, route by), integer `[B, T, L, k]` on any
+    /// device, `-1` rows where none was given.
     pub given_btlk: Option<&'a Tensor>,
     /// Route the given tokens by `given_btlk` instead of the model's own selection.
     pub replay: bool,
@@ -55,7 +55,9 @@ impl<'a> RouteOpts<'a> {
     pub(crate) fn layer(&self, j: usize) -> Option<Tensor> {
         self.given_btlk.map(|g| {
             let (b, t, _, k) = g.size4().expect("routes are [B, T, L, k]");
-            g.select(2, j as i64).reshape([b * t, k])
+            g.select(2, j as i64)
+                .reshape([b * t, k])
+                .to_kind(Kind::Int64)
         })
     }
 }

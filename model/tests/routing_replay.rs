@@ -7,7 +7,8 @@
 //! - under replay the router's gradient is non-zero and equals that of its dense scores
 //!   gathered at the replayed ids;
 //! - a checkpointed trunk replaying routes gives the plain trunk's gradients;
-//! - malformed route tables are refused with the field named.
+//! - malformed route tables (shape, dtype, ids out of range, a row naming an expert twice or
+//!   mixing `-1` with ids) are refused, saying what is wrong.
 
 use corvid_model::head::score_full;
 use corvid_model::router::Router;
@@ -341,8 +342,23 @@ fn malformed_route_tables_are_refused() {
             "routes must be",
         ),
         (
-            Tensor::zeros([1, 8, l, k], (Kind::Int, Device::Cpu)),
+            Tensor::zeros([1, 8, l, k], (Kind::Float, Device::Cpu)),
             "routes must be",
+        ),
+        (
+            Tensor::zeros([1, 8, l, k], (Kind::Int64, Device::Cpu)),
+            "names the same expert twice",
+        ),
+        (
+            // A row of one expert and one -1.
+            Tensor::cat(
+                &[
+                    Tensor::zeros([1, 8, l, 1], (Kind::Int64, Device::Cpu)),
+                    Tensor::full([1, 8, l, 1], -1, (Kind::Int64, Device::Cpu)),
+                ],
+                3,
+            ),
+            "mixes -1 with expert ids",
         ),
         (
             Tensor::full(

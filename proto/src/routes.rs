@@ -45,7 +45,7 @@ impl RouteShape {
     }
 
     /// Checks the shape itself: at least one layer and one expert per token, `k` below the
-    /// expert count, ids that fit a `u16`.
+    /// expert count (a router ranks `k + 1`), ids that fit a `u16`.
     pub fn validate(&self) -> Result<(), ProtoError> {
         let bad = |why: String| ProtoError::Invalid {
             field: "header.routes".into(),
@@ -57,7 +57,7 @@ impl RouteShape {
                 self.moe_layers, self.experts_per_token
             )));
         }
-        if self.experts_per_token > self.routed_experts || self.routed_experts > 65_536 {
+        if self.experts_per_token >= self.routed_experts || self.routed_experts > 65_536 {
             return Err(bad(format!(
                 "{} experts per token of {} routed experts (at most 65,536)",
                 self.experts_per_token, self.routed_experts
@@ -92,7 +92,7 @@ impl RouteShape {
     }
 
     /// Checks step `seq`'s route bytes against this shape: one row per token (one fewer in
-    /// the first step), every id below `routed_experts`.
+    /// the first step), every id below `routed_experts`, a layer's `k` ids distinct.
     pub fn check_step(&self, seq: u64, tokens: usize, routes: &[u8]) -> Result<(), ProtoError> {
         let field = || format!("step chunk seq {seq}: step.routes");
         let rows = Self::rows_of(tokens, seq == 0);
@@ -127,6 +127,23 @@ impl RouteShape {
                     self.routed_experts
                 ),
             });
+        }
+        let k = self.experts_per_token as usize;
+        for (g, layer) in ids.chunks(k).enumerate() {
+            if let Some(id) = layer
+                .iter()
+                .enumerate()
+                .find_map(|(a, x)| layer[a + 1..].contains(x).then_some(x))
+            {
+                return Err(ProtoError::Invalid {
+                    field: field(),
+                    reason: format!(
+                        "row {} layer {} names expert {id} twice",
+                        g / self.moe_layers as usize,
+                        g % self.moe_layers as usize
+                    ),
+                });
+            }
         }
         Ok(())
     }
@@ -182,21 +199,26 @@ mod tests {
     #[test]
     fn a_step_needs_a_row_per_token_and_ids_below_the_expert_count() {
         let s = shape(8);
+        let rows = |n: usize| [1u8, 2].repeat(2 * n);
         // 3 tokens: 3 rows later, 2 in the first step; 4 ids per row.
-        s.check_step(1, 3, &[1; 12]).unwrap();
-        s.check_step(0, 3, &[1; 8]).unwrap();
-        let err = s.check_step(0, 3, &[1; 12]).unwrap_err().to_string();
+        s.check_step(1, 3, &rows(3)).unwrap();
+        s.check_step(0, 3, &rows(2)).unwrap();
+        let err = s.check_step(0, 3, &rows(3)).unwrap_err().to_string();
         assert!(
             err.contains("12 bytes, expected 8") && err.contains("seq 0"),
             "{err}"
         );
-        let mut bytes = vec![1u8; 12];
+        let mut bytes = rows(3);
         bytes[6] = 8;
         let err = s.check_step(4, 3, &bytes).unwrap_err().to_string();
         assert!(err.contains("row 1 layer 1 slot 0 names expert 8"), "{err}");
+        let mut bytes = rows(3);
+        bytes[7] = 1;
+        let err = s.check_step(4, 3, &bytes).unwrap_err().to_string();
+        assert!(err.contains("row 1 layer 1 names expert 1 twice"), "{err}");
         assert!(RouteShape { moe_layers: 0, ..s }.validate().is_err());
         assert!(RouteShape {
-            experts_per_token: 9,
+            experts_per_token: 8,
             ..s
         }
         .validate()

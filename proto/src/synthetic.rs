@@ -64,9 +64,10 @@ pub fn header(id: &str, family: &str, level: u32, policy_version: u64) -> Trajec
     }
 }
 
-/// Deterministic route bytes for synthetic trajectory `id`: 4,096 rows of ids below the
-/// expert count, drawn once and reused cyclically, so that adding routes to a stream costs a
-/// copy per step rather than a draw per id.
+/// Deterministic route bytes for synthetic trajectory `id`: 4,096 rows, each layer's `k` ids
+/// consecutive (mod the expert count) from a drawn start, so distinct; drawn once and reused
+/// cyclically, so that adding routes to a stream costs a copy per step rather than a draw
+/// per id.
 #[derive(Debug, Clone)]
 pub struct RoutePattern {
     shape: RouteShape,
@@ -80,10 +81,13 @@ impl RoutePattern {
     /// The pattern of `id` in `shape`.
     pub fn new(id: &str, shape: RouteShape) -> Self {
         let mut state = mix(hash(id) ^ 0x51ed);
-        let ids: Vec<u16> = (0..Self::ROWS * shape.ids_per_token())
-            .map(|_| {
+        let (k, e) = (shape.experts_per_token, shape.routed_experts);
+        let layers = Self::ROWS * shape.moe_layers as usize;
+        let ids: Vec<u16> = (0..layers)
+            .flat_map(|_| {
                 state = mix(state);
-                (state % u64::from(shape.routed_experts)) as u16
+                let start = (state % u64::from(e)) as u32;
+                (0..k).map(move |j| ((start + j) % e) as u16)
             })
             .collect();
         Self {

@@ -213,7 +213,14 @@ pub fn run(a: RolloutBenchArgs) -> Result<ExitCode> {
         seed: 0,
     };
     // Warm-up (allocator, sandbox module cache).
-    measure(&mut policy, &env, specs(&tasks, 2, sampling, 1), 2, None, false)?;
+    measure(
+        &mut policy,
+        &env,
+        specs(&tasks, 2, sampling, 1),
+        2,
+        None,
+        false,
+    )?;
 
     let mut random = Vec::new();
     for &c in &a.concurrency {

@@ -176,8 +176,9 @@ pub struct PackedBatch {
     pub n_trained: usize,
     /// Every row is one document from position 0 (then padding): the causal forward serves.
     pub single_document: bool,
-    /// Recorded expert ids per position, int64 `[B, T, L·k]` (`-1` where none), when some
-    /// row carries routes.
+    /// Recorded expert ids per position, int32 `[B, T, L·k]` on the CPU (`-1` where none),
+    /// when some row carries routes. They stay on the host: each MoE layer moves its own
+    /// `[n, k]` slice to the device when it routes, not the whole table for the update.
     pub routes_btp: Option<Tensor>,
 }
 
@@ -222,17 +223,13 @@ impl PackedBatch {
                 let mut v = Vec::with_capacity(b * t * per);
                 for r in rows {
                     if r.routes.len() == r.len() * per {
-                        v.extend(r.routes.iter().map(|&i| i64::from(i)));
+                        v.extend_from_slice(&r.routes);
                     } else {
                         v.resize(v.len() + r.len() * per, -1);
                     }
                     v.resize(v.len() + (t - r.len()) * per, -1);
                 }
-                Some(
-                    Tensor::from_slice(&v)
-                        .view([b as i64, t as i64, per as i64])
-                        .to_device(device),
-                )
+                Some(Tensor::from_slice(&v).view([b as i64, t as i64, per as i64]))
             }
             _ => None,
         };
@@ -262,13 +259,20 @@ impl PackedBatch {
         model.trunk_routed(&self.tokens_bt, packing, train, checkpoint, routes)
     }
 
-    /// The rows' recorded routes as the model's route table `[B, T, L, k]`, when some row
-    /// carries them.
-    pub fn recorded_routes(&self, model: &MoePolicy) -> Option<Tensor> {
+    /// The rows' recorded routes as the model's route table `[B, T, L, k]` (on the CPU),
+    /// when some row carries them; an error when their width is not the model's `L·k`.
+    pub fn recorded_routes(&self, model: &MoePolicy) -> Result<Option<Tensor>, ModelError> {
         let c = model.config();
-        self.routes_btp.as_ref().map(|r| {
-            let (b, t, _) = r.size3().expect("routes are [B, T, L·k]");
-            r.view([b, t, c.n_moe_layers(), c.num_experts_per_tok])
+        let Some(r) = &self.routes_btp else {
+            return Ok(None);
+        };
+        let (b, t, per) = r.size3()?;
+        let want = [b, t, c.n_moe_layers(), c.num_experts_per_tok];
+        r.f_view(want).map(Some).map_err(|_| {
+            ModelError::Input(format!(
+                "rows carry {per} route ids per token, but the model routes {} MoE layers × {}",
+                want[2], want[3]
+            ))
         })
     }
 

@@ -171,16 +171,17 @@ enum Pass {
     Update,
 }
 
-/// The routes pass `pass` of a micro-batch uses under `mode`. The passes that define
-/// `π_old` compare with the actors' routes (for the agreement) whatever the mode.
+/// The routes pass `pass` of a micro-batch uses under `mode`. The pass that defines `π_old`
+/// (`measured`) compares with the actors' routes for the agreement whatever the mode.
 fn pass_routes<'a>(
     mode: RouterReplay,
     pass: Pass,
+    measured: bool,
     actor: Option<&'a Tensor>,
     old: Option<&'a Tensor>,
 ) -> RouteOpts<'a> {
     let compare = RouteOpts {
-        given_btlk: actor,
+        given_btlk: actor.filter(|_| measured),
         ..RouteOpts::default()
     };
     match (mode, pass) {
@@ -489,7 +490,7 @@ impl RlTrainer {
                     .view([n, 1]),
                 logp_prox_n: None,
                 logp_ref_n: None,
-                actor_routes: batch.recorded_routes(&self.state.model),
+                actor_routes: batch.recorded_routes(&self.state.model)?,
                 old_routes: None,
                 batch,
             });
@@ -594,7 +595,10 @@ impl RlTrainer {
                 let s = self.score(&self.state.model, mb, Pass::Prox)?;
                 merge_agreement(&mut sums.agreement, &s.agreement);
                 mb.logp_prox_n = Some(s.scores.logp_n);
-                mb.old_routes = s.routes_btlk;
+                // Kept on the host until the update's forward routes by them.
+                mb.old_routes = s
+                    .routes_btlk
+                    .map(|r| r.to_device(tch::Device::Cpu).to_kind(Kind::Int));
             }
         }
         // π_ref: the frozen reference, for the KL term.
@@ -650,6 +654,7 @@ impl RlTrainer {
         let routes = pass_routes(
             self.cfg.router_replay,
             pass,
+            pass == Pass::Prox,
             mb.actor_routes.as_ref(),
             mb.old_routes.as_ref(),
         );
@@ -681,6 +686,7 @@ impl RlTrainer {
             let routes = pass_routes(
                 c.router_replay,
                 Pass::Update,
+                update_is_old,
                 mb.actor_routes.as_ref(),
                 mb.old_routes.as_ref(),
             );
@@ -741,5 +747,49 @@ impl RlTrainer {
     /// Gives back the policy under training.
     pub fn into_state(self) -> TrainState {
         self.state
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Which table each pass routes by or compares with, per mode: `(given, replay, record)`
+    /// with `given` naming the table (`a` the actors', `o` R2's recorded one, `-` none).
+    fn table(mode: RouterReplay, pass: Pass, measured: bool) -> (char, bool, bool) {
+        let (a, o) = (
+            Tensor::zeros([1], tch::kind::INT64_CPU),
+            Tensor::ones([1], tch::kind::INT64_CPU),
+        );
+        let r = pass_routes(mode, pass, measured, Some(&a), Some(&o));
+        let given = match r.given_btlk {
+            Some(g) if g.int64_value(&[0]) == 0 => 'a',
+            Some(_) => 'o',
+            None => '-',
+        };
+        (given, r.replay, r.record)
+    }
+
+    #[test]
+    fn each_pass_routes_as_its_mode_says() {
+        use Pass::*;
+        use RouterReplay::*;
+        // Off: compare in the measured pass only.
+        assert_eq!(table(Off, Prox, true), ('a', false, false));
+        assert_eq!(table(Off, Update, false), ('-', false, false));
+        assert_eq!(table(Off, Update, true), ('a', false, false));
+        assert_eq!(table(Off, Ref, false), ('-', false, false));
+        // R3: the actors' routes in every pass.
+        for pass in [Prox, Ref, Update] {
+            assert_eq!(table(Rollout, pass, false), ('a', true, false));
+        }
+        // R2: π_prox records (and compares); the update replays what it recorded.
+        assert_eq!(table(Old, Prox, true), ('a', false, true));
+        assert_eq!(table(Old, Update, false), ('o', true, false));
+        assert_eq!(table(Old, Ref, false), ('-', false, false));
+        // Without a recorded table (one minibatch) R2's update compares like Off.
+        let a = Tensor::zeros([1], tch::kind::INT64_CPU);
+        let r = pass_routes(Old, Update, true, Some(&a), None);
+        assert!(r.given_btlk.is_some() && !r.replay);
     }
 }
