@@ -44,6 +44,22 @@ pub fn tokens_per_step(route_bytes: usize) -> usize {
 /// ends mid-turn the episode ends as `context_full`.
 pub const MIN_TURN_TOKENS: usize = 16;
 
+/// The route bytes of the tokens `tokens` of a turn whose rows are `routes` (`per_token`
+/// bytes each), the first `off` tokens having none (the trajectory's first token): rows
+/// `tokens − off`, clamped at 0. Empty without routes.
+fn piece_routes(
+    routes: &[u8],
+    per_token: usize,
+    tokens: std::ops::Range<usize>,
+    off: usize,
+) -> &[u8] {
+    let (lo, hi) = (
+        tokens.start.saturating_sub(off),
+        tokens.end.saturating_sub(off),
+    );
+    &routes[lo * per_token..hi * per_token]
+}
+
 /// One episode to run: a task instance and how to run it.
 #[derive(Debug, Clone)]
 pub struct EpisodeSpec {
@@ -350,12 +366,7 @@ impl EpisodeRun {
             let lo = i * per_step;
             let hi = (lo + per_step).min(total);
             let last = i + 1 == pieces;
-            let route_bytes = if per_token == 0 {
-                Vec::new()
-            } else {
-                routes[lo.saturating_sub(off) * per_token..hi.saturating_sub(off) * per_token]
-                    .to_vec()
-            };
+            let route_bytes = piece_routes(&routes, per_token, lo..hi, off).to_vec();
             steps.push(Step {
                 turn: self.turn,
                 token_ids: token_ids[lo..hi].to_vec(),
@@ -544,5 +555,35 @@ impl EpisodeRun {
             wall_ms: self.started.elapsed().as_millis() as u64,
             finished_unix_ms: unix_ms(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A turn split into pieces hands each piece the rows of its own tokens; in the
+    /// trajectory's first turn the first token has none, so every later piece's rows start
+    /// one earlier.
+    #[test]
+    fn each_piece_of_a_long_turn_gets_its_tokens_rows() {
+        // 7 tokens, 2 bytes per row, pieces of 3 tokens.
+        let later: Vec<u8> = (0..14).collect();
+        let pieces = |routes: &[u8], off| {
+            [0..3, 3..6, 6..7]
+                .map(|r| piece_routes(routes, 2, r, off).to_vec())
+                .to_vec()
+        };
+        assert_eq!(
+            pieces(&later, 0),
+            vec![(0..6).collect::<Vec<u8>>(), (6..12).collect(), vec![12, 13]]
+        );
+        // The first turn: 6 rows for 7 tokens, none for token 0.
+        let first: Vec<u8> = (0..12).collect();
+        assert_eq!(
+            pieces(&first, 1),
+            vec![(0..4).collect::<Vec<u8>>(), (4..10).collect(), vec![10, 11]]
+        );
+        assert!(piece_routes(&[], 0, 0..5, 1).is_empty());
     }
 }
