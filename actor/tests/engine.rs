@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use corvid_actor::{
-    run_episodes, ChoiceContext, CollectSink, EngineConfig, EngineHandle, EpisodeSpec,
-    NucleusSampler, PolicyUpdate, RolloutEngine, ScriptedTokens, TokenChooser,
+    run_episodes, CollectSink, EngineConfig, EpisodeSpec, PolicyUpdate, RolloutEngine,
+    ScriptedTokens,
 };
 use corvid_episode::EpisodeFormat;
 use corvid_proto::Termination;
@@ -128,30 +128,6 @@ fn an_oracle_driven_through_the_engine_answers_and_passes() {
     assert!(max_logprob_error(policy.model(), t, 1.0) < 1e-4);
 }
 
-/// Samples normally and hands the engine a new policy after `after` tokens.
-struct SwapAfter {
-    after: usize,
-    seen: usize,
-    handle: EngineHandle,
-    update: Option<PolicyUpdate>,
-}
-
-impl TokenChooser for SwapAfter {
-    fn choose(
-        &mut self,
-        ctx: ChoiceContext<'_>,
-        logits_v: &[f32],
-    ) -> Result<corvid_actor::Choice, corvid_actor::ActorError> {
-        self.seen += 1;
-        if self.seen == self.after {
-            if let Some(u) = self.update.take() {
-                self.handle.update_policy(u)?;
-            }
-        }
-        NucleusSampler.choose(ctx, logits_v)
-    }
-}
-
 #[test]
 fn weights_swap_between_turns_and_logprobs_stay_exact() {
     let v2 = random_policy(2);
@@ -162,15 +138,11 @@ fn weights_swap_between_turns_and_logprobs_stay_exact() {
     let env = env();
     let mut engine = RolloutEngine::new(&mut v1, env.clone(), cfg(4));
     let handle = engine.handle();
-    engine = engine.with_chooser(Box::new(SwapAfter {
-        after: 30,
-        seen: 0,
-        handle: handle.clone(),
-        update: Some(PolicyUpdate {
-            version: 2,
-            bytes: std::sync::Arc::new(v2_bytes),
-        }),
-    }));
+    let update = PolicyUpdate {
+        version: 2,
+        bytes: std::sync::Arc::new(v2_bytes),
+    };
+    engine = engine.with_chooser(Box::new(SwapAfter::new(30, handle.clone(), update)));
     for i in 0..4 {
         let mut s = EpisodeSpec::new(format!("swap-{i}"), task("hops", 1, 3), sampling(16, i));
         s.max_turns = 4;

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use corvid_actor::{
-    run_episodes, tokens_per_step, ChoiceContext, CollectSink, EngineConfig, EngineHandle,
-    EpisodeSpec, NucleusSampler, PolicyUpdate, RolloutEngine, TokenChooser, MAX_TOKENS_PER_STEP,
+    run_episodes, tokens_per_step, CollectSink, EngineConfig, EpisodeSpec, PolicyUpdate,
+    RolloutEngine, MAX_TOKENS_PER_STEP,
 };
 use corvid_model::{Checkpoint, MoePolicy, RouteOpts};
 use corvid_proto::{RouteShape, Step, Trajectory};
@@ -140,30 +140,6 @@ fn recorded_routes_are_the_policys_own_choice_for_every_input() {
     assert!(plain[0].steps.iter().all(|s| s.routes.is_empty()));
 }
 
-/// Hands over `update` once `after` tokens were drawn, then samples as usual.
-struct SwapAfter {
-    after: usize,
-    seen: usize,
-    handle: EngineHandle,
-    update: Option<PolicyUpdate>,
-}
-
-impl TokenChooser for SwapAfter {
-    fn choose(
-        &mut self,
-        ctx: ChoiceContext<'_>,
-        logits: &[f32],
-    ) -> Result<corvid_actor::Choice, corvid_actor::ActorError> {
-        self.seen += 1;
-        if self.seen == self.after {
-            if let Some(u) = self.update.take() {
-                self.handle.update_policy(u)?;
-            }
-        }
-        NucleusSampler.choose(ctx, logits)
-    }
-}
-
 #[test]
 fn routes_stay_complete_across_a_weight_swap() {
     let v2 = random_policy(2);
@@ -171,15 +147,11 @@ fn routes_stay_complete_across_a_weight_swap() {
     let shape = shape_of(v1.model());
     let mut engine = RolloutEngine::new(&mut v1, env(), cfg(true));
     let handle = engine.handle();
-    engine = engine.with_chooser(Box::new(SwapAfter {
-        after: 30,
-        seen: 0,
-        handle: handle.clone(),
-        update: Some(PolicyUpdate {
-            version: 2,
-            bytes: std::sync::Arc::new(v2.to_bytes().unwrap()),
-        }),
-    }));
+    let update = PolicyUpdate {
+        version: 2,
+        bytes: std::sync::Arc::new(v2.to_bytes().unwrap()),
+    };
+    engine = engine.with_chooser(Box::new(SwapAfter::new(30, handle.clone(), update)));
     for s in specs("swap", 3) {
         handle.start_episode(s).unwrap();
     }

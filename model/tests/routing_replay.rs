@@ -12,7 +12,9 @@
 
 use corvid_model::head::score_full;
 use corvid_model::router::Router;
-use corvid_model::{Attention, AttnGate, Checkpoint, ModelConfig, MoePolicy, RouteOpts, ScoreFunc};
+use corvid_model::{
+    Attention, AttnGate, Checkpoint, ModelConfig, MoePolicy, RouteAgreement, RouteOpts, ScoreFunc,
+};
 use tch::{nn, Device, Kind, Tensor};
 
 fn deepseek_cfg() -> ModelConfig {
@@ -130,6 +132,14 @@ fn with_last_unrouted(routes_btlk: &Tensor) -> Tensor {
     Tensor::cat(&[routes_btlk.shallow_clone(), none], 1)
 }
 
+/// Per MoE layer, how `model`'s own routing of `tokens` agrees with `given`.
+fn agreement_of(model: &MoePolicy, tokens: &Tensor, given: &Tensor) -> Vec<RouteAgreement> {
+    let routes = RouteOpts::compare(given);
+    tch::no_grad(|| model.trunk_routed(tokens, None, false, Checkpoint::None, routes))
+        .unwrap()
+        .agreement
+}
+
 fn max_diff(a: &[f64], b: &[f64]) -> f64 {
     a.iter()
         .zip(b)
@@ -145,19 +155,9 @@ fn replay_reproduces_the_actor(cfg: &ModelConfig, what: &str) {
     // Same weights, same numerics: the recorded routes are the trunk's own choice.
     let (tokens, routes, actor_logp) = actor_rollout(&learner, &prompt, 10);
     let given = with_last_unrouted(&routes);
-    let trunk = tch::no_grad(|| {
-        learner
-            .trunk_routed(
-                &tokens,
-                None,
-                false,
-                Checkpoint::None,
-                RouteOpts::compare(&given),
-            )
-            .unwrap()
-    });
-    assert_eq!(trunk.agreement.len() as i64, cfg.n_moe_layers());
-    for a in &trunk.agreement {
+    let agreement = agreement_of(&learner, &tokens, &given);
+    assert_eq!(agreement.len() as i64, cfg.n_moe_layers());
+    for a in &agreement {
         assert_eq!(
             a.tokens,
             tokens.size()[1] - 1,
@@ -194,22 +194,8 @@ fn replay_reproduces_the_actor(cfg: &ModelConfig, what: &str) {
         "{what}: the moved bias changed no log-prob ({off:e})"
     );
     assert!(on <= 1e-6, "{what}: replay leaves |Δ log p| = {on:e}");
-    let trunk = tch::no_grad(|| {
-        learner
-            .trunk_routed(
-                &tokens,
-                None,
-                false,
-                Checkpoint::None,
-                RouteOpts::compare(&given),
-            )
-            .unwrap()
-    });
-    let worst = trunk
-        .agreement
-        .iter()
-        .map(|a| a.agreement())
-        .fold(1.0, f64::min);
+    let agreement = agreement_of(&learner, &tokens, &given);
+    let worst = agreement.iter().map(|a| a.agreement()).fold(1.0, f64::min);
     assert!(worst < 1.0, "{what}: the moved bias changed no selection");
     drop(vs);
 }

@@ -3,7 +3,10 @@
 
 use std::sync::Arc;
 
-use corvid_actor::LoadedPolicy;
+use corvid_actor::{
+    ActorError, Choice, ChoiceContext, EngineHandle, LoadedPolicy, NucleusSampler, PolicyUpdate,
+    TokenChooser,
+};
 use corvid_model::{ModelConfig, MoePolicy};
 use corvid_proto::{SamplingParams, Termination, Trajectory};
 use corvid_sandbox::Sandbox;
@@ -142,4 +145,36 @@ pub fn max_logprob_error_by_version<'m>(
         "a trajectory starts with context"
     );
     worst
+}
+
+/// Samples normally and hands the engine a new policy after `after` tokens.
+pub struct SwapAfter {
+    after: usize,
+    seen: usize,
+    handle: EngineHandle,
+    update: Option<PolicyUpdate>,
+}
+
+impl SwapAfter {
+    /// Hands `update` to the engine behind `handle` once `after` tokens were drawn.
+    pub fn new(after: usize, handle: EngineHandle, update: PolicyUpdate) -> Self {
+        Self {
+            after,
+            seen: 0,
+            handle,
+            update: Some(update),
+        }
+    }
+}
+
+impl TokenChooser for SwapAfter {
+    fn choose(&mut self, ctx: ChoiceContext<'_>, logits_v: &[f32]) -> Result<Choice, ActorError> {
+        self.seen += 1;
+        if self.seen == self.after {
+            if let Some(u) = self.update.take() {
+                self.handle.update_policy(u)?;
+            }
+        }
+        NucleusSampler.choose(ctx, logits_v)
+    }
 }
