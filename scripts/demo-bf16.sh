@@ -5,14 +5,31 @@
 # with only those settings changed, written into runs/demo-bf16.configs/. Compare the arms'
 # `mismatch` figures (metrics/metrics.jsonl) and held-out success (report.json, where the
 # ablation arm is listed as `ablation_grpo` whatever the ablation changes).
+#
+#   scripts/demo-bf16.sh                         # SFT, then RL as the demo's budget allows
+#   scripts/demo-bf16.sh DIR MINUTES             # RL from the SFT policy in DIR (e.g. a copy
+#                                                # of runs/demo-bf16/ref), MINUTES per arm
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 corvid="$root/target/release/corvid"
+from=${1:-}
+rl_minutes=${2:-}
 out=runs/demo-bf16.configs
+if [ -n "$from" ]; then
+  [ -f "$from/model.safetensors" ] || { echo "$from: no SFT policy (model.safetensors) there" >&2; exit 2; }
+  case "$(realpath "$from")" in "$(realpath -m runs/demo-bf16)"*)
+    echo "$from is inside runs/demo-bf16, which this script replaces; copy it elsewhere" >&2; exit 2;;
+  esac
+  [ -n "$rl_minutes" ] || { echo "give the RL minutes per arm after the policy folder" >&2; exit 2; }
+fi
 rm -rf runs/demo-bf16 runs/demo-bf16-ablation "$out"
 mkdir -p "$out"
-sed -e 's/^run_name = "demo" .*/run_name = "demo-bf16"/' \
+init=()
+if [ -n "$from" ]; then
+  init=(-e "s|^# init = .*|init = \"$(realpath "$from")\"|" -e 's/^sft = true .*/sft = false/')
+fi
+sed "${init[@]}" -e 's/^run_name = "demo" .*/run_name = "demo-bf16"/' \
     -e "s|^ablation = .*|ablation = \"$out/demo-bf16-r3.toml\"|" \
     -e 's/^\[run\].*/[run]\nactor_dtype = "bf16"/' \
     configs/demo.toml > "$out/demo-bf16.toml"
@@ -22,7 +39,11 @@ sed -e 's/^run_name = .*/run_name = "demo-bf16-r3"/' \
     "$out/demo-bf16.toml" > "$out/demo-bf16-r3.toml"
 grep -q '^router_replay = "rollout"' "$out/demo-bf16-r3.toml"
 grep -q '^actor_dtype = "bf16"' "$out/demo-bf16.toml"
-"$corvid" run --config "$out/demo-bf16.toml"
+if [ -n "$rl_minutes" ]; then
+  "$corvid" run --config "$out/demo-bf16.toml" --rl-minutes "$rl_minutes"
+else
+  "$corvid" run --config "$out/demo-bf16.toml"
+fi
 # `corvid run` trains the ablation in a copy of the SFT run folder, runs/demo-bf16-ablation.
 for arm in demo-bf16 demo-bf16-ablation; do
   echo "== $arm: mean mismatch over its updates that trained"
