@@ -384,17 +384,23 @@ pub(crate) fn route_shape(model: &MoePolicy) -> Option<RouteShape> {
     })
 }
 
+/// Whether a trajectory carries a route row of the learner's shape `want` for every input
+/// position but the last (counted without unpacking them).
+fn has_routes(t: &corvid_proto::Trajectory, want: Option<RouteShape>) -> bool {
+    want.is_some_and(|w| {
+        t.header.routes == Some(w)
+            && t.steps.iter().map(|s| s.routes.len()).sum::<usize>()
+                == t.len().saturating_sub(1) * w.bytes_per_token()
+    })
+}
+
 /// A trajectory's routes per input position (`-1` for the last), when it carries routes of
-/// the learner's shape `want`; else empty.
+/// the learner's shape `want` ([`has_routes`]); else empty.
 fn trajectory_routes(t: &corvid_proto::Trajectory, want: Option<RouteShape>) -> Vec<i32> {
-    let (Some(want), Some(ids)) = (want.filter(|w| t.header.routes == Some(*w)), t.route_ids())
-    else {
+    let (true, Some(want), Some(ids)) = (has_routes(t, want), want, t.route_ids()) else {
         return Vec::new();
     };
     let per = want.ids_per_token();
-    if ids.len() != t.len().saturating_sub(1) * per {
-        return Vec::new();
-    }
     let mut out: Vec<i32> = ids.into_iter().map(i32::from).collect();
     out.resize(t.len() * per, -1);
     out
@@ -574,7 +580,7 @@ impl RlTrainer {
         let want = route_shape(&self.state.model);
         st.mismatch.without_routes = fit
             .iter()
-            .filter(|s| trajectory_routes(s.trajectory, want).is_empty())
+            .filter(|s| !has_routes(s.trajectory, want))
             .count();
         if st.mismatch.without_routes > 0 && self.cfg.router_replay == RouterReplay::Rollout {
             tracing::warn!(
