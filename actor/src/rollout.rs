@@ -243,6 +243,9 @@ pub struct RolloutEngine<'p> {
     shutdown_at: Option<Instant>,
     closed: bool,
     stats: RolloutStats,
+    /// The layout of the routes this engine records: `None` unless recording is on and the
+    /// policy has MoE layers (a weight swap keeps the config).
+    routes: Option<RouteShape>,
 }
 
 struct Slot {
@@ -267,7 +270,12 @@ impl<'p> RolloutEngine<'p> {
     pub fn new(policy: &'p mut LoadedPolicy, env: TaskEnv, cfg: EngineConfig) -> Self {
         let (tx, rx) = mpsc::channel();
         let rows = cfg.max_concurrency.max(1);
+        let c = policy.model().config();
+        let routes =
+            RouteShape::of_moe(c.n_moe_layers(), c.num_experts_per_tok, c.n_routed_experts)
+                .filter(|_| cfg.record_routes);
         Self {
+            routes,
             policy,
             env,
             format: cfg.format.clone(),
@@ -414,7 +422,7 @@ impl<'p> RolloutEngine<'p> {
                 &self.env,
                 max_pos,
             );
-            run.header.routes = self.route_shape();
+            run.header.routes = self.routes;
             sink.header(&run.header);
             if let Some(why) = run.start_error.take() {
                 tracing::error!(episode = %run.header.trajectory_id, "{why}");
@@ -641,17 +649,6 @@ impl<'p> RolloutEngine<'p> {
         Ok(())
     }
 
-    /// The layout of the routes this engine records: `None` unless recording is on and the
-    /// policy has MoE layers.
-    fn route_shape(&self) -> Option<RouteShape> {
-        let c = self.policy.model().config();
-        (self.cfg.record_routes && c.n_moe_layers() > 0).then(|| RouteShape {
-            moe_layers: c.n_moe_layers() as u32,
-            experts_per_token: c.num_experts_per_tok as u32,
-            routed_experts: c.n_routed_experts as u32,
-        })
-    }
-
     /// Prefills every ready episode; each then decodes.
     fn prefill_ready(&mut self, _sink: &mut dyn TrajectorySink) -> Result<(), ActorError> {
         if self.pending_policy.is_some() || self.shutdown_at.is_some_and(|t| Instant::now() >= t) {
@@ -697,7 +694,7 @@ impl<'p> RolloutEngine<'p> {
         }
         let t = new.iter().copied().max().unwrap_or(0);
         let k = keys.len();
-        let recording = self.cfg.record_routes && model.config().n_moe_layers() > 0;
+        let recording = self.routes.is_some();
         let mut tokens = vec![0i64; k * t as usize];
         for (i, key) in keys.iter().enumerate() {
             let r = &self.episodes[key].run;
@@ -795,7 +792,7 @@ impl<'p> RolloutEngine<'p> {
         let tokens_bt = Tensor::from_slice(&tokens)
             .view([n as i64, 1])
             .to_device(dev);
-        let recording = self.cfg.record_routes && model.config().n_moe_layers() > 0;
+        let recording = self.routes.is_some();
         let (logits, routes) = cache.with_prefix(n, 1, |c| {
             forward_last(model, c, &tokens_bt, &new, recording)
         })?;

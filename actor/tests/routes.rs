@@ -103,11 +103,8 @@ fn agreement_with(model: &MoePolicy, t: &Trajectory, given: &Tensor) -> (f64, i6
 
 fn shape_of(model: &MoePolicy) -> RouteShape {
     let c = model.config();
-    RouteShape {
-        moe_layers: c.n_moe_layers() as u32,
-        experts_per_token: c.num_experts_per_tok as u32,
-        routed_experts: c.n_routed_experts as u32,
-    }
+    RouteShape::of_moe(c.n_moe_layers(), c.num_experts_per_tok, c.n_routed_experts)
+        .expect("the test model is MoE")
 }
 
 #[test]

@@ -598,11 +598,11 @@ pub async fn run(
 
 /// What the policy of `model` takes at submit under `cfg`.
 fn admission(cfg: &LearnerConfig, model: &ModelConfig) -> Admission {
-    let routes = (model.n_moe_layers() > 0).then(|| corvid_proto::RouteShape {
-        moe_layers: model.n_moe_layers() as u32,
-        experts_per_token: model.num_experts_per_tok as u32,
-        routed_experts: model.n_routed_experts as u32,
-    });
+    let routes = corvid_proto::RouteShape::of_moe(
+        model.n_moe_layers(),
+        model.num_experts_per_tok,
+        model.n_routed_experts,
+    );
     Admission {
         vocab_size: u32::try_from(model.vocab_size).unwrap_or(u32::MAX),
         require_routes: routes.is_some()

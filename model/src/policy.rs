@@ -191,6 +191,8 @@ struct RouteState<'a> {
     own: Vec<Tensor>,
     /// Per MoE block, its agreement with the given routes (when given).
     agreement: Vec<RouteAgreement>,
+    /// The latest MoE block's given routes `[n, k]` (a checkpointed forward keeps them).
+    last_given: Option<Tensor>,
 }
 
 impl<'a> RouteState<'a> {
@@ -200,6 +202,7 @@ impl<'a> RouteState<'a> {
             moe_seen: 0,
             own: Vec::new(),
             agreement: Vec::new(),
+            last_given: None,
         }
     }
 
@@ -207,7 +210,8 @@ impl<'a> RouteState<'a> {
     fn next_layer(&mut self) -> Option<Tensor> {
         let j = self.moe_seen;
         self.moe_seen += 1;
-        self.opts.layer(j)
+        self.last_given = self.opts.layer(j);
+        self.last_given.as_ref().map(Tensor::shallow_clone)
     }
 
     /// Keeps an MoE block's own choice (when recording) and agreement.

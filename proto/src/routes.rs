@@ -25,6 +25,18 @@ pub struct RouteShape {
 }
 
 impl RouteShape {
+    /// The shape of a policy with `moe_layers` MoE layers routing each token to `k` of
+    /// `experts` experts (a model config's `n_moe_layers()`, `num_experts_per_tok`,
+    /// `n_routed_experts`); `None` for a dense policy, which records no routes.
+    pub fn of_moe(moe_layers: i64, k: i64, experts: i64) -> Option<Self> {
+        let u = |x: i64| u32::try_from(x).unwrap_or(u32::MAX);
+        (moe_layers > 0).then(|| Self {
+            moe_layers: u(moe_layers),
+            experts_per_token: u(k),
+            routed_experts: u(experts),
+        })
+    }
+
     /// Bytes per id: 1 when every id fits a `u8`, else 2 (little-endian `u16`).
     pub fn id_bytes(&self) -> usize {
         if self.routed_experts <= 256 {
@@ -186,6 +198,8 @@ mod tests {
 
     #[test]
     fn ids_pack_in_one_byte_up_to_256_experts_and_two_above() {
+        assert_eq!(RouteShape::of_moe(0, 2, 8), None);
+        assert_eq!(RouteShape::of_moe(2, 2, 8), Some(shape(8)));
         let ids = [0u16, 5, 255, 3];
         assert_eq!(shape(256).pack(&ids), vec![0, 5, 255, 3]);
         assert_eq!(shape(256).unpack(&shape(256).pack(&ids)), ids);

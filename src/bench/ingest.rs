@@ -110,13 +110,9 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
         None => dir.path().join("grpc"),
     };
     let (grpc_s, peak_delta) = rt.block_on(grpc_path(grpc_store, shape, args.routes))?;
-    let (raw_s, bytes) = raw_sled(dir.path().join("raw"), shape, args.routes)?;
+    let (raw_s, bytes, route_bytes) = raw_sled(dir.path().join("raw"), shape, args.routes)?;
 
     let tokens = shape.tokens();
-    let route_bytes: usize = trajectory(shape, args.routes)
-        .1
-        .map(|s| s.routes.len())
-        .sum();
     let report = serde_json::json!({
         "tokens": tokens,
         "steps": shape.steps,
@@ -183,26 +179,27 @@ async fn grpc_path(
     Ok((elapsed, peak.saturating_sub(before)))
 }
 
-/// The baseline; returns its seconds and the encoded step bytes it wrote.
+/// The baseline; returns its seconds, the encoded step bytes it wrote and their route bytes.
 fn raw_sled(
     path: std::path::PathBuf,
     shape: Shape,
     routes: Option<RouteShape>,
-) -> Result<(f64, u64)> {
+) -> Result<(f64, u64, u64)> {
     let db = sled::Config::new()
         .path(&path)
         .cache_capacity(corvid_store::DEFAULT_CACHE_BYTES)
         .open()?;
     let steps = db.open_tree("steps")?;
-    let mut bytes = 0u64;
+    let (mut bytes, mut route_bytes) = (0u64, 0u64);
     let start = Instant::now();
     for (seq, step) in trajectory(shape, routes).1.enumerate() {
         let mut key = b"bench\0".to_vec();
         key.extend_from_slice(&(seq as u64).to_be_bytes());
+        route_bytes += step.routes.len() as u64;
         let value = pb::Step::from(step).encode_to_vec();
         bytes += value.len() as u64;
         steps.insert(key, value)?;
     }
     db.flush()?;
-    Ok((start.elapsed().as_secs_f64(), bytes))
+    Ok((start.elapsed().as_secs_f64(), bytes, route_bytes))
 }

@@ -377,11 +377,7 @@ fn pack_trajectories(items: &[&Scored<'_>], pad_id: u32, routes: Option<RouteSha
 /// The route shape of `model`'s MoE layers (`None` for a dense model).
 pub(crate) fn route_shape(model: &MoePolicy) -> Option<RouteShape> {
     let c = model.config();
-    (c.n_moe_layers() > 0).then(|| RouteShape {
-        moe_layers: c.n_moe_layers() as u32,
-        experts_per_token: c.num_experts_per_tok as u32,
-        routed_experts: c.n_routed_experts as u32,
-    })
+    RouteShape::of_moe(c.n_moe_layers(), c.num_experts_per_tok, c.n_routed_experts)
 }
 
 /// Whether a trajectory carries a route row of the learner's shape `want` for every input

@@ -172,10 +172,7 @@ impl MoePolicy {
         let (mut health, mut balance) = (Vec::new(), BalanceStats::default());
         let mut saved = Vec::new();
         let mut x = x0;
-        let mut moe_seen = 0;
         for (i, blk) in self.blocks.iter().enumerate() {
-            let given_tk = blk.is_moe().then(|| routes.layer(moe_seen)).flatten();
-            moe_seen += usize::from(blk.is_moe());
             let step = |x: &Tensor, ctx: &mut BlockCtx<'_>| blk.forward(x, ctx, None);
             let (y, aux) = if checkpointed {
                 tch::no_grad(|| step(&x, &mut ctx))?
@@ -196,7 +193,7 @@ impl MoePolicy {
                     noise_te: aux
                         .as_ref()
                         .and_then(|a| a.noise_te.as_ref().map(Tensor::shallow_clone)),
-                    given_tk,
+                    given_tk: blk.is_moe().then(|| ctx.routes.last_given.take()).flatten(),
                     counts_e: aux.as_ref().map(|a| a.stats.counts_e.shallow_clone()),
                 });
             }
