@@ -375,7 +375,7 @@ fn pack_trajectories(items: &[&Scored<'_>], pad_id: u32, routes: Option<RouteSha
 }
 
 /// The route shape of `model`'s MoE layers (`None` for a dense model).
-pub(crate) fn route_shape(model: &MoePolicy) -> Option<RouteShape> {
+fn route_shape(model: &MoePolicy) -> Option<RouteShape> {
     let c = model.config();
     RouteShape::of_moe(c.n_moe_layers(), c.num_experts_per_tok, c.n_routed_experts)
 }
