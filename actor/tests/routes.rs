@@ -141,6 +141,7 @@ fn recorded_routes_are_the_policys_own_choice_for_every_input() {
 fn routes_stay_complete_across_a_weight_swap() {
     let v2 = random_policy(2);
     let mut v1 = random_policy(1);
+    let v1_bytes = v1.to_bytes().unwrap();
     let shape = shape_of(v1.model());
     let mut engine = RolloutEngine::new(&mut v1, env(), cfg(true));
     let handle = engine.handle();
@@ -157,7 +158,9 @@ fn routes_stay_complete_across_a_weight_swap() {
     let stats = engine.run(&mut sink).unwrap();
     drop(engine);
     assert_eq!(stats.weight_swaps, 1);
-    let v1 = random_policy(1);
+    // Rebuilt from its bytes: libtorch's generator is shared with the tests running beside
+    // this one, so drawing v1 again could give other weights.
+    let v1 = policy_from_bytes(&v1_bytes, 1);
     let mut straddled = 0;
     for t in &sink.finished {
         assert_valid(t);

@@ -30,6 +30,11 @@ pub fn random_policy(version: u64) -> LoadedPolicy {
     p
 }
 
+/// A policy of the test config holding the weights `bytes`, labelled `version`.
+pub fn policy_from_bytes(bytes: &[u8], version: u64) -> LoadedPolicy {
+    LoadedPolicy::from_bytes(&test_model_config(), Device::Cpu, bytes, version).unwrap()
+}
+
 /// The environment every test uses.
 pub fn env() -> TaskEnv {
     TaskEnv::new(Sandbox::builder().search_tool(true).build().unwrap())
