@@ -26,8 +26,10 @@ stamp="$venv/.corvid-ready"
 # imports and runs DeepseekV3/Qwen3Moe/Qwen3 on torch 2.11.0 (scripts/hf_fixtures.py
 # writes model/tests/fixtures/hf with it); tokenizers 0.23.3 is the version it resolves
 # to; jinja2 renders chat templates (torch already pulls it in; pinned so it cannot drift).
+# grpcio, grpcio-tools (protoc for Python) and protobuf are the gRPC peer that is not
+# Corvid's, in learner/tests/grpc_ingest.rs (scripts/grpc_peer.py).
 ORACLE_PINS="transformers==5.25.0 tokenizers==0.23.3 safetensors==0.8.0 jinja2==3.1.6
-  kubernetes-validate==1.37.0"
+  kubernetes-validate==1.37.0 grpcio==1.76.0 grpcio-tools==1.76.0 protobuf==6.33.6"
 # One stamp per pin list: editing ORACLE_PINS changes the name, so the next run reinstalls.
 oracle_hash=$(printf '%s\n' "torch==$TORCH_VERSION" $ORACLE_PINS | cksum | cut -d' ' -f1)
 oracle_stamp="$venv/.corvid-oracles-$oracle_hash"

@@ -281,6 +281,16 @@ async fn malformed_streams_are_invalid_argument_and_leave_nothing() {
         "footer.step_count is 3 but 1 were streamed",
     )
     .await;
+    let no_step = pb::TrajectoryPart {
+        part: Some(Part::Step(pb::StepChunk { seq: 0, step: None })),
+    };
+    assert_invalid(
+        &l,
+        vec![header_part("t1"), no_step, footer_part("t1", SMALL)],
+        "t1",
+        "step chunk seq 0 has no step",
+    )
+    .await;
     let mut bad = s(0);
     bad.logprobs.pop();
     assert_invalid(
@@ -321,6 +331,98 @@ fn routed_step(id: &str, seq: u64) -> Step {
     synthetic::with_routes(id, seq, synthetic::step(id, seq, SMALL), ROUTES)
 }
 
+/// The policy a refusal case is submitted to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Policy {
+    /// An MoE policy of [`ROUTES`]'s shape, vocabulary 50,000.
+    Moe,
+    /// A dense policy: it takes no routes.
+    Dense,
+    /// The MoE policy in a run that replays the actors' routes: it requires them.
+    Replay,
+}
+
+impl Policy {
+    const ALL: [Policy; 3] = [Policy::Moe, Policy::Dense, Policy::Replay];
+
+    fn admission(self) -> Admission {
+        Admission {
+            vocab_size: 50_000,
+            routes: (self != Policy::Dense).then_some(ROUTES),
+            require_routes: self == Policy::Replay,
+        }
+    }
+}
+
+/// A trajectory the learner must refuse: to whom it goes, and what the refusal says.
+struct Refusal {
+    name: &'static str,
+    policy: Policy,
+    id: &'static str,
+    parts: Vec<pb::TrajectoryPart>,
+    says: &'static str,
+}
+
+/// Header, `steps` and footer of routed trajectory `id`.
+fn routed_whole(id: &str, routes: Option<RouteShape>, steps: Vec<Step>) -> Vec<pb::TrajectoryPart> {
+    let mut parts = vec![routed_header(id, routes)];
+    parts.extend(
+        steps
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| step_part(i as u64, s)),
+    );
+    parts.push(footer_part(id, SMALL));
+    parts
+}
+
+/// A well-formed routed trajectory `id`.
+fn routed_good(id: &str) -> Vec<Step> {
+    (0..SMALL.steps).map(|i| routed_step(id, i)).collect()
+}
+
+/// Every way routes or tokens can be wrong at submit, each refused before anything is stored.
+fn refusals() -> Vec<Refusal> {
+    let good = routed_good("r2");
+    let whole = |id, steps| routed_whole(id, Some(ROUTES), steps);
+    // One row too many in the first step (it has none for its first token).
+    let mut extra_row = good.clone();
+    extra_row[0] = synthetic::with_routes("r2", 1, synthetic::step("r2", 0, SMALL), ROUTES);
+    let mut past_experts = good.clone();
+    past_experts[1].routes[5] = 8;
+    let mut past_vocab = good.clone();
+    past_vocab[2].token_ids[1] = 50_000;
+    let unrouted: Vec<Step> = (0..SMALL.steps)
+        .map(|i| synthetic::step("r4", i, SMALL))
+        .collect();
+    let other = RouteShape {
+        routed_experts: 16,
+        ..ROUTES
+    };
+    let refusal = |name, policy, id, parts, says| Refusal {
+        name,
+        policy,
+        id,
+        parts,
+        says,
+    };
+    vec![
+        refusal("extra_row", Policy::Moe, "r2", whole("r2", extra_row), "step chunk seq 0: step.routes"),
+        refusal("past_experts", Policy::Moe, "r2", whole("r2", past_experts), "names expert 8, but the policy has 8"),
+        refusal("other_shape", Policy::Moe, "r2", routed_whole("r2", Some(other), good.clone()), "but the learner's policy routes as"),
+        refusal("no_shape", Policy::Moe, "r2", routed_whole("r2", None, good.clone()), "the header declares no route shape"),
+        refusal(
+            "past_vocab",
+            Policy::Moe,
+            "r2",
+            whole("r2", past_vocab),
+            "step chunk seq 2: step.token_ids[1]` is invalid: 50000 is outside the policy's vocabulary",
+        ),
+        refusal("dense", Policy::Dense, "r3", routed_whole("r3", Some(ROUTES), routed_good("r3")), "the learner's policy is dense"),
+        refusal("replay_without_routes", Policy::Replay, "r4", routed_whole("r4", None, unrouted), "header.routes is missing"),
+    ]
+}
+
 /// Routes are checked at submit, before anything is stored or acked: their length per
 /// token (one row fewer in the first step), every id below the expert count, their shape
 /// against the learner's policy (none for a dense one), their presence where the run
@@ -328,28 +430,14 @@ fn routed_step(id: &str, seq: u64) -> Step {
 /// and leaves nothing; a well-formed routed trajectory round-trips byte for byte.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn routes_and_vocabulary_are_checked_at_submit() {
-    let moe = Admission {
-        vocab_size: 50_000,
-        routes: Some(ROUTES),
-        require_routes: false,
-    };
-    let l = start_admitting(Some(moe)).await;
-    let whole = |id: &str, steps: Vec<Step>| {
-        let mut parts = vec![routed_header(id, Some(ROUTES))];
-        parts.extend(
-            steps
-                .into_iter()
-                .enumerate()
-                .map(|(i, s)| step_part(i as u64, s)),
-        );
-        parts.push(footer_part(id, SMALL));
-        parts
-    };
-    let good: Vec<Step> = (0..SMALL.steps).map(|i| routed_step("r1", i)).collect();
-    let ok = start_admitting(Some(moe)).await;
-    let ack = submit(&mut client(&ok).await, whole("r1", good.clone()))
-        .await
-        .unwrap();
+    let ok = start_admitting(Some(Policy::Moe.admission())).await;
+    let good = routed_good("r1");
+    let ack = submit(
+        &mut client(&ok).await,
+        routed_whole("r1", Some(ROUTES), good.clone()),
+    )
+    .await
+    .unwrap();
     assert!(!ack.duplicate);
     let (_, stored) = ok.store.load("r1").unwrap().unwrap();
     assert_eq!(stored.header.routes, Some(ROUTES));
@@ -360,70 +448,97 @@ async fn routes_and_vocabulary_are_checked_at_submit() {
         (stored.len() - 1) * per,
         "a row per input but the last"
     );
+    for policy in Policy::ALL {
+        let l = start_admitting(Some(policy.admission())).await;
+        for r in refusals().into_iter().filter(|r| r.policy == policy) {
+            assert_invalid(&l, r.parts, r.id, r.says).await;
+        }
+    }
+}
 
-    // One row too many in the first step (it has none for its first token).
-    let mut bad = good.clone();
-    bad[0] = synthetic::with_routes("r2", 1, synthetic::step("r2", 0, SMALL), ROUTES);
-    assert_invalid(&l, whole("r2", bad), "r2", "step chunk seq 0: step.routes").await;
-    // An id past the expert count.
-    let mut bad = good.clone();
-    bad[1].routes[5] = 8;
-    assert_invalid(
-        &l,
-        whole("r2", bad),
-        "r2",
-        "names expert 8, but the policy has 8",
-    )
-    .await;
-    // Routes of another policy's shape.
-    let other = RouteShape {
-        routed_experts: 16,
-        ..ROUTES
+/// A gRPC client that is not Corvid's (Python grpcio, its stubs generated from
+/// learner.proto, each message re-serialised by Python's protobuf) gets Corvid's answers:
+/// its well-formed routed trajectory is stored as Corvid's client would store it, and each
+/// refusal comes with the same status and message, leaving nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grpcio_client_gets_the_same_answers_as_corvids() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut learners = Vec::new();
+    for policy in Policy::ALL {
+        learners.push((policy, start_admitting(Some(policy.admission())).await));
+    }
+    let url_of = |p: Policy| {
+        let l = &learners.iter().find(|(q, _)| *q == p).unwrap().1;
+        l.url.trim_start_matches("http://").to_owned()
     };
-    let mut parts = whole("r2", good.clone());
-    parts[0] = routed_header("r2", Some(other));
-    assert_invalid(&l, parts, "r2", "but the learner's policy routes as").await;
-    // Routes without a shape in the header.
-    let mut parts = whole("r2", good.clone());
-    parts[0] = routed_header("r2", None);
-    assert_invalid(&l, parts, "r2", "the header declares no route shape").await;
-    // A token past the vocabulary, refused before it is stored.
-    let mut bad = good.clone();
-    bad[2].token_ids[1] = 50_000;
-    assert_invalid(
-        &l,
-        whole("r2", bad),
-        "r2",
-        "step.token_ids[1] = 50000 is outside",
-    )
-    .await;
-
-    // A dense policy takes no routes; a replay run demands them.
-    let dense = start_admitting(Some(Admission {
-        routes: None,
-        ..moe
-    }))
-    .await;
-    assert_invalid(
-        &dense,
-        whole("r3", good.clone()),
-        "r3",
-        "the learner's policy is dense",
-    )
-    .await;
-    let replay = start_admitting(Some(Admission {
-        require_routes: true,
-        ..moe
-    }))
-    .await;
-    let mut parts = whole(
-        "r4",
-        (0..SMALL.steps)
-            .map(|i| synthetic::step("r4", i, SMALL))
-            .collect(),
+    let hex = |parts: &[pb::TrajectoryPart]| -> Vec<String> {
+        parts
+            .iter()
+            .map(|p| hex::encode(p.encode_to_vec()))
+            .collect()
+    };
+    let good = routed_good("p1");
+    let mut cases = vec![serde_json::json!({
+        "name": "good", "url": url_of(Policy::Moe), "token": TOKEN,
+        "parts": hex(&routed_whole("p1", Some(ROUTES), good.clone())),
+    })];
+    for r in refusals() {
+        cases.push(serde_json::json!({
+            "name": r.name, "url": url_of(r.policy), "token": TOKEN, "parts": hex(&r.parts),
+        }));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("cases.json");
+    std::fs::write(&file, serde_json::to_vec(&cases).unwrap()).unwrap();
+    let mut peer = std::process::Command::new(root.join(".corvid/venv/bin/python"));
+    peer.arg(root.join("scripts/grpc_peer.py"))
+        .arg("--proto-dir")
+        .arg(root.join("proto"))
+        .arg("--cases")
+        .arg(&file);
+    let out = tokio::task::spawn_blocking(move || peer.output())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| {
+            panic!(
+                "running .corvid/venv/bin/python ({e}): run `make` or scripts/bootstrap.sh first"
+            )
+        });
+    assert!(
+        out.status.success(),
+        "grpc_peer.py failed: {}",
+        String::from_utf8_lossy(&out.stderr)
     );
-    parts[0] = routed_header("r4", None);
-    assert_invalid(&replay, parts, "r4", "header.routes is missing").await;
+    let answers: serde_json::Value = serde_json::from_slice(&out.stdout).expect("answers JSON");
+
+    let moe = &learners[0].1;
+    assert_eq!(answers["good"]["code"], "OK", "{answers}");
+    assert_eq!(
+        answers["good"]["ack"]["steps_stored"], SMALL.steps,
+        "{answers}"
+    );
+    let (_, stored) = moe.store.load("p1").unwrap().unwrap();
+    assert_eq!(stored.steps, good);
+    for r in refusals() {
+        let l = &learners.iter().find(|(p, _)| *p == r.policy).unwrap().1;
+        let theirs = &answers[r.name];
+        let ours = submit(&mut client(l).await, r.parts).await.unwrap_err();
+        assert_eq!(theirs["code"], "INVALID_ARGUMENT", "{}: {theirs}", r.name);
+        assert_eq!(theirs["details"], ours.message(), "{}", r.name);
+        assert!(
+            ours.message().contains(r.says),
+            "{}: {}",
+            r.name,
+            ours.message()
+        );
+        assert!(
+            l.store.get(r.id).unwrap().is_none(),
+            "{} stored {}",
+            r.name,
+            r.id
+        );
+        assert_eq!(l.store.stats().unwrap().open, 0, "{}", r.name);
+    }
 }
 
 /// A context-only step whose `StepChunk` encoding is exactly `target` bytes.

@@ -146,7 +146,7 @@ pub async fn connect(url: &str, token: &str) -> Result<AuthedClient, ConnectErro
 }
 
 /// Connects to the standard health service (`grpc.health.v1`) on the learner's port at
-/// `url`; it needs no token. Ask it for `pb::learner_server::SERVICE_NAME` to learn whether
+/// `url`; it needs no token. Ask it for `received::learner_server::SERVICE_NAME` to learn whether
 /// the learner hands out work yet.
 pub async fn connect_health(url: &str) -> Result<HealthClient<Channel>, ConnectError> {
     let endpoint = learner_endpoint(url)?;

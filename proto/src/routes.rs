@@ -122,43 +122,68 @@ impl RouteShape {
                 ),
             });
         }
-        let ids = self.unpack(routes);
-        if let Some((i, id)) = ids
-            .iter()
-            .enumerate()
-            .find(|(_, &id)| u32::from(id) >= self.routed_experts)
-        {
-            let per = self.ids_per_token();
-            return Err(ProtoError::Invalid {
+        let bad = match self.id_bytes() {
+            1 => self.first_bad(routes.iter().map(|&b| u16::from(b))),
+            _ => self.first_bad(
+                routes
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]])),
+            ),
+        };
+        let (per, k) = (self.ids_per_token(), self.experts_per_token as usize);
+        match bad {
+            None => Ok(()),
+            Some(Bad::Range { at, id }) => Err(ProtoError::Invalid {
                 field: field(),
                 reason: format!(
                     "row {} layer {} slot {} names expert {id}, but the policy has {}",
-                    i / per,
-                    (i % per) / self.experts_per_token as usize,
-                    i % self.experts_per_token as usize,
+                    at / per,
+                    (at % per) / k,
+                    at % k,
                     self.routed_experts
                 ),
-            });
+            }),
+            Some(Bad::Twice { at, id }) => Err(ProtoError::Invalid {
+                field: field(),
+                reason: format!(
+                    "row {} layer {} names expert {id} twice",
+                    at / per,
+                    (at % per) / k
+                ),
+            }),
         }
+    }
+
+    /// The first id at or past `routed_experts`, or named twice within its layer, in one
+    /// pass: a stamp per expert holds the last layer group that named it.
+    fn first_bad(&self, ids: impl Iterator<Item = u16>) -> Option<Bad> {
         let k = self.experts_per_token as usize;
-        for (g, layer) in ids.chunks(k).enumerate() {
-            if let Some(id) = layer
-                .iter()
-                .enumerate()
-                .find_map(|(a, x)| layer[a + 1..].contains(x).then_some(x))
-            {
-                return Err(ProtoError::Invalid {
-                    field: field(),
-                    reason: format!(
-                        "row {} layer {} names expert {id} twice",
-                        g / self.moe_layers as usize,
-                        g % self.moe_layers as usize
-                    ),
-                });
+        let mut seen = vec![0u32; self.routed_experts as usize];
+        let (mut group, mut slot) = (1u32, 0usize);
+        for (at, id) in ids.enumerate() {
+            let Some(stamp) = seen.get_mut(usize::from(id)) else {
+                return Some(Bad::Range { at, id });
+            };
+            if *stamp == group {
+                return Some(Bad::Twice { at, id });
+            }
+            *stamp = group;
+            slot += 1;
+            if slot == k {
+                // A step of at most 4 MiB holds far fewer than 2^32 layer groups.
+                (group, slot) = (group + 1, 0);
             }
         }
-        Ok(())
+        None
     }
+}
+
+/// What [`RouteShape::first_bad`] found, at the index of the id among a step's ids.
+enum Bad {
+    /// An id at or past the expert count.
+    Range { at: usize, id: u16 },
+    /// An id already named in its layer.
+    Twice { at: usize, id: u16 },
 }
 
 impl TryFrom<pb::RouteShape> for RouteShape {
@@ -230,6 +255,26 @@ mod tests {
         bytes[7] = 1;
         let err = s.check_step(4, 3, &bytes).unwrap_err().to_string();
         assert!(err.contains("row 1 layer 1 names expert 1 twice"), "{err}");
+        // Two-byte ids: the same checks.
+        let wide = shape(384);
+        let ok = wide.pack(&[300, 383, 0, 256]);
+        wide.check_step(1, 1, &ok).unwrap();
+        let err = wide
+            .check_step(1, 1, &wide.pack(&[300, 383, 256, 256]))
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("row 0 layer 1 names expert 256 twice"),
+            "{err}"
+        );
+        let err = wide
+            .check_step(1, 1, &wide.pack(&[300, 384, 0, 1]))
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("row 0 layer 0 slot 1 names expert 384"),
+            "{err}"
+        );
         assert!(RouteShape { moe_layers: 0, ..s }.validate().is_err());
         assert!(RouteShape {
             experts_per_token: 8,

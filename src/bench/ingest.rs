@@ -2,9 +2,11 @@
 //!
 //! Both paths write the same synthetic trajectory (same step bytes, same keys)
 //! into a fresh store and end with one flush:
-//! - **gRPC path**: client stream → tonic server → validation → `TrajectoryStore`
-//!   (record, steps, indexes, transaction) → flush → ack;
-//! - **baseline**: encode each step and `insert` it straight into a sled tree.
+//! - **gRPC path**: client stream → tonic server → the learner's one check of each step
+//!   (its invariants, routes, vocabulary) → `TrajectoryStore` (record, the step bytes as
+//!   received, indexes, transaction) → flush → ack;
+//! - **baseline**: encode each step and `insert` it straight into a sled tree, one value per
+//!   step.
 //!
 //! `peak_rss_delta_mb` is the growth of this process's peak RSS (client and
 //! server together) over its RSS before the gRPC run: it stays flat because
@@ -20,7 +22,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use clap::Args;
-use corvid_learner::server::{serve, LearnerService};
+use corvid_learner::server::{serve, Admission, LearnerService};
 use corvid_proto::client::{connect, trajectory_parts};
 use corvid_proto::pb;
 use corvid_proto::synthetic::{self, Shape};
@@ -47,6 +49,12 @@ pub struct IngestArgs {
     /// routed experts), e.g. `58x8x256` for DeepSeek-V3's shape.
     #[arg(long, value_name = "LxKxE", value_parser = parse_routes)]
     routes: Option<RouteShape>,
+    /// Runs of each path, alternating; the medians are reported.
+    #[arg(long, default_value_t = 3)]
+    repeat: usize,
+    /// sled's page-cache budget for both paths, MiB (the learner's store uses 64).
+    #[arg(long, default_value_t = corvid_store::DEFAULT_CACHE_BYTES >> 20)]
+    store_cache_mb: u64,
 }
 
 /// `LxKxE` as a route shape.
@@ -88,29 +96,54 @@ fn trajectory(
     (header, steps)
 }
 
+/// The median of `xs` (not empty).
+fn median(mut xs: Vec<f64>) -> f64 {
+    xs.sort_by(f64::total_cmp);
+    xs[xs.len() / 2]
+}
+
 /// Runs the benchmark.
 pub fn run(args: IngestArgs) -> Result<ExitCode> {
     anyhow::ensure!(
         args.tokens_per_step > 0,
         "--tokens-per-step must be positive"
     );
+    anyhow::ensure!(args.repeat > 0, "--repeat must be positive");
     let shape = Shape {
         steps: args.tokens.div_ceil(u64::from(args.tokens_per_step)),
         tokens_per_step: args.tokens_per_step,
     };
+    let cache_bytes = args.store_cache_mb << 20;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()?;
     let dir = tempfile::tempdir()?;
+    if let Some(p) = &args.keep {
+        anyhow::ensure!(!p.exists(), "--keep {}: already exists", p.display());
+    }
 
-    let grpc_store = match &args.keep {
-        Some(p) if p.exists() => anyhow::bail!("--keep {}: already exists", p.display()),
-        Some(p) => p.clone(),
-        None => dir.path().join("grpc"),
-    };
-    let (grpc_s, peak_delta) = rt.block_on(grpc_path(grpc_store, shape, args.routes))?;
-    let (raw_s, bytes, route_bytes) = raw_sled(dir.path().join("raw"), shape, args.routes)?;
+    // The two paths alternate, each on a fresh store, and the medians are compared.
+    let (mut grpc, mut raw, mut peak_delta) = (Vec::new(), Vec::new(), 0u64);
+    let (mut bytes, mut route_bytes) = (0, 0);
+    for i in 0..args.repeat {
+        let grpc_store = match &args.keep {
+            Some(p) if i == 0 => p.clone(),
+            _ => dir.path().join(format!("grpc-{i}")),
+        };
+        let (s, delta) = rt.block_on(grpc_path(grpc_store, cache_bytes, shape, args.routes))?;
+        grpc.push(s);
+        peak_delta = peak_delta.max(delta);
+        let (s, b, r) = raw_sled(
+            dir.path().join(format!("raw-{i}")),
+            cache_bytes,
+            shape,
+            args.routes,
+        )?;
+        (bytes, route_bytes) = (b, r);
+        raw.push(s);
+    }
+    let (grpc_s, raw_s) = (median(grpc.clone()), median(raw.clone()));
 
     let tokens = shape.tokens();
     let report = serde_json::json!({
@@ -119,8 +152,12 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
         "routes": args.routes.map(|r| format!("{}x{}x{}", r.moe_layers, r.experts_per_token, r.routed_experts)),
         "route_bytes_per_token": route_bytes as f64 / tokens as f64,
         "step_bytes": bytes,
+        "store_cache_mb": args.store_cache_mb,
+        "repeat": args.repeat,
         "grpc_seconds": grpc_s,
         "raw_sled_seconds": raw_s,
+        "grpc_seconds_each": grpc,
+        "raw_sled_seconds_each": raw,
         "tokens_per_s": tokens as f64 / grpc_s,
         "raw_sled_tokens_per_s": tokens as f64 / raw_s,
         "ratio_vs_raw_sled": raw_s / grpc_s,
@@ -130,8 +167,9 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
         println!("{report}");
     } else {
         println!(
-            "ingested {tokens} tokens in {grpc_s:.3} s over gRPC ({:.0} tokens/s), {:.2}x raw sled, peak RSS +{:.1} MiB",
+            "ingested {tokens} tokens in {grpc_s:.3} s over gRPC ({:.0} tokens/s, median of {}), {:.2}x raw sled, peak RSS +{:.1} MiB",
             tokens as f64 / grpc_s,
+            args.repeat,
             raw_s / grpc_s,
             peak_delta as f64 / (1 << 20) as f64
         );
@@ -141,15 +179,23 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
 
 async fn grpc_path(
     path: std::path::PathBuf,
+    cache_bytes: u64,
     shape: Shape,
     routes: Option<RouteShape>,
 ) -> Result<(f64, u64)> {
     const TOKEN: &str = "bench";
-    let store = Arc::new(TrajectoryStore::open(&path)?);
+    let store = Arc::new(TrajectoryStore::open_with_cache(&path, cache_bytes)?);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}", listener.local_addr()?);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve(listener, LearnerService::new(store), TOKEN, async {
+    // The learner's own checks at submit: synthetic token ids are below 50,000.
+    let admission = Admission {
+        vocab_size: 50_000,
+        routes,
+        require_routes: false,
+    };
+    let service = LearnerService::new(store).with_admission(admission);
+    let server = tokio::spawn(serve(listener, service, TOKEN, async {
         let _ = stopped.await;
     }));
     let mut client = connect(&url, TOKEN).await?;
@@ -182,12 +228,13 @@ async fn grpc_path(
 /// The baseline; returns its seconds, the encoded step bytes it wrote and their route bytes.
 fn raw_sled(
     path: std::path::PathBuf,
+    cache_bytes: u64,
     shape: Shape,
     routes: Option<RouteShape>,
 ) -> Result<(f64, u64, u64)> {
     let db = sled::Config::new()
         .path(&path)
-        .cache_capacity(corvid_store::DEFAULT_CACHE_BYTES)
+        .cache_capacity(cache_bytes)
         .open()?;
     let steps = db.open_tree("steps")?;
     let (mut bytes, mut route_bytes) = (0u64, 0u64);

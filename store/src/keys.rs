@@ -13,6 +13,15 @@ pub fn step_key(id: &str, seq: u64) -> Vec<u8> {
     k
 }
 
+/// `steps`: piece `piece` (1, 2, …) of step `seq`, after its first piece at
+/// [`step_key`]: id ‖ 0x00 ‖ seq (u64 BE) ‖ piece (u32 BE). It sorts between the step's
+/// first piece and the next step.
+pub fn piece_key(id: &str, seq: u64, piece: u32) -> Vec<u8> {
+    let mut k = step_key(id, seq);
+    k.extend_from_slice(&piece.to_be_bytes());
+    k
+}
+
 /// The prefix shared by every step of `id`.
 pub fn step_prefix(id: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(id.len() + 9);

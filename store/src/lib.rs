@@ -20,8 +20,9 @@
 //! # Write path
 //!
 //! 1. `begin`: insert the record (status `Open`) into `meta` and the id into `open`.
-//! 2. `append`: insert each step into `steps` under (id, seq) as it arrives; the
-//!    stream is never held whole in memory.
+//! 2. `append_checked` (or `append`, which checks a typed step first): insert each step's
+//!    bytes into `steps` under (id, seq) as it arrives, in pieces of at most
+//!    [`STEP_PIECE_BYTES`]; the stream is never held whole in memory.
 //! 3. `finish`: check the footer's totals against what was appended, then one
 //!    transaction over `meta`, `open`, `by_version`, `by_task`, `by_status` and
 //!    `by_seq` flips the record to `Finished` and writes its index entries;
@@ -66,7 +67,8 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | `meta` | id | [`TrajectoryRecord`] as JSON |
-//! | `steps` | id ‖ 0 ‖ seq (u64 BE) | the step, protobuf-encoded (`corvid.v1.Step`) |
+//! | `steps` | id ‖ 0 ‖ seq (u64 BE) | the step as it arrived (`corvid.v1.Step` bytes), or its first [`STEP_PIECE_BYTES`] |
+//! | `steps` | id ‖ 0 ‖ seq ‖ piece (u32 BE) | the step's next pieces, 1, 2, … |
 //! | `open` | id | empty: begun, not finished |
 //! | `by_version` | policy version (u64 BE) ‖ id | empty |
 //! | `by_task` | family ‖ 0 ‖ level (u32 BE) ‖ id | empty |
@@ -85,8 +87,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use corvid_proto::{pb, ProtoError, Step, TrajectoryFooter, TrajectoryHeader};
-use prost::Message;
+use corvid_proto::{CheckedStep, ProtoError, Step, StepRules, TrajectoryFooter, TrajectoryHeader};
 use serde::{Deserialize, Serialize};
 use sled::transaction::{ConflictableTransactionError, TransactionError, Transactional};
 
@@ -124,6 +125,13 @@ struct FinishedRecord {
     #[serde(default)]
     db_bytes: u64,
 }
+
+/// Largest value the store writes for one step: a longer step is cut into pieces of this
+/// size under consecutive keys. sled 0.34 keeps a value over ~128 KiB as a blob whose
+/// cache entry counts only its pointer, so such values stay in memory however small the
+/// cache: 470 KB steps held +453 MB for 470 MB written, 8 KiB pieces +63–77 MB
+/// (docs/bench/raw/sled-value-size.txt).
+pub const STEP_PIECE_BYTES: usize = 8 << 10;
 
 /// Page-cache budget handed to sled. Bounds the store's memory no matter how
 /// much is ingested (sled's default is 1 GiB).
@@ -801,9 +809,27 @@ impl TrajectoryWriter {
         }
     }
 
-    /// Appends step `seq`, which must be the next in sequence. The step is
-    /// validated, encoded and written at once; nothing is buffered.
+    /// The rules every step of this trajectory is checked against: its header's route
+    /// shape, and `vocab_size` when the policy is known.
+    pub fn rules(&self, vocab_size: Option<u32>) -> StepRules {
+        StepRules {
+            routes: self.header.routes,
+            vocab_size,
+        }
+    }
+
+    /// Checks step `seq` ([`CheckedStep::new`]) and appends it ([`append_checked`]).
+    ///
+    /// [`append_checked`]: Self::append_checked
     pub fn append(&mut self, seq: u64, step: Step) -> Result<()> {
+        let checked = CheckedStep::new(seq, step, &self.rules(None))
+            .map_err(|e: ProtoError| self.invalid(e.to_string()))?;
+        self.append_checked(seq, checked)
+    }
+
+    /// Appends step `seq`, which must be the next in sequence, as its checked bytes: written
+    /// at once, in pieces of at most [`STEP_PIECE_BYTES`]; nothing is buffered.
+    pub fn append_checked(&mut self, seq: u64, step: CheckedStep) -> Result<()> {
         if seq != self.next_seq {
             return Err(self.invalid(format!(
                 "sequence gap: expected step chunk seq {}, got {seq}",
@@ -816,29 +842,29 @@ impl TrajectoryWriter {
                 corvid_proto::limits::MAX_STEPS_PER_TRAJECTORY
             )));
         }
-        step.validate()
-            .map_err(|e: ProtoError| self.invalid(format!("step chunk seq {seq}: {e}")))?;
-        match self.header.routes {
-            Some(shape) => shape
-                .check_step(seq, step.token_ids.len(), &step.routes)
-                .map_err(|e| self.invalid(e.to_string()))?,
-            None if !step.routes.is_empty() => {
-                return Err(self.invalid(format!(
-                    "step chunk seq {seq}: step.routes has {} bytes but the header declares no route shape",
-                    step.routes.len()
-                )))
-            }
-            None => {}
+        if step.rules().routes != self.header.routes {
+            return Err(self.invalid(format!(
+                "step chunk seq {seq} was checked against route shape {:?}, but the header declares {:?}",
+                step.rules().routes,
+                self.header.routes
+            )));
         }
-        let (tokens, generated) = (step.token_ids.len() as u64, step.generated_count() as u64);
-        let bytes = pb::Step::from(step).encode_to_vec();
-        self.store
-            .steps
-            .insert(keys::step_key(self.id(), seq), bytes)
-            .map_err(|e| self.store.sled_err(e))?;
+        // An empty step (no field set) still gets its key.
+        let pieces = step.bytes().chunks(STEP_PIECE_BYTES);
+        let pieces = pieces.chain(step.bytes().is_empty().then_some(&[][..]));
+        for (piece, bytes) in pieces.enumerate() {
+            let key = match piece {
+                0 => keys::step_key(self.id(), seq),
+                n => keys::piece_key(self.id(), seq, n as u32),
+            };
+            self.store
+                .steps
+                .insert(key, bytes)
+                .map_err(|e| self.store.sled_err(e))?;
+        }
         self.next_seq += 1;
-        self.tokens += tokens;
-        self.generated += generated;
+        self.tokens += step.tokens();
+        self.generated += step.generated();
         Ok(())
     }
 

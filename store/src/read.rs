@@ -95,7 +95,8 @@ impl TrajectoryStore {
     }
 
     /// The finished trajectory `id`, read whole, with its place in the finish order (`None`
-    /// for a record from before the store kept one); `None` if `id` is not finished.
+    /// for a record from before the store kept one); `None` if `id` is not finished. Its steps
+    /// must add up to its footer's counts.
     pub fn load(&self, id: &str) -> Result<Option<(Option<u64>, Trajectory)>> {
         let Some(rec) = self.get(id)? else {
             return Ok(None);
@@ -111,31 +112,95 @@ impl TrajectoryStore {
             steps: steps.collect::<Result<Vec<_>>>()?,
             footer,
         };
+        let (steps, tokens) = (trajectory.steps.len() as u64, trajectory.len() as u64);
+        if (steps, tokens) != (footer.step_count, footer.token_count) {
+            return Err(StoreError::Corrupt {
+                id: id.to_owned(),
+                reason: format!(
+                    "{steps} steps of {tokens} tokens stored, but its footer counts {} of {}",
+                    footer.step_count, footer.token_count
+                ),
+            });
+        }
         Ok(Some((rec.finish_seq, trajectory)))
     }
 
     /// Streams the steps of a finished trajectory in order, one decoded step at a
-    /// time; `None` if unknown or unfinished.
+    /// time (its pieces joined); `None` if unknown or unfinished. The stream ends after
+    /// its first error.
     pub fn steps(&self, id: &str) -> Result<Option<impl Iterator<Item = Result<Step>> + '_>> {
         if self.get(id)?.is_none() {
             return Ok(None);
         }
         let owned_id = id.to_owned();
-        Ok(Some(
-            self.steps
-                .scan_prefix(keys::step_prefix(id))
-                .values()
-                .map(move |v| {
-                    let bytes = v.map_err(|e| self.sled_err(e))?;
-                    let corrupt = |reason: String| StoreError::Corrupt {
-                        id: owned_id.clone(),
-                        reason,
-                    };
-                    let wire = pb::Step::decode(bytes.as_ref())
-                        .map_err(|e| corrupt(format!("step: {e}")))?;
-                    Step::try_from(wire).map_err(|e| corrupt(format!("step: {e}")))
-                }),
-        ))
+        let first_len = keys::step_key(id, 0).len();
+        let mut entries = self.steps.scan_prefix(keys::step_prefix(id)).peekable();
+        let corrupt = move |reason: String| StoreError::Corrupt {
+            id: owned_id.clone(),
+            reason,
+        };
+        let mut failed = false;
+        Ok(Some(std::iter::from_fn(move || {
+            if failed {
+                return None;
+            }
+            let step = self.next_step(&mut entries, first_len, &corrupt)?;
+            failed = step.is_err();
+            Some(step)
+        })))
+    }
+
+    /// The next step of a trajectory's `entries` (its first piece's key is `first_len`
+    /// bytes long): its pieces, which sort right after the first under the first's key and a
+    /// number, joined and decoded.
+    fn next_step(
+        &self,
+        entries: &mut std::iter::Peekable<sled::Iter>,
+        first_len: usize,
+        corrupt: &dyn Fn(String) -> StoreError,
+    ) -> Option<Result<Step>> {
+        let (key, first) = match entries.next()? {
+            Ok(kv) => kv,
+            Err(e) => return Some(Err(self.sled_err(e))),
+        };
+        let Some(seq) = key
+            .get(first_len - 8..)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .filter(|_| key.len() == first_len)
+            .map(u64::from_be_bytes)
+        else {
+            return Some(Err(corrupt(format!(
+                "a step piece without its first piece (key of {} bytes)",
+                key.len()
+            ))));
+        };
+        let mut bytes = first.to_vec();
+        let mut want = 1u32;
+        loop {
+            match entries.peek() {
+                Some(Ok((next, _))) if next.len() != first_len && next.starts_with(&key) => {}
+                // A read error inside the step: never decode what was read before it.
+                Some(Err(_)) => {
+                    let e = entries.next()?.err()?;
+                    return Some(Err(self.sled_err(e)));
+                }
+                _ => break,
+            }
+            let (next, piece) = entries.next()?.ok()?;
+            if next[first_len..] != want.to_be_bytes() {
+                return Some(Err(corrupt(format!(
+                    "step chunk seq {seq}: piece {want} is missing"
+                ))));
+            }
+            bytes.extend_from_slice(&piece);
+            want += 1;
+        }
+        let step = pb::Step::decode(bytes.as_slice())
+            .map_err(|e| corrupt(format!("step chunk seq {seq}: {e}")))
+            .and_then(|wire| {
+                Step::try_from(wire).map_err(|e| corrupt(format!("step chunk seq {seq}: {e}")))
+            });
+        Some(step)
     }
 
     /// Finished trajectories matching `filter`, using the most selective index.
@@ -284,4 +349,104 @@ impl TrajectoryStore {
 /// JSON of plain data, where serialising cannot fail.
 fn json<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "null".into())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use corvid_proto::synthetic::{self, Shape};
+    use corvid_proto::{RouteShape, Step, TrajectoryFooter};
+    use prost::Message;
+
+    use crate::{keys, Begin, TrajectoryStore, STEP_PIECE_BYTES};
+
+    const SHAPE: Shape = Shape {
+        steps: 2,
+        tokens_per_step: 1000,
+    };
+    const ROUTES: RouteShape = RouteShape {
+        moe_layers: 16,
+        experts_per_token: 4,
+        routed_experts: 64,
+    };
+
+    /// A finished trajectory `t` whose steps are each several pieces long.
+    fn stored() -> (tempfile::TempDir, Arc<TrajectoryStore>, Vec<Step>) {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(TrajectoryStore::open(dir.path().join("s")).unwrap());
+        let pattern = synthetic::RoutePattern::new("t", ROUTES);
+        let steps: Vec<Step> = synthetic::steps("t", SHAPE)
+            .enumerate()
+            .map(|(seq, s)| pattern.apply(seq as u64, s))
+            .collect();
+        let mut header = synthetic::header("t", "hops", 1, 1);
+        header.routes = Some(ROUTES);
+        let Begin::New(mut w) = store.begin(header).unwrap() else {
+            panic!("new")
+        };
+        for (seq, s) in steps.iter().enumerate() {
+            w.append(seq as u64, s.clone()).unwrap();
+        }
+        w.finish_blocking(synthetic::footer("t", SHAPE)).unwrap();
+        (dir, store, steps)
+    }
+
+    fn encoded(s: &Step) -> Vec<u8> {
+        corvid_proto::pb::Step::from(s.clone()).encode_to_vec()
+    }
+
+    #[test]
+    fn a_step_stored_whole_reads_like_one_stored_in_pieces() {
+        let (_dir, store, steps) = stored();
+        let whole = encoded(&steps[1]);
+        assert!(whole.len() > 3 * STEP_PIECE_BYTES);
+        // The layout of a store written before pieces: one value per step.
+        for key in store.steps.scan_prefix(keys::step_key("t", 1)).keys() {
+            store.steps.remove(key.unwrap()).unwrap();
+        }
+        store.steps.insert(keys::step_key("t", 1), whole).unwrap();
+        let (_, t) = store.load("t").unwrap().unwrap();
+        assert!(
+            t.steps == steps,
+            "the step stored whole reads back as written"
+        );
+    }
+
+    #[test]
+    fn a_missing_piece_is_reported_with_its_step() {
+        let (_dir, store, _) = stored();
+        store.steps.remove(keys::piece_key("t", 1, 2)).unwrap();
+        let Err(err) = store.load("t") else {
+            panic!("a step with a piece missing was read")
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains("step chunk seq 1: piece 2 is missing"),
+            "{err}"
+        );
+        let read: Vec<_> = store.steps("t").unwrap().unwrap().collect();
+        assert_eq!(read.len(), 2, "the stream ends at its first error");
+        assert!(read[0].is_ok() && read[1].is_err());
+    }
+
+    #[test]
+    fn steps_that_do_not_add_up_to_the_footer_are_reported() {
+        let (_dir, store, steps) = stored();
+        let mut rec = store.get("t").unwrap().unwrap();
+        rec.footer = Some(TrajectoryFooter {
+            token_count: 7,
+            ..rec.footer.unwrap()
+        });
+        store.meta.insert("t", rec.encode()).unwrap();
+        let Err(err) = store.load("t") else {
+            panic!("steps that do not add up were read")
+        };
+        let err = err.to_string();
+        assert!(
+            err.contains(&format!("{} steps of 2000 tokens", steps.len())),
+            "{err}"
+        );
+        assert!(err.contains("footer counts 2 of 7"), "{err}");
+    }
 }

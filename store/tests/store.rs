@@ -47,6 +47,70 @@ fn finished_trajectory_reads_back_exactly() {
     assert_eq!(steps, synthetic::steps("t1", SHAPE).collect::<Vec<_>>());
 }
 
+/// Steps longer than a piece (a DeepSeek-V3 route shape, ~470 KB) are written in pieces
+/// and read back whole, beside small steps, an empty step and a trajectory whose id
+/// extends this one's.
+#[test]
+fn steps_longer_than_a_piece_read_back_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    let shape = corvid_proto::RouteShape {
+        moe_layers: 58,
+        experts_per_token: 8,
+        routed_experts: 256,
+    };
+    let long = Shape {
+        steps: 3,
+        tokens_per_step: 1000,
+    };
+    let pattern = synthetic::RoutePattern::new("t", shape);
+    let mut steps: Vec<_> = synthetic::steps("t", long)
+        .enumerate()
+        .map(|(seq, s)| pattern.apply(seq as u64, s))
+        .collect();
+    // An empty step, then a one-token step (one route row).
+    steps.insert(1, corvid_proto::Step::context(1, vec![]));
+    steps.insert(2, pattern.apply(2, corvid_proto::Step::context(2, vec![7])));
+    let bytes = |s: &corvid_proto::Step| {
+        use prost::Message;
+        corvid_proto::pb::Step::from(s.clone()).encoded_len()
+    };
+    assert!(bytes(&steps[0]) > 50 * corvid_store::STEP_PIECE_BYTES);
+    let mut header = synthetic::header("t", "hops", 1, 1);
+    header.routes = Some(shape);
+    let Begin::New(mut w) = store.begin(header).unwrap() else {
+        panic!()
+    };
+    for (seq, s) in steps.iter().enumerate() {
+        w.append(seq as u64, s.clone()).unwrap();
+    }
+    let tokens = steps.iter().map(|s| s.token_ids.len() as u64).sum();
+    let generated = steps.iter().map(|s| s.generated_count() as u64).sum();
+    let footer = corvid_proto::TrajectoryFooter {
+        step_count: steps.len() as u64,
+        token_count: tokens,
+        generated_token_count: generated,
+        ..synthetic::footer("t", long)
+    };
+    w.finish_blocking(footer).unwrap();
+    write(&store, "t0", "hops", 1, 1);
+    let read: Vec<_> = store
+        .steps("t")
+        .unwrap()
+        .unwrap()
+        .collect::<Result<_, _>>()
+        .unwrap();
+    assert_eq!(read, steps);
+    drop(store);
+    let store = open(&dir);
+    let (_, t) = store.load("t").unwrap().unwrap();
+    assert_eq!(t.steps, steps);
+    assert_eq!(
+        store.load("t0").unwrap().unwrap().1.steps.len(),
+        SHAPE.steps as usize
+    );
+}
+
 #[test]
 fn unfinished_trajectory_is_invisible_to_every_reader() {
     let dir = tempfile::tempdir().unwrap();

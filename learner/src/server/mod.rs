@@ -27,7 +27,8 @@ use std::sync::Arc;
 
 use corvid_proto::auth::{self, AUTH_HEADER};
 use corvid_proto::limits::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_MESSAGE_BYTES};
-use corvid_proto::pb::{self, learner_server::LearnerServer};
+use corvid_proto::pb;
+use corvid_proto::received::{self, learner_server::LearnerServer};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
@@ -166,7 +167,7 @@ pub type PolicyStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::PolicyChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl pb::learner_server::Learner for LearnerService {
+impl received::learner_server::Learner for LearnerService {
     async fn register(
         &self,
         req: Request<pb::RegisterRequest>,
@@ -238,7 +239,7 @@ impl pb::learner_server::Learner for LearnerService {
 
     async fn submit_trajectory(
         &self,
-        req: Request<Streaming<pb::TrajectoryPart>>,
+        req: Request<Streaming<received::TrajectoryPart>>,
     ) -> Result<Response<pb::SubmitAck>, Status> {
         let ack = submit::ingest(&self.store, self.admission.as_ref(), req.into_inner()).await?;
         if let (Some(c), false) = (&self.control, ack.duplicate) {

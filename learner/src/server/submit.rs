@@ -6,15 +6,19 @@
 //! dropped on every error path, which deletes whatever was written, so nothing
 //! partial remains.
 //!
-//! With an [`Admission`] the trajectory is also checked against the learner's policy before
-//! anything of it is stored: token ids inside the vocabulary, routes of the policy's shape
-//! (none for a dense policy), and routes present where the run replays them.
+//! Each step is checked once, here, as it arrives ([`CheckedStep::received`]): its own
+//! invariants, its routes against the header's shape and, with an [`Admission`], its token
+//! ids against the policy's vocabulary; the header is checked against the policy's route
+//! shape (none for a dense policy) and, where the run replays routes, for having them. A
+//! step is stored as the bytes that came, written on tokio's blocking pool while the next
+//! step is received and checked. Nothing of a refused trajectory is stored or acked.
 
 use std::sync::Arc;
 
 use corvid_proto::limits::MAX_STEP_CHUNK_BYTES;
-use corvid_proto::pb::{self, trajectory_part::Part};
-use corvid_proto::{RouteShape, Step, TrajectoryFooter, TrajectoryHeader};
+use corvid_proto::pb;
+use corvid_proto::received::{trajectory_part::Part, TrajectoryPart};
+use corvid_proto::{CheckedStep, RouteShape, StepRules, TrajectoryFooter, TrajectoryHeader};
 use prost::Message;
 use tonic::{Status, Streaming};
 
@@ -69,28 +73,13 @@ impl Admission {
             _ => Ok(()),
         }
     }
-
-    /// Checks step `seq`'s token ids against the vocabulary.
-    fn check_step(&self, seq: u64, step: &Step) -> Result<(), String> {
-        match step
-            .token_ids
-            .iter()
-            .position(|&id| id >= self.vocab_size)
-        {
-            Some(i) => Err(format!(
-                "step chunk seq {seq}: step.token_ids[{i}] = {} is outside the policy's vocabulary of {}",
-                step.token_ids[i], self.vocab_size
-            )),
-            None => Ok(()),
-        }
-    }
 }
 
 /// Reads one trajectory from `stream` into `store` and acks it after the flush.
 pub(super) async fn ingest(
     store: &Arc<TrajectoryStore>,
     admission: Option<&Admission>,
-    mut stream: Streaming<pb::TrajectoryPart>,
+    mut stream: Streaming<TrajectoryPart>,
 ) -> Result<pb::SubmitAck, Status> {
     let first = stream
         .message()
@@ -126,81 +115,152 @@ pub(super) async fn ingest(
                 tokens_stored: tokens,
             })
         }
-        Begin::New(writer) => fold(writer, admission, stream).await,
+        Begin::New(writer) => {
+            let rules = writer.rules(admission.map(|a| a.vocab_size));
+            fold(writer, rules, stream).await
+        }
     }
 }
 
+/// Checked steps that may wait while the writer is busy (each at most
+/// [`MAX_STEP_CHUNK_BYTES`]); past this the stream waits for the write.
+const STEPS_WAITING: usize = 8;
+
+/// The trajectory's writer: idle, or writing a batch of steps on tokio's blocking pool (the
+/// write hands it back with the result).
+enum Slot {
+    Idle(Box<TrajectoryWriter>),
+    Writing(tokio::task::JoinHandle<(TrajectoryWriter, Result<(), StoreError>)>),
+}
+
+impl Slot {
+    /// Whether a write is still running.
+    fn busy(&self) -> bool {
+        matches!(self, Slot::Writing(w) if !w.is_finished())
+    }
+
+    /// The writer, once its batch is written; a failed write drops the writer (deleting what
+    /// it wrote) on the blocking pool and returns the store's error.
+    async fn ready(self, id: &str) -> Result<TrajectoryWriter, Status> {
+        let write = match self {
+            Slot::Idle(w) => return Ok(*w),
+            Slot::Writing(write) => write,
+        };
+        let (writer, result) = write.await.map_err(|e| {
+            Status::internal(format!("trajectory {id:?}: writing steps stopped: {e}"))
+        })?;
+        match result {
+            Ok(()) => Ok(writer),
+            Err(e) => {
+                discard(writer).await;
+                Err(store_status(e))
+            }
+        }
+    }
+
+    /// Starts writing `steps` once the writer is ready.
+    async fn write(self, id: &str, steps: Vec<(u64, CheckedStep)>) -> Result<Slot, Status> {
+        let mut writer = self.ready(id).await?;
+        Ok(Slot::Writing(tokio::task::spawn_blocking(move || {
+            let result = steps
+                .into_iter()
+                .try_for_each(|(seq, step)| writer.append_checked(seq, step));
+            (writer, result)
+        })))
+    }
+}
+
+/// Drops `writer` on the blocking pool, which deletes what it wrote, and waits for that.
+async fn discard(writer: TrajectoryWriter) {
+    tokio::task::spawn_blocking(move || drop(writer)).await.ok();
+}
+
+/// Checks each step as it arrives and writes the steps checked so far on tokio's blocking
+/// pool, one write at a time: checks overlap writes, a write takes every step that arrived
+/// during the one before (so a fast stream pays one hand-off per batch, not per step), no
+/// write blocks an RPC worker, and a stream waiting between turns holds no thread. Finishes
+/// the trajectory after its footer. On any error the writer is dropped, which deletes what it wrote, before the
+/// error is returned.
 async fn fold(
-    mut writer: TrajectoryWriter,
-    admission: Option<&Admission>,
-    mut stream: Streaming<pb::TrajectoryPart>,
+    writer: TrajectoryWriter,
+    rules: StepRules,
+    mut stream: Streaming<TrajectoryPart>,
 ) -> Result<pb::SubmitAck, Status> {
-    let invalid = |w: &TrajectoryWriter, msg: String| {
-        Status::invalid_argument(format!("trajectory {:?}: {msg}", w.id()))
-    };
-    loop {
-        let Some(part) = stream.message().await? else {
-            return Err(invalid(
-                &writer,
-                format!(
-                    "stream ended after {} step chunks without a footer",
-                    writer.steps_appended()
-                ),
-            ));
+    let id = writer.id().to_owned();
+    let invalid = |msg: String| Status::invalid_argument(format!("trajectory {id:?}: {msg}"));
+    let mut slot = Slot::Idle(Box::new(writer));
+    let mut waiting: Vec<(u64, CheckedStep)> = Vec::new();
+    let mut chunks = 0u64;
+    let received: Result<TrajectoryFooter, Status> = loop {
+        let part = match stream.message().await {
+            Ok(Some(part)) => part,
+            Ok(None) => {
+                break Err(invalid(format!(
+                    "stream ended after {chunks} step chunks without a footer"
+                )))
+            }
+            Err(status) => break Err(status),
         };
         match part.part {
             Some(Part::Step(chunk)) => {
                 let size = chunk.encoded_len();
                 if size > MAX_STEP_CHUNK_BYTES {
-                    return Err(invalid(
-                        &writer,
-                        format!(
-                            "step chunk seq {} is {size} bytes, over the {MAX_STEP_CHUNK_BYTES}-byte limit; split the turn into smaller chunks",
-                            chunk.seq
-                        ),
-                    ));
+                    break Err(invalid(format!(
+                        "step chunk seq {} is {size} bytes, over the {MAX_STEP_CHUNK_BYTES}-byte limit; split the turn into smaller chunks",
+                        chunk.seq
+                    )));
                 }
                 let seq = chunk.seq;
-                let step = chunk
-                    .step
-                    .ok_or_else(|| invalid(&writer, format!("step chunk seq {seq} has no step")))
-                    .and_then(|s| {
-                        Step::try_from(s)
-                            .map_err(|e| invalid(&writer, format!("step chunk seq {seq}: {e}")))
-                    })?;
-                if let Some(a) = admission {
-                    a.check_step(seq, &step).map_err(|e| invalid(&writer, e))?;
+                let Some(bytes) = chunk.step else {
+                    break Err(invalid(format!("step chunk seq {seq} has no step")));
+                };
+                let step = match CheckedStep::received(seq, bytes, &rules) {
+                    Ok(step) => step,
+                    Err(e) => break Err(invalid(e.to_string())),
+                };
+                waiting.push((seq, step));
+                chunks += 1;
+                if !slot.busy() || waiting.len() >= STEPS_WAITING {
+                    slot = slot.write(&id, std::mem::take(&mut waiting)).await?;
                 }
-                writer.append(seq, step).map_err(store_status)?;
             }
             Some(Part::Footer(f)) => {
-                let footer = TrajectoryFooter::try_from(f)
-                    .map_err(|e| invalid(&writer, format!("footer: {e}")))?;
-                if let Some(extra) = stream.message().await? {
-                    return Err(invalid(
-                        &writer,
-                        format!("{} arrived after the footer", describe(&extra.part)),
-                    ));
-                }
-                let id = writer.id().to_owned();
-                let rec = writer.finish(footer).await.map_err(store_status)?;
-                let footer = rec.footer.unwrap_or(footer);
-                return Ok(pb::SubmitAck {
-                    trajectory_id: id,
-                    duplicate: false,
-                    steps_stored: footer.step_count,
-                    tokens_stored: footer.token_count,
-                });
+                let footer = match TrajectoryFooter::try_from(f) {
+                    Ok(footer) => footer,
+                    Err(e) => break Err(invalid(format!("footer: {e}"))),
+                };
+                break match stream.message().await {
+                    Ok(None) => Ok(footer),
+                    Ok(Some(extra)) => Err(invalid(format!(
+                        "{} arrived after the footer",
+                        describe(&extra.part)
+                    ))),
+                    Err(status) => Err(status),
+                };
             }
             other => {
-                return Err(invalid(
-                    &writer,
-                    format!(
-                        "{} arrived mid-stream; expected a step chunk or the footer",
-                        describe(&other)
-                    ),
-                ))
+                break Err(invalid(format!(
+                    "{} arrived mid-stream; expected a step chunk or the footer",
+                    describe(&other)
+                )))
             }
         }
-    }
+    };
+    // The last write's outcome first: a store error is why a stream stops being stored.
+    let footer = match received {
+        Ok(footer) => footer,
+        Err(status) => {
+            discard(slot.ready(&id).await?).await;
+            return Err(status);
+        }
+    };
+    let writer = slot.write(&id, waiting).await?.ready(&id).await?;
+    let rec = writer.finish(footer).await.map_err(store_status)?;
+    let footer = rec.footer.unwrap_or(footer);
+    Ok(pb::SubmitAck {
+        trajectory_id: id,
+        duplicate: false,
+        steps_stored: footer.step_count,
+        tokens_stored: footer.token_count,
+    })
 }
