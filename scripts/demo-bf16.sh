@@ -35,7 +35,7 @@ sed "${init[@]}" -e 's/^run_name = "demo" .*/run_name = "demo-bf16"/' \
     configs/demo.toml > "$out/demo-bf16.toml"
 sed -e 's/^run_name = .*/run_name = "demo-bf16-r3"/' \
     -e 's/^ablation = .*/ablation = ""/' \
-    -e 's/^\[rl\].*/[rl]\nrouter_replay = "rollout"/' \
+    -e 's/^router_replay = .*/router_replay = "rollout"/' \
     "$out/demo-bf16.toml" > "$out/demo-bf16-r3.toml"
 grep -q '^router_replay = "rollout"' "$out/demo-bf16-r3.toml"
 grep -q '^actor_dtype = "bf16"' "$out/demo-bf16.toml"
@@ -52,6 +52,12 @@ import json, sys
 rows = [json.loads(l)["mismatch"] for l in open(sys.argv[1]) if l.strip()]
 rows = [r for r in rows if r.get("token_mult_prob_error", 0) >= 1]
 keys = ["k3_kl", "token_mult_prob_error", "logp_abs_diff_mean", "ratio_above_2_frac", "routing_agreement", "routing_overlap"]
-print(json.dumps({"updates": len(rows), **{k: sum(r.get(k) or 0 for r in rows) / max(len(rows), 1) for k in keys}}))
+out = {"updates": len(rows), **{k: sum(r.get(k) or 0 for r in rows) / max(len(rows), 1) for k in keys}}
+# k3 over the tokens of the learner's own version (lag 0), pooled over updates by token count.
+lag0 = [(r["k3_kl_lag0"], r["lag0_tokens"]) for r in rows if r.get("k3_kl_lag0") is not None]
+n = sum(t for _, t in lag0)
+out["k3_kl_lag0"] = sum(k * t for k, t in lag0) / n if n else None
+out["lag0_tokens"] = n
+print(json.dumps(out))
 PY
 done

@@ -19,24 +19,21 @@ use corvid_proto::{
 use corvid_sandbox::ToolOutput;
 use corvid_tasks::{SplitMix64, TaskEnv, TaskInstance, Verdict};
 
-/// Most tokens in one proto step; a longer turn is split into consecutive steps with the
-/// same turn index (the tool call, result and reward go on the last piece). Recorded routes
-/// lower it further: see [`tokens_per_step`].
-pub const MAX_TOKENS_PER_STEP: usize = 65_536;
-
 /// Bytes a step's tokens may take on the wire: half of
 /// `corvid_proto::limits::MAX_STEP_CHUNK_BYTES`, the rest left for the tool call and result.
+/// A longer turn is split into consecutive steps with the same turn index (the tool call,
+/// result and reward go on the last piece): see [`tokens_per_step`].
 pub const STEP_TOKEN_BYTES: usize = corvid_proto::limits::MAX_STEP_CHUNK_BYTES / 2;
 
-/// Most wire bytes of one token without routes: its id and version (varints of up to 5 and
-/// 10 bytes), its mask byte and its 4-byte log-prob.
-const TOKEN_WIRE_BYTES: usize = 20;
+/// Most wire bytes of one token without routes: its id (a varint of up to 5 bytes), its mask
+/// byte and its 4-byte log-prob.
+const TOKEN_WIRE_BYTES: usize = 10;
 
-/// Most tokens in one step when each also carries `route_bytes` bytes of routes: at most
-/// [`MAX_TOKENS_PER_STEP`], and few enough that the step stays within [`STEP_TOKEN_BYTES`]
-/// (4,332 tokens of a DeepSeek-V3 shape: 58 MoE layers × 8 experts, one byte each).
+/// Most tokens in one step when each also carries `route_bytes` bytes of routes: few enough
+/// that the step stays within [`STEP_TOKEN_BYTES`] (209,715 tokens without routes, 4,424 of
+/// a DeepSeek-V3 shape: 58 MoE layers × 8 experts, one byte each).
 pub fn tokens_per_step(route_bytes: usize) -> usize {
-    (STEP_TOKEN_BYTES / (TOKEN_WIRE_BYTES + route_bytes)).min(MAX_TOKENS_PER_STEP)
+    STEP_TOKEN_BYTES / (TOKEN_WIRE_BYTES + route_bytes)
 }
 
 /// Least room, in tokens, a turn needs within the context budget to start (capped by
@@ -174,10 +171,11 @@ pub(crate) struct EpisodeRun {
     pub turn: u32,
     /// This turn's context tokens.
     pub context: Vec<u32>,
-    /// This turn's generated tokens, their log-probs and versions.
+    /// This turn's generated tokens and their log-probs.
     pub generated: Vec<u32>,
     pub logprobs: Vec<f32>,
-    pub versions: Vec<u64>,
+    /// The policy version that generated this turn (weights swap only between turns).
+    pub version: u64,
     pub turn_started: Instant,
     pub generate_us: u64,
     pub pending_call: Option<TurnCall>,
@@ -236,7 +234,7 @@ impl EpisodeRun {
             context: prompt,
             generated: Vec::new(),
             logprobs: Vec::new(),
-            versions: Vec::new(),
+            version,
             turn_started: Instant::now(),
             generate_us: 0,
             pending_call: None,
@@ -310,7 +308,7 @@ impl EpisodeRun {
     pub fn push_generated(&mut self, token: u32, logprob: f32, version: u64) {
         self.generated.push(token);
         self.logprobs.push(logprob);
-        self.versions.push(version);
+        self.version = version;
         self.history.push(token);
     }
 
@@ -330,7 +328,7 @@ impl EpisodeRun {
         self.pending_call.insert(call)
     }
 
-    /// The steps of the finished turn (usually one; see [`MAX_TOKENS_PER_STEP`]).
+    /// The steps of the finished turn (usually one; see [`tokens_per_step`]).
     fn take_turn_steps(
         &mut self,
         tool_call: Option<ToolCall>,
@@ -348,8 +346,6 @@ impl EpisodeRun {
         loss_mask.resize(n_ctx + n_gen, true);
         let mut logprobs = vec![0.0; n_ctx];
         logprobs.append(&mut self.logprobs);
-        let mut policy_versions = vec![0; n_ctx];
-        policy_versions.append(&mut self.versions);
         let total = token_ids.len();
         // Route row `j` belongs to token `j` (the input before it predicted it); the
         // trajectory's first token has none.
@@ -372,7 +368,8 @@ impl EpisodeRun {
                 token_ids: token_ids[lo..hi].to_vec(),
                 loss_mask: loss_mask[lo..hi].to_vec(),
                 logprobs: logprobs[lo..hi].to_vec(),
-                policy_versions: policy_versions[lo..hi].to_vec(),
+                // Pieces of context alone (a long prompt split) generated nothing.
+                policy_version: if hi > n_ctx { self.version } else { 0 },
                 tool_call: if last { tool_call.clone() } else { None },
                 tool_result: if last { tool_result } else { None },
                 process_reward: if last { process_reward } else { 0.0 },

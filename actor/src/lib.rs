@@ -69,7 +69,7 @@ pub mod tasks;
 mod tools;
 
 pub use client::{Backoff, LearnerLink, Registration};
-pub use episode::{tokens_per_step, EpisodeSpec, MAX_TOKENS_PER_STEP};
+pub use episode::{tokens_per_step, EpisodeSpec, STEP_TOKEN_BYTES};
 pub use error::ActorError;
 pub use policy::{LoadedPolicy, PolicyUpdate};
 pub use rollout::{

@@ -164,13 +164,8 @@ fn weights_swap_between_turns_and_logprobs_stay_exact() {
         let versions: std::collections::BTreeSet<u64> = t
             .steps
             .iter()
-            .flat_map(|s| {
-                s.loss_mask
-                    .iter()
-                    .zip(&s.policy_versions)
-                    .filter(|(m, _)| **m)
-                    .map(|(_, v)| *v)
-            })
+            .filter(|s| s.generated_count() > 0)
+            .map(|s| s.policy_version)
             .collect();
         saw_both |= versions.len() == 2;
         let err =

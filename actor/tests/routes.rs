@@ -11,7 +11,7 @@ use std::time::Duration;
 use common::*;
 use corvid_actor::{
     run_episodes, tokens_per_step, CollectSink, EngineConfig, EpisodeSpec, PolicyUpdate,
-    RolloutEngine, MAX_TOKENS_PER_STEP,
+    RolloutEngine, STEP_TOKEN_BYTES,
 };
 use corvid_model::{Checkpoint, MoePolicy, RouteOpts};
 use corvid_proto::{RouteShape, Step, Trajectory};
@@ -168,7 +168,7 @@ fn routes_stay_complete_across_a_weight_swap() {
         // A step's rows were run while it was produced, under the version of its generated
         // tokens; the re-prefill after the swap recorded only the positions not routed
         // before, so the rows of turns before it stay v1's.
-        let version = |s: &Step| s.policy_versions.iter().copied().max().unwrap_or(0);
+        let version = |s: &Step| s.policy_version;
         let versions: std::collections::BTreeSet<u64> = t.steps.iter().map(version).collect();
         straddled += usize::from(versions.len() == 2);
         for (v, model) in [(1, v1.model()), (2, v2.model())] {
@@ -189,10 +189,16 @@ fn routes_stay_complete_across_a_weight_swap() {
 
 #[test]
 fn a_steps_token_limit_shrinks_with_its_route_bytes() {
-    assert_eq!(tokens_per_step(0), MAX_TOKENS_PER_STEP);
+    assert_eq!(tokens_per_step(0), 209_715);
     // A DeepSeek-V3 shape: 58 MoE layers × 8 experts of 256, one byte per id.
     let per = tokens_per_step(58 * 8);
-    assert_eq!(per, 4332);
-    let bytes = per * (58 * 8 + 20);
-    assert!(bytes <= corvid_proto::limits::MAX_STEP_CHUNK_BYTES / 2);
+    assert_eq!(per, 4424);
+    // The largest such step (5-byte token ids) stays within the budget.
+    let step = corvid_proto::Step {
+        routes: vec![255; per * 58 * 8],
+        ..corvid_proto::Step::generated(1, vec![u32::MAX; per], vec![-1e30; per], u64::MAX)
+    };
+    use prost::Message;
+    let bytes = corvid_proto::pb::Step::from(step).encoded_len();
+    assert!(bytes <= STEP_TOKEN_BYTES + 64, "{bytes}");
 }

@@ -273,7 +273,7 @@ pub(crate) fn demo_step(
         turn: turn as u32,
         loss_mask,
         logprobs: vec![0.0; n],
-        policy_versions: vec![0; n],
+        policy_version: 0,
         token_ids,
         tool_call: None,
         tool_result: None,

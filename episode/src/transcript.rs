@@ -577,7 +577,6 @@ mod tests {
         b.token_ids.drain(..cut);
         b.loss_mask.drain(..cut);
         b.logprobs.drain(..cut);
-        b.policy_versions.drain(..cut);
         split.extend([a, b]);
         assert_eq!(
             f.to_messages(&split, &Conversation::default()),

@@ -38,7 +38,6 @@ fn trajectory(id: &str, len: usize, reward: f32, seed: u64) -> Trajectory {
         s.token_ids.push(next());
         s.loss_mask.push(true);
         s.logprobs.push(-5.5);
-        s.policy_versions.push(0);
     }
     Trajectory {
         header: TrajectoryHeader {

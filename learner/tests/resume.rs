@@ -97,14 +97,13 @@ fn episode(
         let mut s = Step::context(turn, Vec::new());
         s.loss_mask.clear();
         s.logprobs.clear();
-        s.policy_versions.clear();
+        s.policy_version = version;
         for i in 0..ctx + gen {
             state = mix(state);
             s.token_ids.push((state % 256) as u32);
             let generated = i >= ctx;
             s.loss_mask.push(generated);
             s.logprobs.push(if generated { -5.5 } else { 0.0 });
-            s.policy_versions.push(if generated { version } else { 0 });
         }
         s.process_reward = if state.is_multiple_of(2) { 0.1 } else { 0.0 };
         steps.push(s);

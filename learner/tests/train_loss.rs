@@ -170,13 +170,11 @@ fn episode(id: &str, reward: f32, gen: [&str; 2], tool: &str, noise: f32) -> Tra
     s0.token_ids.extend(&g0);
     s0.loss_mask.extend(vec![true; n0]);
     s0.logprobs.extend(vec![-1.5; n0]);
-    s0.policy_versions.extend(vec![0; n0]);
     let mut s1 = Step::context(1, ctx1);
     let n1 = g1.len();
     s1.token_ids.extend(&g1);
     s1.loss_mask.extend(vec![true; n1]);
     s1.logprobs.extend(vec![-2.0; n1]);
-    s1.policy_versions.extend(vec![0; n1]);
     s1.process_reward = 0.1;
     // `noise` goes into the log-probs of the masked (context) tokens only.
     for s in [&mut s0, &mut s1] {

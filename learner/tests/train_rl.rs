@@ -95,7 +95,7 @@ fn one_step(
     s.token_ids.push(action);
     s.loss_mask.push(true);
     s.logprobs.push(logp as f32);
-    s.policy_versions.push(version);
+    s.policy_version = version;
     Trajectory {
         header: header(id, group, version),
         footer: footer(reward, termination),
@@ -173,23 +173,28 @@ fn mismatch_compares_the_learner_before_the_update_with_the_actor() {
     let (a, b) = (tok.encode_plain("A")[0], tok.encode_plain("B")[0]);
     let (vs, model) = small_model(12);
     let before = action_logprobs(&model, &[a, b]);
-    // Two tokens as the learner scores them, two where the actor gave a third of the
-    // learner's probability (Δ = ln 3, π_old/μ = 3).
+    // Two tokens as the learner scores them, generated a version before the learner's; two
+    // where the actor, at the learner's version, gave a third of the learner's probability
+    // (Δ = ln 3, π_old/μ = 3).
     let ln3 = 3f64.ln();
     let group = vec![
-        one_step("a1", "g", a, before[0], 1.0, 0, Termination::Answered),
-        one_step("b1", "g", b, before[1], 0.0, 0, Termination::Answered),
-        one_step("a2", "g", a, before[0] - ln3, 1.0, 0, Termination::Answered),
-        one_step("b2", "g", b, before[1] - ln3, 0.0, 0, Termination::Answered),
+        one_step("a1", "g", a, before[0], 1.0, 6, Termination::Answered),
+        one_step("b1", "g", b, before[1], 0.0, 6, Termination::Answered),
+        one_step("a2", "g", a, before[0] - ln3, 1.0, 7, Termination::Answered),
+        one_step("b2", "g", b, before[1] - ln3, 0.0, 7, Termination::Answered),
     ];
     let cfg = RlConfig {
         minibatches: 2,
         ..rl_config(AdvantageMode::Grpo)
     };
     let mut trainer = RlTrainer::new(vs, model, None, cfg, Special::Pad.id()).unwrap();
-    let st = trainer.update(&[group], 0).unwrap();
+    let st = trainer.update(&[group], 7).unwrap();
     assert_eq!(st.tokens, 4);
     let m = &st.mismatch;
+    // Lag 0: the two tokens of version 7 alone.
+    assert_eq!(m.lag0_tokens, 2, "{m:?}");
+    let lag0 = m.k3_kl_lag0.expect("lag-0 tokens were trained on");
+    assert!((lag0 - (3.0 - 1.0 - ln3)).abs() < 1e-4, "{m:?}");
     let near = |x: f64, want: f64| (x - want).abs() < 1e-4;
     assert!(near(m.ratio_above_2_frac, 0.5), "{m:?}");
     assert!(near(m.logp_abs_diff_mean, ln3 / 2.0), "{m:?}");
@@ -360,7 +365,6 @@ fn two_turn(
             s.token_ids.extend(vec![66; g]);
             s.loss_mask.extend(vec![true; g]);
             s.logprobs.extend(vec![-1.0; g]);
-            s.policy_versions.extend(vec![0; g]);
             s.process_reward = p[t];
             s
         })

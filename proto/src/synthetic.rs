@@ -127,7 +127,7 @@ pub fn step(id: &str, seq: u64, shape: Shape) -> Step {
     let mut s = Step::context(seq as u32, Vec::with_capacity(n));
     s.loss_mask.clear();
     s.logprobs.clear();
-    s.policy_versions.clear();
+    s.policy_version = 1 + seq % 3;
     for i in 0..n {
         state = mix(state);
         s.token_ids.push((state % 50_000) as u32);
@@ -138,8 +138,6 @@ pub fn step(id: &str, seq: u64, shape: Shape) -> Step {
         } else {
             0.0
         });
-        s.policy_versions
-            .push(if generated { 1 + seq % 3 } else { 0 });
     }
     s.tool_call = Some(ToolCall {
         name: "shell".into(),

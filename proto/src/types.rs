@@ -397,9 +397,8 @@ pub struct StepTimings {
 
 /// One turn: the tokens it appended to the context, in order.
 ///
-/// `token_ids`, `loss_mask`, `logprobs` and `policy_versions` always have the same
-/// length. Tokens with `loss_mask == false` (prompt, tool output) carry log-prob 0
-/// and version 0; they are never trained on.
+/// `token_ids`, `loss_mask` and `logprobs` always have the same length. Tokens with
+/// `loss_mask == false` (prompt, tool output) carry log-prob 0; they are never trained on.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Step {
     /// Turn index within the episode (a long turn may span several steps).
@@ -410,8 +409,9 @@ pub struct Step {
     pub loss_mask: Vec<bool>,
     /// Behaviour-policy log-prob of each generated token.
     pub logprobs: Vec<f32>,
-    /// Policy version that generated each token.
-    pub policy_versions: Vec<u64>,
+    /// The policy version whose weights generated this step's tokens (0 when it generated
+    /// none). Actors swap weights only between turns, so a turn has one version.
+    pub policy_version: u64,
     /// The parsed tool call, if the turn made one.
     pub tool_call: Option<ToolCall>,
     /// The tool's result, if a tool ran.
@@ -435,7 +435,7 @@ impl Step {
             token_ids,
             loss_mask: vec![false; n],
             logprobs: vec![0.0; n],
-            policy_versions: vec![0; n],
+            policy_version: 0,
             tool_call: None,
             tool_result: None,
             process_reward: 0.0,
@@ -452,7 +452,7 @@ impl Step {
             token_ids,
             loss_mask: vec![true; n],
             logprobs,
-            policy_versions: vec![version; n],
+            policy_version: version,
             tool_call: None,
             tool_result: None,
             process_reward: 0.0,
@@ -472,7 +472,6 @@ impl Step {
         for (field, len) in [
             ("step.loss_mask", self.loss_mask.len()),
             ("step.logprobs", self.logprobs.len()),
-            ("step.policy_versions", self.policy_versions.len()),
         ] {
             if len != n {
                 return Err(invalid(
@@ -481,13 +480,7 @@ impl Step {
                 ));
             }
         }
-        for (i, ((&m, &lp), &v)) in self
-            .loss_mask
-            .iter()
-            .zip(&self.logprobs)
-            .zip(&self.policy_versions)
-            .enumerate()
-        {
+        for (i, (&m, &lp)) in self.loss_mask.iter().zip(&self.logprobs).enumerate() {
             if m {
                 // log_softmax can round a hair above 0; anything more is a bug upstream.
                 if !(lp.is_finite() && lp <= 1e-4) {
@@ -496,10 +489,10 @@ impl Step {
                         format!("{lp} is not a finite log-probability <= 0"),
                     ));
                 }
-            } else if lp != 0.0 || v != 0 {
+            } else if lp != 0.0 {
                 return Err(invalid(
                     format!("step.logprobs[{i}]"),
-                    "a token with loss_mask=false must carry logprob 0 and version 0",
+                    "a token with loss_mask=false must carry logprob 0",
                 ));
             }
         }
@@ -518,7 +511,7 @@ impl TryFrom<pb::Step> for Step {
             token_ids: s.token_ids,
             loss_mask: s.loss_mask,
             logprobs: s.logprobs,
-            policy_versions: s.policy_versions,
+            policy_version: s.policy_version,
             tool_call: s.tool_call.map(|c| ToolCall {
                 name: c.name,
                 arguments_json: c.arguments_json,
@@ -546,7 +539,7 @@ impl From<Step> for pb::Step {
             token_ids: s.token_ids,
             loss_mask: s.loss_mask,
             logprobs: s.logprobs,
-            policy_versions: s.policy_versions,
+            policy_version: s.policy_version,
             tool_call: s.tool_call.map(|c| pb::ToolCall {
                 name: c.name,
                 arguments_json: c.arguments_json,

@@ -139,9 +139,9 @@ fn a_newer_policy_is_fetched_and_used_from_the_next_turn() {
         generated_under_v2 += t
             .steps
             .iter()
-            .flat_map(|s| s.loss_mask.iter().zip(&s.policy_versions))
-            .filter(|(m, v)| **m && **v == 2)
-            .count();
+            .filter(|s| s.policy_version == 2)
+            .map(|s| s.generated_count())
+            .sum::<usize>();
         let err = max_logprob_error_by_version(
             &|v| if v == 1 { v1.model() } else { v2.model() },
             t,

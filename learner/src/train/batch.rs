@@ -85,6 +85,8 @@ pub struct Scored<'a> {
 pub struct Selection<'a> {
     /// Trajectories to train on, group by group.
     pub trajectories: Vec<Scored<'a>>,
+    /// The learner's policy version when it selected them: the weights of `π_old`.
+    pub current_version: u64,
     /// Groups with at least one trajectory kept.
     pub groups_used: usize,
     /// Trajectories older than the staleness bound (rule 1).
@@ -215,7 +217,10 @@ pub fn select<'a>(
     current_version: u64,
     cfg: &RlConfig,
 ) -> Result<Selection<'a>, TrainError> {
-    let mut sel = Selection::default();
+    let mut sel = Selection {
+        current_version,
+        ..Selection::default()
+    };
     let mut lag_sum = 0u64;
     for (gi, group) in groups.iter().enumerate() {
         let mut fresh: Vec<&Trajectory> = Vec::with_capacity(group.len());

@@ -54,7 +54,7 @@ fn split_turn_1(mut steps: Vec<Step>) -> Vec<Step> {
     first.token_ids.truncate(k);
     first.loss_mask.truncate(k);
     first.logprobs.truncate(k);
-    first.policy_versions.truncate(k);
+    first.policy_version = 0;
     first.tool_call = None;
     first.tool_result = None;
     first.process_reward = 0.0;
@@ -62,7 +62,6 @@ fn split_turn_1(mut steps: Vec<Step>) -> Vec<Step> {
     rest.token_ids.drain(..k);
     rest.loss_mask.drain(..k);
     rest.logprobs.drain(..k);
-    rest.policy_versions.drain(..k);
     steps.insert(i, rest);
     steps.insert(i, first);
     steps
