@@ -1,15 +1,17 @@
-//! The built-in families: `hops`, `search` and `shell`.
+//! The built-in families: `hops`, `search`, `shell` and `keychain`.
 //!
-//! All three share one length schedule: the main chain of level `L` needs
+//! All four share one length schedule for levels 1–8 (`keychain` goes on to level 12): the main chain of level `L` needs
 //! [`CHAIN_CALLS`]`[L−1]` tool calls (1, 2, 3, 4, 6, 8, 11, 16 — roughly ×1.5 per level),
 //! and from [`RECOVERY_FROM`] up the oracle adds one recoverable failure (a call that
 //! fails, then the fix), so demonstrations teach recovery.
 
 mod hops;
+mod keychain;
 mod search;
 pub mod shell;
 
 pub use hops::Hops;
+pub use keychain::Keychain;
 pub use search::Search;
 pub use shell::Shell;
 
@@ -29,7 +31,12 @@ pub const RECOVERY_FROM: u32 = 4;
 
 /// Every built-in family.
 pub fn builtin_families() -> Vec<Box<dyn TaskFamily>> {
-    vec![Box::new(Hops), Box::new(Search), Box::new(Shell)]
+    vec![
+        Box::new(Hops),
+        Box::new(Search),
+        Box::new(Shell),
+        Box::new(Keychain),
+    ]
 }
 
 /// The names of the built-in families, in [`builtin_families`] order.
