@@ -44,8 +44,8 @@ pub use curriculum::{ContextStage, Curriculum, CurriculumConfig, FamilyProgress,
 pub use env::{Episode, TaskEnv};
 pub use error::TasksError;
 pub use families::{
-    builtin_families, builtin_family, builtin_names, shell, Hops, Keychain, Search, Shell,
-    CHAIN_CALLS, RECOVERY_FROM,
+    builtin_families, builtin_family, builtin_names, shell, Hops, Keychain, Ledger, Needles,
+    Search, Shell, CHAIN_CALLS, RECOVERY_FROM,
 };
 pub use pack::{load_pack, PackDiagnostic, TaskPack};
 pub use process::{score_turns, ProcessRule, ScoredTurn};

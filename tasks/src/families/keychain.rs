@@ -10,37 +10,20 @@
 //! set to a decoy before its final copy. Other variables, set and copied among themselves,
 //! fill each part.
 //!
-//! Levels 1–8 follow the built-in schedule (parts = main-chain calls); levels 9–12 go past it
-//! toward long horizons: 24–64 parts of up to 96 lines, 64K tokens at level 12.
+//! Levels follow the log schedule ([`super::LOG_PARTS`], [`super::LOG_LINES`]): 1–8 the
+//! built-in schedule (parts = main-chain calls), 9–12 past it toward long horizons, 24–64
+//! parts of up to 96 lines, ~108K tokens at level 12.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::json;
-
-use super::{budget_for, PlanBuilder, RECOVERY_FROM};
-use crate::checker::Checker;
+use super::{log_instance, part_path, LOG_LINES, LOG_PARTS};
 use crate::error::TasksError;
-use crate::process::ProcessRule;
 use crate::rng::SplitMix64;
-use crate::task::{
-    check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
-};
-
-/// Parts per level (index = level − 1): the built-in schedule, then longer logs.
-const PARTS: [usize; 12] = [1, 2, 3, 4, 6, 8, 11, 16, 24, 32, 48, 64];
-/// Lines per part, by level (the chain's lines included).
-const LINES: [usize; 12] = [2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96];
-/// Most bytes `read_file` shows per call; a part stays under it.
-const READ_BYTES: u64 = 4096;
+use crate::task::{check_level, TaskFamily, TaskInstance};
 
 /// The `keychain` family.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Keychain;
-
-/// A part's path: `chain/part-07.txt`.
-fn part_path(i: usize) -> String {
-    format!("chain/part-{:02}.txt", i + 1)
-}
 
 /// `n` distinct variable names: `k` and three letters.
 fn names(rng: &mut SplitMix64, n: usize) -> Vec<String> {
@@ -132,76 +115,42 @@ impl TaskFamily for Keychain {
     }
 
     fn levels(&self) -> u32 {
-        PARTS.len() as u32
+        LOG_PARTS.len() as u32
     }
 
     fn instance(&self, level: u32, seed: u64) -> Result<TaskInstance, TasksError> {
         check_level(self.name(), level, self.levels())?;
         let li = level as usize - 1;
-        let parts = PARTS[li];
+        let parts = LOG_PARTS[li];
         let mut rng = SplitMix64::derive(seed, &format!("keychain/{level}"));
-        let log = Log::new(&mut rng, parts, LINES[li]);
+        let log = Log::new(&mut rng, parts, LOG_LINES[li]);
         let mut files = BTreeMap::new();
-        let paths: Vec<String> = (0..parts).map(part_path).collect();
-        for (p, lines) in paths.iter().zip(&log.parts) {
-            files.insert(p.clone(), (lines.join("\n") + "\n").into_bytes());
+        for (i, lines) in log.parts.iter().enumerate() {
+            files.insert(
+                part_path("chain", i),
+                (lines.join("\n") + "\n").into_bytes(),
+            );
         }
         let prompt = format!(
             "Run the `set` lines of chain/ in order, part-01.txt first; a copy takes the value the source has at that line. What is {} at the end?",
             log.asked
         );
-        let no_corpus = Vec::new();
-        let mut plan = PlanBuilder::new(&files, &no_corpus);
-        for (i, p) in paths.iter().enumerate() {
-            if level >= RECOVERY_FROM && i == 1.min(parts - 1) {
-                // Recoverable failure: the path without its extension, then the fix.
-                plan.call("read_file", json!({"path": p.trim_end_matches(".txt")}));
-            }
-            plan.call("read_file", json!({"path": p}));
-        }
-        let steps = plan.finish();
-        let mut inst = TaskInstance {
-            id: format!("keychain/L{level}/s{seed}"),
-            family: "keychain".into(),
+        Ok(log_instance(
+            self.name(),
             level,
             seed,
             prompt,
             files,
-            read_only: ReadOnlyData::default(),
-            tools: vec![
-                ToolSpec {
-                    name: "read_file".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(2 * parts as u32 + 4),
-                        max_output_bytes: Some(READ_BYTES),
-                    },
-                },
-                ToolSpec::unlimited("list_dir"),
-                ToolSpec::unlimited("answer"),
-            ],
-            max_turns: parts as u32 + 4,
-            context_budget: 0,
-            checker: Checker::Exact {
-                expected: log.answer.to_string(),
-                case_insensitive: false,
-            },
-            process_rules: ProcessRule::defaults(paths),
-            oracle: OraclePlan {
-                steps,
-                answer: log.answer.to_string(),
-            },
-            custom_tools: Vec::new(),
-            spec_hash: String::new(),
-        };
-        inst.context_budget = budget_for(inst.oracle_tokens());
-        Ok(inst.seal())
+            "chain",
+            log.answer,
+        ))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::CHAIN_CALLS;
+    use crate::families::{CHAIN_CALLS, LOG_READ_BYTES};
 
     /// Runs `parts` in order; the final values of the variables set.
     fn run_log(parts: &[&str]) -> BTreeMap<String, i64> {
@@ -228,12 +177,12 @@ mod tests {
 
     #[test]
     fn levels_1_to_8_follow_the_built_in_schedule() {
-        assert_eq!(PARTS[..CHAIN_CALLS.len()], CHAIN_CALLS);
+        assert_eq!(LOG_PARTS[..CHAIN_CALLS.len()], CHAIN_CALLS);
     }
 
     fn texts(t: &TaskInstance) -> Vec<String> {
         (0..t.files.len())
-            .map(|i| String::from_utf8(t.files[&part_path(i)].clone()).unwrap())
+            .map(|i| String::from_utf8(t.files[&part_path("chain", i)].clone()).unwrap())
             .collect()
     }
 
@@ -248,12 +197,12 @@ mod tests {
             for seed in 0..20 {
                 let t = Keychain.instance(level, seed).unwrap();
                 let parts = texts(&t);
-                assert_eq!(parts.len(), PARTS[level as usize - 1], "{}", t.id);
+                assert_eq!(parts.len(), LOG_PARTS[level as usize - 1], "{}", t.id);
                 let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
                 let end = run_log(&refs);
                 assert_eq!(end[&asked(&t)].to_string(), t.oracle.answer, "{}", t.id);
                 assert!(
-                    parts.iter().all(|p| p.len() as u64 <= READ_BYTES),
+                    parts.iter().all(|p| p.len() as u64 <= LOG_READ_BYTES),
                     "{}",
                     t.id
                 );

@@ -1,27 +1,38 @@
-//! The built-in families: `hops`, `search`, `shell` and `keychain`.
+//! The built-in families: `hops`, `search`, `shell`, and the log-reading `keychain`,
+//! `ledger` and `needles`.
 //!
-//! All four share one length schedule for levels 1–8 (`keychain` goes on to level 12): the main chain of level `L` needs
+//! All six share one length schedule for levels 1–8 (the log-reading ones go on to level 12): the main chain of level `L` needs
 //! [`CHAIN_CALLS`]`[L−1]` tool calls (1, 2, 3, 4, 6, 8, 11, 16 — roughly ×1.5 per level),
 //! and from [`RECOVERY_FROM`] up the oracle adds one recoverable failure (a call that
 //! fails, then the fix), so demonstrations teach recovery.
 
 mod hops;
 mod keychain;
+mod ledger;
+mod needles;
 mod search;
 pub mod shell;
 
 pub use hops::Hops;
 pub use keychain::Keychain;
+pub use ledger::Ledger;
+pub use needles::Needles;
 pub use search::Search;
 pub use shell::Shell;
 
 use std::collections::BTreeMap;
 
+use serde_json::json;
+
 use corvid_proto::ToolStatus;
 
+use crate::checker::Checker;
 use crate::error::TasksError;
+use crate::process::ProcessRule;
 use crate::sim::Simulator;
-use crate::task::{Document, OracleStep, TaskFamily};
+use crate::task::{
+    Document, OraclePlan, OracleStep, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
+};
 
 /// Main-chain tool calls per level (index = level − 1).
 pub const CHAIN_CALLS: [usize; 8] = [1, 2, 3, 4, 6, 8, 11, 16];
@@ -36,6 +47,8 @@ pub fn builtin_families() -> Vec<Box<dyn TaskFamily>> {
         Box::new(Search),
         Box::new(Shell),
         Box::new(Keychain),
+        Box::new(Ledger),
+        Box::new(Needles),
     ]
 }
 
@@ -136,4 +149,80 @@ pub(crate) fn filler(rng: &mut crate::rng::SplitMix64, bytes: usize) -> Vec<Stri
 /// A context budget comfortably above the oracle's tokens: twice, rounded up to 1024.
 pub(crate) fn budget_for(tokens: usize) -> u32 {
     (((tokens * 2).div_ceil(1024)).max(1) * 1024) as u32
+}
+
+/// Parts of a log-reading family's log per level (index = level − 1): the main-chain
+/// schedule for levels 1–8, then longer logs toward episodes past a context window.
+pub(crate) const LOG_PARTS: [usize; 12] = [1, 2, 3, 4, 6, 8, 11, 16, 24, 32, 48, 64];
+
+/// Lines per part of a log-reading family, by level.
+pub(crate) const LOG_LINES: [usize; 12] = [2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96];
+
+/// Most bytes `read_file` shows per call in a log-reading family; a part stays under it.
+pub(crate) const LOG_READ_BYTES: u64 = 4096;
+
+/// Part `i` (0-based) of the log in `dir`: `dir/part-07.txt`.
+pub(crate) fn part_path(dir: &str, i: usize) -> String {
+    format!("{dir}/part-{:02}.txt", i + 1)
+}
+
+/// A log-reading task: `files` are the parts of the log in `dir`, read in order by the
+/// oracle (from [`RECOVERY_FROM`] with a recoverable failure first: a part's path without
+/// its extension), then `answer`, checked exactly. Reading every part earns the default
+/// process rewards.
+pub(crate) fn log_instance(
+    family: &str,
+    level: u32,
+    seed: u64,
+    prompt: String,
+    files: BTreeMap<String, Vec<u8>>,
+    dir: &str,
+    answer: i64,
+) -> TaskInstance {
+    let paths: Vec<String> = (0..files.len()).map(|i| part_path(dir, i)).collect();
+    let no_corpus = Vec::new();
+    let mut plan = PlanBuilder::new(&files, &no_corpus);
+    for (i, p) in paths.iter().enumerate() {
+        if level >= RECOVERY_FROM && i == 1.min(paths.len() - 1) {
+            plan.call("read_file", json!({"path": p.trim_end_matches(".txt")}));
+        }
+        plan.call("read_file", json!({"path": p}));
+    }
+    let steps = plan.finish();
+    let parts = paths.len() as u32;
+    let mut inst = TaskInstance {
+        id: format!("{family}/L{level}/s{seed}"),
+        family: family.into(),
+        level,
+        seed,
+        prompt,
+        files,
+        read_only: ReadOnlyData::default(),
+        tools: vec![
+            ToolSpec {
+                name: "read_file".into(),
+                limits: ToolLimits {
+                    max_calls: Some(2 * parts + 4),
+                    max_output_bytes: Some(LOG_READ_BYTES),
+                },
+            },
+            ToolSpec::unlimited("list_dir"),
+            ToolSpec::unlimited("answer"),
+        ],
+        max_turns: parts + 4,
+        context_budget: 0,
+        checker: Checker::Exact {
+            expected: answer.to_string(),
+            case_insensitive: false,
+        },
+        process_rules: ProcessRule::defaults(paths),
+        oracle: OraclePlan {
+            steps,
+            answer: answer.to_string(),
+        },
+        custom_tools: Vec::new(),
+        spec_hash: String::new(),
+    };
+    inst.context_budget = budget_for(inst.oracle_tokens());
+    inst.seal()
 }
