@@ -2,17 +2,19 @@
 //! answer is a variable's value at the end of the log (temporal order).
 //!
 //! Each part of `chain/part-NN.txt` holds `set <var> = <number>` and `set <var> = <var>`
-//! lines, run in reading order (a copy takes the source's value at that line). The asked
-//! variable's value comes down a chain that crosses every part: part 1 sets `c1`, part `i`
-//! copies `c(i−1)` into `ci`, and after each copy the source is set again to a decoy, in the
-//! same part or a later one. So every part is needed, in order, and the last value written
-//! to a chain variable anywhere in the log is the wrong answer. The asked variable is also
-//! set to a decoy before its final copy. Other variables, set and copied among themselves,
-//! fill each part.
+//! lines, run in reading order (a copy takes the source's value at that line; copying a
+//! variable not yet set changes nothing). The asked variable's value comes down a chain that
+//! crosses every part: part 1 sets `c1`, part `i` copies `c(i−1)` into `ci`, and after each
+//! copy the source is set again to a decoy, in the same part or a later one; the asked
+//! variable is set to a decoy before its final copy. From level 2 two distractor chains of the
+//! same shape start in part 1 too, and other variables, set and copied among themselves, fill
+//! each part. So every part is needed, in order: skipping one, swapping two, or taking the
+//! last number written to a chain variable gives a wrong answer, and part 1 alone names three
+//! candidate values.
 //!
 //! Levels follow the log schedule ([`super::LOG_PARTS`], [`super::LOG_LINES`]): 1–8 the
 //! built-in schedule (parts = main-chain calls), 9–12 past it toward long horizons, 24–64
-//! parts of up to 96 lines, ~108K tokens at level 12.
+//! parts.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -56,34 +58,83 @@ struct Log {
     answer: i64,
 }
 
+/// Chains in a log of more than one part: the asked one and distractors of the same shape,
+/// so part 1 sets several chain starts and only following the copies tells them apart.
+const CHAINS: usize = 3;
+
+/// Filler variable names.
+const FILLER_NAMES: usize = 12;
+
+/// One chain's lines, part by part: `c1` set to `start` in part 1; part `i` copies `c(i−1)`
+/// into `ci`, then `c(i−1)` gets a decoy (never `avoid`), in that part or a later one. The
+/// last variable gets a decoy before its final copy. Returns the lines and the last name.
+fn chain_lines(
+    rng: &mut SplitMix64,
+    names: &[String],
+    start: i64,
+    avoid: i64,
+) -> (Vec<Vec<String>>, String) {
+    let parts = names.len();
+    let mut log: Vec<Vec<String>> = vec![Vec::new(); parts];
+    log[0].push(format!("set {} = {start}", names[0]));
+    for i in 1..parts {
+        log[i].push(format!("set {} = {}", names[i], names[i - 1]));
+        let later = i + rng.below((parts - i) as u64) as usize;
+        let decoy = value(rng, &[avoid, start]);
+        log[later].push(format!("set {} = {decoy}", names[i - 1]));
+    }
+    let last = names[parts - 1].clone();
+    let decoy = value(rng, &[avoid, start]);
+    if parts == 1 {
+        // One part: the first value set is the decoy, the second the chain's value.
+        log[0].insert(0, format!("set {last} = {decoy}"));
+    } else {
+        let at = rng.below((parts - 1) as u64) as usize;
+        log[at].push(format!("set {last} = {decoy}"));
+    }
+    (log, last)
+}
+
 impl Log {
     fn new(rng: &mut SplitMix64, parts: usize, lines: usize) -> Self {
-        let vars = names(rng, parts + 4);
-        let (chain, others) = vars.split_at(parts);
+        let chains = if parts == 1 { 1 } else { CHAINS };
+        let vars = names(rng, parts * chains + FILLER_NAMES);
+        let (chain_names, others) = vars.split_at(parts * chains);
         let answer = rng.range(10_000, 99_999);
-        let mut log: Vec<Vec<String>> = vec![Vec::new(); parts];
-        // The chain: c1 is set in part 1; part i copies c(i−1) into ci, then c(i−1) gets a
-        // decoy, here or in a later part.
-        log[0].push(format!("set {} = {answer}", chain[0]));
-        for i in 1..parts {
-            log[i].push(format!("set {} = {}", chain[i], chain[i - 1]));
-            let later = i + rng.below((parts - i) as u64) as usize;
-            let decoy = value(rng, &[answer]);
-            log[later].push(format!("set {} = {decoy}", chain[i - 1]));
+        // Each chain's lines, part by part; the first chain is the asked one.
+        let mut per_chain = Vec::with_capacity(chains);
+        let mut asked = String::new();
+        for (j, names) in chain_names.chunks(parts).enumerate() {
+            let start = if j == 0 {
+                answer
+            } else {
+                value(rng, &[answer])
+            };
+            let (lines, last) = chain_lines(rng, names, start, answer);
+            if j == 0 {
+                asked = last;
+            }
+            per_chain.push(lines);
         }
-        let asked = chain[parts - 1].clone();
-        // At one part the asked variable's decoy comes before its final assignment; with one
-        // part, the first value set is the decoy and a second line sets the answer.
-        if parts == 1 {
-            let decoy = value(rng, &[answer]);
-            log[0].insert(0, format!("set {asked} = {decoy}"));
-        } else {
-            let decoy = value(rng, &[answer]);
-            let at = rng.below((parts - 1) as u64) as usize;
-            log[at].push(format!("set {asked} = {decoy}"));
+        // Each part interleaves the chains' lines at random, each chain's in its order.
+        let mut log: Vec<Vec<String>> = Vec::with_capacity(parts);
+        for i in 0..parts {
+            let mut queues: Vec<std::collections::VecDeque<String>> = per_chain
+                .iter_mut()
+                .map(|c| std::mem::take(&mut c[i]).into())
+                .collect();
+            let mut part = Vec::new();
+            while queues.iter().any(|q| !q.is_empty()) {
+                let live: Vec<usize> = (0..queues.len())
+                    .filter(|&q| !queues[q].is_empty())
+                    .collect();
+                let q = live[rng.below(live.len() as u64) as usize];
+                part.extend(queues[q].pop_front());
+            }
+            log.push(part);
         }
-        // Filler: the other variables, set and copied among themselves, placed at random
-        // lines of each part; they never touch the chain.
+        // Filler: other variables, set and copied among themselves, placed at random lines
+        // of each part; they never touch a chain.
         for part in log.iter_mut() {
             while part.len() < lines {
                 let v = &others[rng.below(others.len() as u64) as usize];
@@ -132,16 +183,17 @@ impl TaskFamily for Keychain {
             );
         }
         let prompt = format!(
-            "Run the `set` lines of chain/ in order, part-01.txt first; a copy takes the value the source has at that line. What is {} at the end?",
+            "Run the `set` lines of chain/ in order, part-01.txt first; a copy takes the value the source has at that line (none: no change). What is {} at the end?",
             log.asked
         );
+        let every: Vec<String> = files.keys().cloned().collect();
         Ok(log_instance(
             self.name(),
-            level,
-            seed,
+            (level, seed),
             prompt,
             files,
             "chain",
+            every,
             log.answer,
         ))
     }
@@ -218,22 +270,48 @@ mod tests {
                 let parts = texts(&t);
                 let refs: Vec<&str> = parts.iter().map(String::as_str).collect();
                 let target = asked(&t);
-                // Reading the parts in reverse order.
-                let reversed: Vec<&str> = refs.iter().rev().copied().collect();
-                let back = run_log(&reversed).get(&target).map(i64::to_string);
-                assert_ne!(back.as_deref(), Some(t.oracle.answer.as_str()), "{}", t.id);
-                // Skipping any one part.
-                for skip in 0..refs.len() {
-                    let mut some = refs.clone();
-                    some.remove(skip);
-                    let got = run_log(&some).get(&target).map(i64::to_string);
+                let wrong = |got: Option<&i64>, how: &str| {
                     assert_ne!(
-                        got.as_deref(),
+                        got.map(i64::to_string).as_deref(),
                         Some(t.oracle.answer.as_str()),
-                        "{} without part {skip}",
+                        "{} {how}",
                         t.id
-                    );
+                    )
+                };
+                for k in 0..refs.len() {
+                    // Skipping part k.
+                    let mut some = refs.clone();
+                    some.remove(k);
+                    wrong(run_log(&some).get(&target), &format!("without part {k}"));
+                    // Swapping parts k and k + 1.
+                    if k + 1 < refs.len() {
+                        let mut swapped = refs.clone();
+                        swapped.swap(k, k + 1);
+                        wrong(
+                            run_log(&swapped).get(&target),
+                            &format!("with parts {k}, {} swapped", k + 1),
+                        );
+                    }
                 }
+                // The last number written to the asked variable anywhere.
+                let last = refs
+                    .iter()
+                    .rev()
+                    .flat_map(|p| p.lines().rev())
+                    .filter_map(|l| l.strip_prefix(&format!("set {target} = ")))
+                    .find_map(|v| v.parse::<i64>().ok());
+                wrong(last.as_ref(), "taking the last number written to it");
+                // Part 1 alone: at least three variables set to numbers there are copied later.
+                let later: String = refs[1..].concat();
+                let starts = refs[0]
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("set ")?.split_once(" = "))
+                    .filter(|(var, v)| {
+                        v.parse::<i64>().is_ok() && later.contains(&format!(" = {var}\n"))
+                    })
+                    .map(|(var, _)| var)
+                    .collect::<std::collections::BTreeSet<_>>();
+                assert!(starts.len() >= CHAINS, "{}: part 1 starts {starts:?}", t.id);
             }
         }
     }

@@ -1,7 +1,7 @@
 //! `ledger`: an aggregate over a long log that is read in parts — how many entries one
 //! account has, or the sum of its amounts. Every part holds some of the account's entries
-//! among other accounts', so every part is needed, and noting a running result beats
-//! reading the log whole.
+//! among other accounts', so every part is needed; a policy whose window cannot hold the
+//! whole log must carry a running result.
 //!
 //! Levels follow `keychain`'s log schedule ([`super::LOG_PARTS`], [`super::LOG_LINES`]):
 //! 1–8 the built-in schedule, 9–12 up to 64 parts.
@@ -108,13 +108,14 @@ impl TaskFamily for Ledger {
         let prompt = format!(
             "The ledger is in ledger/, part-01.txt to part-{parts:02}.txt, one `<account> <amount>` entry per line. {question}"
         );
+        let every: Vec<String> = files.keys().cloned().collect();
         Ok(log_instance(
             self.name(),
-            level,
-            seed,
+            (level, seed),
             prompt,
             files,
             "ledger",
+            every,
             answer,
         ))
     }

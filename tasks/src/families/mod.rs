@@ -1,10 +1,10 @@
 //! The built-in families: `hops`, `search`, `shell`, and the log-reading `keychain`,
 //! `ledger` and `needles`.
 //!
-//! All six share one length schedule for levels 1–8 (the log-reading ones go on to level 12): the main chain of level `L` needs
-//! [`CHAIN_CALLS`]`[L−1]` tool calls (1, 2, 3, 4, 6, 8, 11, 16 — roughly ×1.5 per level),
-//! and from [`RECOVERY_FROM`] up the oracle adds one recoverable failure (a call that
-//! fails, then the fix), so demonstrations teach recovery.
+//! All six share one length schedule for levels 1–8 (the log-reading ones go on to level
+//! 12): the main chain of level `L` needs [`CHAIN_CALLS`]`[L−1]` tool calls (1, 2, 3, 4, 6,
+//! 8, 11, 16 — roughly ×1.5 per level), and from [`RECOVERY_FROM`] up the oracle adds one
+//! recoverable failure (a call that fails, then the fix), so demonstrations teach recovery.
 
 mod hops;
 mod keychain;
@@ -166,20 +166,23 @@ pub(crate) fn part_path(dir: &str, i: usize) -> String {
     format!("{dir}/part-{:02}.txt", i + 1)
 }
 
-/// A log-reading task: `files` are the parts of the log in `dir`, read in order by the
-/// oracle (from [`RECOVERY_FROM`] with a recoverable failure first: a part's path without
-/// its extension), then `answer`, checked exactly. Reading every part earns the default
-/// process rewards.
+/// A log-reading task: `files` are the parts of the log in `dir` (`part_path(dir, 0..n)`),
+/// read in order by the oracle (from [`RECOVERY_FROM`], part 2's path without its extension
+/// first fails, then the fix), then `answer`, checked exactly. Reading the parts in `needed`
+/// earns the default process rewards.
 pub(crate) fn log_instance(
     family: &str,
-    level: u32,
-    seed: u64,
+    (level, seed): (u32, u64),
     prompt: String,
     files: BTreeMap<String, Vec<u8>>,
     dir: &str,
+    needed: Vec<String>,
     answer: i64,
 ) -> TaskInstance {
     let paths: Vec<String> = (0..files.len()).map(|i| part_path(dir, i)).collect();
+    debug_assert!(paths.iter().all(|p| files
+        .get(p)
+        .is_some_and(|f| f.len() as u64 <= LOG_READ_BYTES)));
     let no_corpus = Vec::new();
     let mut plan = PlanBuilder::new(&files, &no_corpus);
     for (i, p) in paths.iter().enumerate() {
@@ -215,7 +218,7 @@ pub(crate) fn log_instance(
             expected: answer.to_string(),
             case_insensitive: false,
         },
-        process_rules: ProcessRule::defaults(paths),
+        process_rules: ProcessRule::defaults(needed),
         oracle: OraclePlan {
             steps,
             answer: answer.to_string(),

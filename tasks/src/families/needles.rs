@@ -1,8 +1,9 @@
 //! `needles`: multi-hop facts scattered through notes among distractor facts. Each line of
 //! `notes/part-NN.txt` is a link `<name> => <name or number>`; the question starts at one
 //! name and follows `k` links to a number. The links of the asked chain sit at random places
-//! in random parts, among other chains of the same shape that end at other numbers, so the
-//! notes must be read (all of them: nothing says where a link is) and the links joined.
+//! in random parts, among other chains of the same shape that end at other numbers; nothing
+//! says which part holds a link, so the notes are read and the links joined. Reading the
+//! parts that hold the asked links earns the process rewards.
 //!
 //! Levels follow the log schedule ([`super::LOG_PARTS`], [`super::LOG_LINES`]) and raise the
 //! hops `k` ([`HOPS`]) with the parts and the distractor lines.
@@ -80,10 +81,15 @@ impl TaskFamily for Needles {
             all.extend(chain(&mut rng, &mut used, hops, end));
         }
         rng.shuffle(&mut all);
-        let per = all.len().div_ceil(parts);
         let mut files = BTreeMap::new();
-        for (i, part) in all.chunks(per).enumerate() {
-            files.insert(part_path("notes", i), (part.join("\n") + "\n").into_bytes());
+        let mut needed = Vec::new();
+        for i in 0..parts {
+            let part = &all[i * all.len() / parts..(i + 1) * all.len() / parts];
+            let path = part_path("notes", i);
+            if part.iter().any(|l| asked.contains(l)) {
+                needed.push(path.clone());
+            }
+            files.insert(path, (part.join("\n") + "\n").into_bytes());
         }
         let prompt = format!(
             "The notes in notes/ (part-01.txt to part-{:02}.txt) hold `a => b` links. Start at {start} and follow {hops} link{}: what number do you reach?",
@@ -92,11 +98,11 @@ impl TaskFamily for Needles {
         );
         Ok(log_instance(
             self.name(),
-            level,
-            seed,
+            (level, seed),
             prompt,
             files,
             "notes",
+            needed,
             answer,
         ))
     }
@@ -140,7 +146,7 @@ mod tests {
                     "{}",
                     t.id
                 );
-                assert!(t.files.len() <= LOG_PARTS[level as usize - 1], "{}", t.id);
+                assert_eq!(t.files.len(), LOG_PARTS[level as usize - 1], "{}", t.id);
                 assert!(
                     t.files.values().all(|f| f.len() as u64 <= LOG_READ_BYTES),
                     "{}",
@@ -152,20 +158,27 @@ mod tests {
 
     #[test]
     fn distractor_chains_end_at_other_numbers() {
-        let t = Needles.instance(8, 1).unwrap();
-        let numbers: Vec<String> = t
-            .files
-            .values()
-            .flat_map(|f| {
-                String::from_utf8(f.clone())
-                    .unwrap()
-                    .lines()
-                    .filter_map(|l| l.split_once(" => ").map(|(_, b)| b.to_string()))
-                    .filter(|b| b.parse::<i64>().is_ok())
-                    .collect::<Vec<_>>()
-            })
-            .collect();
-        assert!(numbers.len() > 10, "{numbers:?}");
-        assert_eq!(numbers.iter().filter(|n| **n == t.oracle.answer).count(), 1);
+        for (level, seed) in (2..=Needles.levels()).flat_map(|l| (0..5).map(move |s| (l, s))) {
+            let t = Needles.instance(level, seed).unwrap();
+            let numbers: Vec<String> = t
+                .files
+                .values()
+                .flat_map(|f| {
+                    String::from_utf8(f.clone())
+                        .unwrap()
+                        .lines()
+                        .filter_map(|l| l.split_once(" => ").map(|(_, b)| b.to_string()))
+                        .filter(|b| b.parse::<i64>().is_ok())
+                        .collect::<Vec<_>>()
+                })
+                .collect();
+            assert!(numbers.len() >= 2, "{}: {numbers:?}", t.id);
+            assert_eq!(
+                numbers.iter().filter(|n| **n == t.oracle.answer).count(),
+                1,
+                "{}",
+                t.id
+            );
+        }
     }
 }
