@@ -8,7 +8,7 @@
 //! them as they are (`corvid_proto::received`).
 
 use prost_types::field_descriptor_proto::Type;
-use prost_types::OneofDescriptorProto;
+use prost_types::{DescriptorProto, OneofDescriptorProto};
 
 /// The messages the received view generates itself; every other type is `crate::pb`'s.
 const RECEIVED: [&str; 2] = ["TrajectoryPart", "StepChunk"];
@@ -36,32 +36,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let package = file.package().to_owned();
         for m in &mut file.message_type {
             let name = m.name().to_owned();
-            if m.name() == "StepChunk" {
-                // `optional bytes`, so that a chunk without a step reads as `None`, as the
-                // message field does.
-                let oneof = m.oneof_decl.len() as i32;
-                m.oneof_decl.push(OneofDescriptorProto {
-                    name: Some("_step".into()),
-                    options: None,
-                });
-                let step = m
-                    .field
-                    .iter_mut()
-                    .find(|f| f.name() == "step")
-                    .ok_or("learner.proto: StepChunk has no field `step`")?;
-                step.set_type(Type::Bytes);
-                step.type_name = None;
-                step.oneof_index = Some(oneof);
-                step.proto3_optional = Some(true);
-            }
-            if RECEIVED.contains(&name.as_str())
-                && !(m.nested_type.is_empty() && m.enum_type.is_empty())
-            {
-                return Err(format!("learner.proto: {name} gained nested types; give them extern paths to crate::pb").into());
-            }
             if !RECEIVED.contains(&name.as_str()) {
                 builder =
                     builder.extern_path(format!(".{package}.{name}"), format!("crate::pb::{name}"));
+                continue;
+            }
+            if !(m.nested_type.is_empty() && m.enum_type.is_empty()) {
+                return Err(format!("learner.proto: {name} gained nested types; give them extern paths to crate::pb").into());
+            }
+            if name == "StepChunk" {
+                step_as_optional_bytes(m)?;
             }
         }
         for e in &file.enum_type {
@@ -71,5 +55,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     builder.compile_fds(received)?;
+    Ok(())
+}
+
+/// `StepChunk.step` as `optional bytes`, so that a chunk without a step reads as `None`, as
+/// the message field does.
+fn step_as_optional_bytes(m: &mut DescriptorProto) -> Result<(), Box<dyn std::error::Error>> {
+    let oneof = m.oneof_decl.len() as i32;
+    m.oneof_decl.push(OneofDescriptorProto {
+        name: Some("_step".into()),
+        options: None,
+    });
+    let step = m
+        .field
+        .iter_mut()
+        .find(|f| f.name() == "step")
+        .ok_or("learner.proto: StepChunk has no field `step`")?;
+    step.set_type(Type::Bytes);
+    step.type_name = None;
+    step.oneof_index = Some(oneof);
+    step.proto3_optional = Some(true);
     Ok(())
 }

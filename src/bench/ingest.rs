@@ -1,16 +1,18 @@
 //! `corvid bench ingest`: trajectory ingest over loopback gRPC against raw sled.
 //!
-//! Both paths write the same synthetic trajectory (same step bytes, same keys)
-//! into a fresh store and end with one flush:
+//! Both paths write the same synthetic trajectory (the same step bytes) into a fresh store
+//! and end with one flush:
 //! - **gRPC path**: client stream → tonic server → the learner's one check of each step
 //!   (its invariants, routes, vocabulary) → `TrajectoryStore` (record, the step bytes as
 //!   received, indexes, transaction) → flush → ack;
 //! - **baseline**: encode each step and `insert` it straight into a sled tree, one value per
-//!   step.
+//!   step under its (id, seq) key (the store cuts a step over 8 KiB into pieces).
 //!
-//! `peak_rss_delta_mb` is the growth of this process's peak RSS (client and
-//! server together) over its RSS before the gRPC run: it stays flat because
-//! neither side ever holds the trajectory whole.
+//! The paths alternate `--repeat` times on fresh stores and the medians are compared.
+//! `peak_rss_delta_mb` is the largest growth of this process's peak RSS (client and server
+//! together) over its RSS before a gRPC run: neither side holds the trajectory whole, so it
+//! is bounded by sled's memory (`--store-cache-mb`, and ~63 MB sled keeps whatever its
+//! cache), the HTTP/2 windows and the steps waiting to be written.
 //!
 //! `--routes LAYERSxKxEXPERTS` adds recorded routes of that shape to every step (both
 //! paths), so the figures show what routing replay costs on the wire and in the store;

@@ -179,8 +179,8 @@ async fn discard(writer: TrajectoryWriter) {
 /// pool, one write at a time: checks overlap writes, a write takes every step that arrived
 /// during the one before (so a fast stream pays one hand-off per batch, not per step), no
 /// write blocks an RPC worker, and a stream waiting between turns holds no thread. Finishes
-/// the trajectory after its footer. On any error the writer is dropped, which deletes what it wrote, before the
-/// error is returned.
+/// the trajectory after its footer. On any error the writer is dropped, which deletes what
+/// it wrote, before the error is returned.
 async fn fold(
     writer: TrajectoryWriter,
     rules: StepRules,
@@ -254,7 +254,10 @@ async fn fold(
             return Err(status);
         }
     };
-    let writer = slot.write(&id, waiting).await?.ready(&id).await?;
+    if !waiting.is_empty() {
+        slot = slot.write(&id, waiting).await?;
+    }
+    let writer = slot.ready(&id).await?;
     let rec = writer.finish(footer).await.map_err(store_status)?;
     let footer = rec.footer.unwrap_or(footer);
     Ok(pb::SubmitAck {

@@ -3,16 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use serde_json::json;
-
-use super::{budget_for, filler, PlanBuilder, CHAIN_CALLS, RECOVERY_FROM};
-use crate::checker::Checker;
+use super::{filler, reading_instance, CHAIN_CALLS};
 use crate::error::TasksError;
-use crate::process::ProcessRule;
 use crate::rng::SplitMix64;
-use crate::task::{
-    check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
-};
+use crate::task::{check_level, TaskFamily, TaskInstance};
 
 /// Filler bytes per file, by level. Levels 1–3 hold only their marker line. A from-scratch
 /// policy learns to copy a path from `next: <path>` about 2.5× sooner without same-alphabet
@@ -105,50 +99,15 @@ impl TaskFamily for Hops {
         // declarations say how to read and answer. The filler-free low levels were measured
         // with this prompt (the two changes together, `docs/bench/raw/sft-sweep.md`).
         let prompt = format!("Find the value. Start at {start}.");
-        let no_corpus = Vec::new();
-        let mut plan = PlanBuilder::new(&files, &no_corpus);
-        for (i, p) in chain.iter().enumerate() {
-            if level >= RECOVERY_FROM && i == 1.min(hops - 1) {
-                // Recoverable failure: the path without its extension, then the fix.
-                plan.call("read_file", json!({"path": p.trim_end_matches(".txt")}));
-            }
-            plan.call("read_file", json!({"path": p}));
-        }
-        let steps = plan.finish();
-        let mut inst = TaskInstance {
-            id: format!("hops/L{level}/s{seed}"),
-            family: "hops".into(),
-            level,
-            seed,
+        let chain = chain.to_vec();
+        Ok(reading_instance(
+            self.name(),
+            (level, seed),
             prompt,
             files,
-            read_only: ReadOnlyData::default(),
-            tools: vec![
-                ToolSpec {
-                    name: "read_file".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(2 * hops as u32 + 4),
-                        max_output_bytes: Some(4096),
-                    },
-                },
-                ToolSpec::unlimited("list_dir"),
-                ToolSpec::unlimited("answer"),
-            ],
-            max_turns: hops as u32 + 4,
-            context_budget: 0,
-            checker: Checker::Exact {
-                expected: value.to_string(),
-                case_insensitive: false,
-            },
-            process_rules: ProcessRule::defaults(chain.to_vec()),
-            oracle: OraclePlan {
-                steps,
-                answer: value.to_string(),
-            },
-            custom_tools: Vec::new(),
-            spec_hash: String::new(),
-        };
-        inst.context_budget = budget_for(inst.oracle_tokens());
-        Ok(inst.seal())
+            chain.clone(),
+            chain,
+            value,
+        ))
     }
 }

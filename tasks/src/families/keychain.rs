@@ -18,7 +18,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{log_instance, part_path, LOG_LINES, LOG_PARTS};
+use super::{part_path, part_paths, reading_instance, LOG_LINES, LOG_PARTS};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
 use crate::task::{check_level, TaskFamily, TaskInstance};
@@ -186,14 +186,13 @@ impl TaskFamily for Keychain {
             "Run the `set` lines of chain/ in order, part-01.txt first; a copy takes the value the source has at that line (none: no change). What is {} at the end?",
             log.asked
         );
-        let every: Vec<String> = files.keys().cloned().collect();
-        Ok(log_instance(
+        Ok(reading_instance(
             self.name(),
             (level, seed),
             prompt,
             files,
-            "chain",
-            every,
+            part_paths("chain", parts),
+            part_paths("chain", parts),
             log.answer,
         ))
     }
@@ -202,7 +201,7 @@ impl TaskFamily for Keychain {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::{CHAIN_CALLS, LOG_READ_BYTES};
+    use crate::families::{CHAIN_CALLS, READ_BYTES};
 
     /// Runs `parts` in order; the final values of the variables set.
     fn run_log(parts: &[&str]) -> BTreeMap<String, i64> {
@@ -254,7 +253,7 @@ mod tests {
                 let end = run_log(&refs);
                 assert_eq!(end[&asked(&t)].to_string(), t.oracle.answer, "{}", t.id);
                 assert!(
-                    parts.iter().all(|p| p.len() as u64 <= LOG_READ_BYTES),
+                    parts.iter().all(|p| p.len() as u64 <= READ_BYTES),
                     "{}",
                     t.id
                 );

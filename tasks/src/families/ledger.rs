@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{log_instance, part_path, LOG_LINES, LOG_PARTS};
+use super::{part_path, part_paths, reading_instance, LOG_LINES, LOG_PARTS};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
 use crate::task::{check_level, TaskFamily, TaskInstance};
@@ -108,14 +108,13 @@ impl TaskFamily for Ledger {
         let prompt = format!(
             "The ledger is in ledger/, part-01.txt to part-{parts:02}.txt, one `<account> <amount>` entry per line. {question}"
         );
-        let every: Vec<String> = files.keys().cloned().collect();
-        Ok(log_instance(
+        Ok(reading_instance(
             self.name(),
             (level, seed),
             prompt,
             files,
-            "ledger",
-            every,
+            part_paths("ledger", parts),
+            part_paths("ledger", parts),
             answer,
         ))
     }
@@ -124,7 +123,7 @@ impl TaskFamily for Ledger {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::LOG_READ_BYTES;
+    use crate::families::READ_BYTES;
 
     /// The asked account and the total the prompt asks for, over the parts `keep` selects.
     fn total(t: &TaskInstance, keep: impl Fn(usize) -> bool) -> i64 {
@@ -164,7 +163,7 @@ mod tests {
                     assert_ne!(partial, t.oracle.answer, "{} without part {skip}", t.id);
                 }
                 let bytes = t.files.values().map(Vec::len).max().unwrap() as u64;
-                assert!(bytes <= LOG_READ_BYTES, "{}", t.id);
+                assert!(bytes <= READ_BYTES, "{}", t.id);
             }
         }
     }

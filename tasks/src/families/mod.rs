@@ -158,41 +158,45 @@ pub(crate) const LOG_PARTS: [usize; 12] = [1, 2, 3, 4, 6, 8, 11, 16, 24, 32, 48,
 /// Lines per part of a log-reading family, by level.
 pub(crate) const LOG_LINES: [usize; 12] = [2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 80, 96];
 
-/// Most bytes `read_file` shows per call in a log-reading family; a part stays under it.
-pub(crate) const LOG_READ_BYTES: u64 = 4096;
+/// Most bytes `read_file` shows per call in the file-reading families; a file stays under it.
+pub(crate) const READ_BYTES: u64 = 4096;
 
 /// Part `i` (0-based) of the log in `dir`: `dir/part-07.txt`.
 pub(crate) fn part_path(dir: &str, i: usize) -> String {
     format!("{dir}/part-{:02}.txt", i + 1)
 }
 
-/// A log-reading task: `files` are the parts of the log in `dir` (`part_path(dir, 0..n)`),
-/// read in order by the oracle (from [`RECOVERY_FROM`], part 2's path without its extension
-/// first fails, then the fix), then `answer`, checked exactly. Reading the parts in `needed`
-/// earns the default process rewards.
-pub(crate) fn log_instance(
+/// The `n` parts of the log in `dir`, in reading order.
+pub(crate) fn part_paths(dir: &str, n: usize) -> Vec<String> {
+    (0..n).map(|i| part_path(dir, i)).collect()
+}
+
+/// A task solved by reading files: the oracle reads `reads` in order (from
+/// [`RECOVERY_FROM`], the second one's path without its extension first fails, then the
+/// fix), then answers `answer`, checked exactly. `read_file` may be called twice per read
+/// and four times more; reading the files in `needed` earns the default process rewards.
+pub(crate) fn reading_instance(
     family: &str,
     (level, seed): (u32, u64),
     prompt: String,
     files: BTreeMap<String, Vec<u8>>,
-    dir: &str,
+    reads: Vec<String>,
     needed: Vec<String>,
     answer: i64,
 ) -> TaskInstance {
-    let paths: Vec<String> = (0..files.len()).map(|i| part_path(dir, i)).collect();
-    debug_assert!(paths.iter().all(|p| files
-        .get(p)
-        .is_some_and(|f| f.len() as u64 <= LOG_READ_BYTES)));
+    debug_assert!(reads
+        .iter()
+        .all(|p| files.get(p).is_some_and(|f| f.len() as u64 <= READ_BYTES)));
     let no_corpus = Vec::new();
     let mut plan = PlanBuilder::new(&files, &no_corpus);
-    for (i, p) in paths.iter().enumerate() {
-        if level >= RECOVERY_FROM && i == 1.min(paths.len() - 1) {
+    for (i, p) in reads.iter().enumerate() {
+        if level >= RECOVERY_FROM && i == 1.min(reads.len() - 1) {
             plan.call("read_file", json!({"path": p.trim_end_matches(".txt")}));
         }
         plan.call("read_file", json!({"path": p}));
     }
     let steps = plan.finish();
-    let parts = paths.len() as u32;
+    let n = reads.len() as u32;
     let mut inst = TaskInstance {
         id: format!("{family}/L{level}/s{seed}"),
         family: family.into(),
@@ -205,14 +209,14 @@ pub(crate) fn log_instance(
             ToolSpec {
                 name: "read_file".into(),
                 limits: ToolLimits {
-                    max_calls: Some(2 * parts + 4),
-                    max_output_bytes: Some(LOG_READ_BYTES),
+                    max_calls: Some(2 * n + 4),
+                    max_output_bytes: Some(READ_BYTES),
                 },
             },
             ToolSpec::unlimited("list_dir"),
             ToolSpec::unlimited("answer"),
         ],
-        max_turns: parts + 4,
+        max_turns: n + 4,
         context_budget: 0,
         checker: Checker::Exact {
             expected: answer.to_string(),

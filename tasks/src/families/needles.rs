@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{log_instance, part_path, LOG_LINES, LOG_PARTS};
+use super::{part_path, part_paths, reading_instance, LOG_LINES, LOG_PARTS};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
 use crate::task::{check_level, TaskFamily, TaskInstance};
@@ -96,12 +96,12 @@ impl TaskFamily for Needles {
             files.len(),
             if hops == 1 { "" } else { "s" }
         );
-        Ok(log_instance(
+        Ok(reading_instance(
             self.name(),
             (level, seed),
             prompt,
             files,
-            "notes",
+            part_paths("notes", parts),
             needed,
             answer,
         ))
@@ -111,7 +111,7 @@ impl TaskFamily for Needles {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::families::LOG_READ_BYTES;
+    use crate::families::READ_BYTES;
 
     /// Follows `hops` links from `start` through every line of `files`.
     fn follow(files: &BTreeMap<String, Vec<u8>>, start: &str, hops: usize) -> Option<String> {
@@ -148,7 +148,7 @@ mod tests {
                 );
                 assert_eq!(t.files.len(), LOG_PARTS[level as usize - 1], "{}", t.id);
                 assert!(
-                    t.files.values().all(|f| f.len() as u64 <= LOG_READ_BYTES),
+                    t.files.values().all(|f| f.len() as u64 <= READ_BYTES),
                     "{}",
                     t.id
                 );
