@@ -11,10 +11,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use corvid_episode::fold::{self, FoldedTurn, SUMMARY_REQUEST};
 use corvid_episode::{invalid_call_reward, CallParseError, Conversation, EpisodeFormat};
 use corvid_proto::{
-    RouteShape, SamplingParams, Step, StepTimings, TaskRef, Termination, ToolCall, ToolResult,
-    ToolStatus, TrajectoryFooter, TrajectoryHeader,
+    ContextFold, Fold, RouteShape, SamplingParams, Step, StepTimings, TaskRef, Termination,
+    ToolCall, ToolResult, ToolStatus, TrajectoryFooter, TrajectoryHeader,
 };
 use corvid_sandbox::ToolOutput;
 use corvid_tasks::{SplitMix64, TaskEnv, TaskInstance, Verdict};
@@ -70,10 +71,13 @@ pub struct EpisodeSpec {
     pub group_id: String,
     /// Most turns.
     pub max_turns: u32,
-    /// Context budget in tokens (the engine also caps it at the model's positions).
+    /// Context budget in tokens: the whole episode's when it folds, else its window's (the
+    /// engine also caps a window at the model's positions).
     pub context_budget: u32,
     /// Sampling; `seed` seeds this episode's RNG, `max_new_tokens` bounds each turn.
     pub sampling: SamplingParams,
+    /// The window and the fold (`None`: the budget is one window, no fold).
+    pub context: Option<ContextFold>,
 }
 
 impl EpisodeSpec {
@@ -91,6 +95,7 @@ impl EpisodeSpec {
             group_id: task.id.replace('/', "."),
             task,
             sampling,
+            context: None,
         }
     }
 
@@ -162,12 +167,37 @@ pub(crate) struct EpisodeRun {
     pub header: TrajectoryHeader,
     pub phase: Phase,
     pub rng: SplitMix64,
-    /// Every token of the sequence so far (prompt, generated, tool results).
+    /// Every token of the current segment so far (prompt, generated, tool results): what the
+    /// policy sees.
     pub history: Vec<u32>,
     /// Leading tokens of `history` already in this episode's cache.
     pub cached: usize,
-    /// Context budget actually applied: min(assignment, model positions).
+    /// Most tokens of one segment: the window (at most the model's positions).
+    pub window: usize,
+    /// Most tokens of the whole episode, over its segments (the window when it cannot fold).
     pub budget: usize,
+    /// Tokens of the segments before this one.
+    pub spent: usize,
+    /// The current segment (0 until the first fold).
+    pub segment: u32,
+    /// The next step opens `segment` (its first token has no route row).
+    pub opens_segment: bool,
+    /// What a fold does, its memory cap and notes file.
+    pub fold: Fold,
+    /// The conversation the episode started from (the prompt), which each fold rebuilds on.
+    pub base: Conversation,
+    /// The finished turns in the current segment, each with the text that answered it.
+    pub turns: Vec<FoldedTurn>,
+    /// The length of the first segment's prompt, tokens.
+    pub prompt_len: usize,
+    /// The notes file's latest text (`notes` fold), read after each call.
+    pub notes: String,
+    /// The memory the current segment carries (`summary` fold).
+    pub memory: Option<String>,
+    /// The turn being generated is the summary a `summary` fold asked for.
+    pub summarizing: bool,
+    /// Summary turns so far (not counted against `max_turns`).
+    pub summary_turns: u32,
     pub turn: u32,
     /// This turn's context tokens.
     pub context: Vec<u32>,
@@ -222,14 +252,35 @@ impl EpisodeRun {
             Ok(ids) => (ids, None),
             Err(e) => (Vec::new(), Some(format!("laying out the prompt: {e}"))),
         };
-        let budget = (spec.context_budget as usize).min(max_positions);
+        let fold = spec.context.as_ref().map_or(Fold::None, |c| c.fold);
+        let window = match &spec.context {
+            Some(c) => c.window_tokens.min(spec.context_budget),
+            None => spec.context_budget,
+        } as usize;
+        let window = window.min(max_positions);
+        let budget = match fold {
+            Fold::None => window,
+            _ => spec.context_budget as usize,
+        };
         Self {
             rng: SplitMix64::new(spec.sampling.seed),
             header,
             phase: Phase::Starting,
+            prompt_len: prompt.len(),
             history: prompt.clone(),
             cached: 0,
+            window,
             budget,
+            spent: 0,
+            segment: 0,
+            opens_segment: true,
+            fold,
+            base: conversation.clone(),
+            turns: Vec::new(),
+            notes: String::new(),
+            memory: None,
+            summarizing: false,
+            summary_turns: 0,
             turn: 0,
             context: prompt,
             generated: Vec::new(),
@@ -282,24 +333,36 @@ impl EpisodeRun {
         self.spec.sampling.max_new_tokens.max(1) as usize
     }
 
-    /// Most tokens this turn may generate: `max_new_tokens`, or less when the context
-    /// budget ends first.
+    /// Tokens left before the window or the episode's budget ends, from `used` tokens of
+    /// this segment.
+    fn room(&self, used: usize) -> usize {
+        let window = self.window.saturating_sub(used);
+        window.min(self.budget.saturating_sub(self.spent + used))
+    }
+
+    /// Most tokens this turn may generate: `max_new_tokens`, or less when the window or the
+    /// budget ends first; a summary at most the fold's memory cap.
     pub fn turn_limit(&self) -> usize {
         let start = self.history.len() - self.generated.len();
-        self.max_new().min(self.budget.saturating_sub(start))
+        let limit = self.max_new().min(self.room(start));
+        match (&self.spec.context, self.summarizing) {
+            (Some(c), true) => limit.min(c.memory_tokens.max(1) as usize),
+            _ => limit,
+        }
     }
 
     /// The context guard: whether the queued context leaves room for a turn — at least
-    /// [`MIN_TURN_TOKENS`] (or `max_new_tokens` if smaller) within the budget.
+    /// [`MIN_TURN_TOKENS`] (or `max_new_tokens` if smaller) within the window and the budget.
     pub fn next_turn_fits(&self) -> bool {
-        self.budget.saturating_sub(self.history.len()) >= self.max_new().min(MIN_TURN_TOKENS)
+        self.room(self.history.len()) >= self.max_new().min(MIN_TURN_TOKENS)
     }
 
     /// Whether this turn was stopped by the context budget: it used all the room left,
     /// less than `max_new_tokens`, without reaching a stop token.
     pub fn cut_by_context(&self, stop_ids: &[u32]) -> bool {
         let limit = self.turn_limit();
-        limit < self.max_new()
+        !self.summarizing
+            && limit < self.max_new()
             && self.generated.len() >= limit
             && !self.generated.last().is_some_and(|t| stop_ids.contains(t))
     }
@@ -347,9 +410,9 @@ impl EpisodeRun {
         let mut logprobs = vec![0.0; n_ctx];
         logprobs.append(&mut self.logprobs);
         let total = token_ids.len();
-        // Route row `j` belongs to token `j` (the input before it predicted it); the
-        // trajectory's first token has none.
-        let first_step = self.steps_out == 0;
+        // Route row `j` belongs to token `j` (the input before it predicted it); a segment's
+        // first token has none.
+        let first_step = std::mem::take(&mut self.opens_segment);
         let off = usize::from(first_step);
         let (routes, per_token) = match self.header.routes {
             Some(shape) => (self.take_routes(total, first_step), shape.bytes_per_token()),
@@ -382,6 +445,7 @@ impl EpisodeRun {
                     StepTimings::default()
                 },
                 routes: route_bytes,
+                segment: self.segment,
             });
         }
         self.steps_out += steps.len() as u64;
@@ -426,26 +490,159 @@ impl EpisodeRun {
     }
 
     /// Queues the next turn's context (the tool message, after the turn `after` just
-    /// generated) and advances the turn counter. A format that cannot lay the message out
-    /// (its template fails on this text) ends the episode as an infrastructure error.
+    /// generated) and advances the turn counter. When the window would then leave no room for
+    /// a whole turn, the episode folds ([`Self::fold_segment`]), or, under `summary`, the
+    /// message asks for the summary turn first. A format that cannot lay the message out (its
+    /// template fails on this text) ends the episode as an infrastructure error.
     fn queue_context(
         &mut self,
         format: &EpisodeFormat,
         after: &[u32],
         text: &str,
     ) -> Result<(), Termination> {
+        let id = self.header.trajectory_id.clone();
+        let layout_error = |e: corvid_episode::FormatError| {
+            tracing::warn!(episode = %id, "laying out a tool result: {e}");
+            Termination::InfraError
+        };
+        self.turns.push(FoldedTurn {
+            generated: after.to_vec(),
+            result: text.to_string(),
+        });
+        let before = (self.fold == Fold::Summary).then(|| self.conversation.clone());
         let ids = format
             .result_ids(&mut self.conversation, after, text)
-            .map_err(|e| {
-            tracing::warn!(episode = %self.header.trajectory_id, "laying out a tool result: {e}");
-            Termination::InfraError
-        })?;
-        self.history.extend_from_slice(&ids);
-        self.context = ids;
+            .map_err(layout_error)?;
+        let memory_cap = self.memory_cap();
+        // Under `summary`, room for a turn and then the request and the summary: the
+        // request's bytes bound its tokens.
+        let asking_room = SUMMARY_REQUEST.len() + 2 + memory_cap;
+        let reserve = self.max_new() + if before.is_some() { asking_room } else { 0 };
+        let full =
+            self.fold != Fold::None && self.history.len() + ids.len() + reserve > self.window;
+        let mut folded = false;
+        if full {
+            folded = match before {
+                Some(before) => {
+                    // The request after the output; when that leaves no room for the summary,
+                    // in place of the output, which the next segment's kept turns show.
+                    let mut conversation = before.clone();
+                    let asking = format!("{text}\n\n{SUMMARY_REQUEST}");
+                    let mut ids = format
+                        .result_ids(&mut conversation, after, &asking)
+                        .map_err(layout_error)?;
+                    if self.history.len() + ids.len() + memory_cap > self.window {
+                        conversation = before;
+                        ids = format
+                            .result_ids(&mut conversation, after, SUMMARY_REQUEST)
+                            .map_err(layout_error)?;
+                    }
+                    if self.history.len() + ids.len() + memory_cap <= self.window {
+                        self.conversation = conversation;
+                        self.summarizing = true;
+                        self.history.extend_from_slice(&ids);
+                        self.context = ids;
+                        self.advance_turn();
+                        return Ok(());
+                    }
+                    // No room to ask: fold with the memory carried so far.
+                    let memory = self.memory.clone();
+                    self.fold_segment(format, memory)?
+                }
+                None => {
+                    let memory = (self.fold == Fold::Notes)
+                        .then(|| fold::cut_memory(&self.notes, memory_cap).to_string());
+                    self.fold_segment(format, memory)?
+                }
+            };
+        }
+        if !folded {
+            self.history.extend_from_slice(&ids);
+            self.context = ids;
+        }
+        self.advance_turn();
+        Ok(())
+    }
+
+    fn advance_turn(&mut self) {
         self.turn += 1;
         self.turn_started = Instant::now();
         self.generate_us = 0;
-        Ok(())
+    }
+
+    /// The fold's memory cap, tokens (0 without a fold).
+    fn memory_cap(&self) -> usize {
+        self.spec
+            .context
+            .as_ref()
+            .map_or(0, |c| c.memory_tokens as usize)
+    }
+
+    /// Starts a new segment carrying `memory`: the prompt, the memory and the most recent
+    /// finished turns whose context fits in half the window (at least the latest, whose
+    /// result the policy has not read yet). Returns false, leaving the segment as it is, when
+    /// even that leaves no room for a whole turn: the episode then ends as `context_full`
+    /// when the window fills.
+    fn fold_segment(
+        &mut self,
+        format: &EpisodeFormat,
+        memory: Option<String>,
+    ) -> Result<bool, Termination> {
+        let half = self.window / 2;
+        let n = self.turns.len();
+        // How many turns to keep, estimated from their bytes (at least their tokens), then
+        // checked on the real layout.
+        let mut sum = self.prompt_len + memory.as_ref().map_or(0, String::len);
+        let mut keep = 0;
+        for (i, t) in self.turns.iter().enumerate().rev() {
+            let masked = self.fold == Fold::DropToolOutput && i + 1 < n;
+            let result = if masked {
+                fold::DROPPED_OUTPUT.len()
+            } else {
+                t.result.len()
+            };
+            let est = t.generated.len() + result + 8;
+            if keep > 0 && sum + est > half {
+                break;
+            }
+            sum += est;
+            keep += 1;
+        }
+        let segment = loop {
+            let seg = fold::segment(
+                format,
+                &self.base,
+                self.fold,
+                memory.as_deref(),
+                &self.turns[n - keep..],
+            )
+            .map_err(|e| {
+                tracing::warn!(episode = %self.header.trajectory_id, "laying out a folded context: {e}");
+                Termination::InfraError
+            })?;
+            if seg.ids.len() <= half || keep <= 1 {
+                break seg;
+            }
+            keep -= 1;
+        };
+        if segment.ids.len() + self.max_new() > self.window {
+            tracing::debug!(episode = %self.header.trajectory_id, tokens = segment.ids.len(), "a fold leaves no room for a turn");
+            return Ok(false);
+        }
+        self.turns.drain(..n - keep);
+        self.turns_finished = keep;
+        self.spent += self.history.len();
+        self.history.clone_from(&segment.ids);
+        self.context = segment.ids;
+        self.conversation = segment.conversation;
+        self.memory = memory;
+        self.cached = 0;
+        self.routed = 0;
+        self.routes_from = 0;
+        self.route_ids.clear();
+        self.segment += 1;
+        self.opens_segment = true;
+        Ok(true)
     }
 
     /// What follows a turn whose tool message is queued: the answer, the turn limit, or
@@ -455,7 +652,7 @@ impl EpisodeRun {
             Next::End(Termination::InfraError)
         } else if answered {
             Next::Check(Termination::Answered)
-        } else if self.turn >= self.spec.max_turns {
+        } else if self.turn - self.summary_turns >= self.spec.max_turns {
             Next::Check(Termination::MaxTurns)
         } else if !self.next_turn_fits() {
             Next::Check(Termination::ContextFull)
@@ -490,7 +687,30 @@ impl EpisodeRun {
         (steps, Next::Check(Termination::ContextFull))
     }
 
-    /// A call that ran: its output becomes the tool message.
+    /// A summary turn (the `summary` fold asked for it): recorded as generated, no call runs,
+    /// and its text becomes the memory of the segment the episode folds into.
+    pub fn finish_summary(&mut self, format: &EpisodeFormat) -> (Vec<Step>, Next) {
+        self.generate_us = self.turn_started.elapsed().as_micros() as u64;
+        let text = format.turn_text(&self.generated);
+        let memory = fold::cut_memory(&text, self.memory_cap()).to_string();
+        let steps = self.take_turn_steps(None, None, 0.0, 0);
+        self.summarizing = false;
+        self.summary_turns += 1;
+        // The summary is not a turn a later segment keeps: its text is the memory.
+        self.turns_finished -= 1;
+        match self.fold_segment(format, Some(memory)) {
+            Err(end) => return (steps, Next::End(end)),
+            // Nothing can follow the summary in this segment.
+            Ok(false) => return (steps, Next::Check(Termination::ContextFull)),
+            Ok(true) => {}
+        }
+        self.turn += 1;
+        self.turn_started = Instant::now();
+        (steps, self.decide(false))
+    }
+
+    /// A call that ran: its output becomes the tool message; `notes` is the notes file's
+    /// text after it (a `notes` fold carries it).
     pub fn finish_call(
         &mut self,
         format: &EpisodeFormat,
@@ -498,7 +718,11 @@ impl EpisodeRun {
         out: &ToolOutput,
         process_reward: f64,
         wall: Duration,
+        notes: Option<String>,
     ) -> (Vec<Step>, Next) {
+        if let Some(notes) = notes {
+            self.notes = notes;
+        }
         let after = self.generated.clone();
         let status = out.result.status;
         let answered = call.name == "answer" && status.is_success();

@@ -44,7 +44,9 @@ use std::time::{Duration, Instant};
 
 use corvid_episode::EpisodeFormat;
 use corvid_model::{KvCache, MoePolicy};
-use corvid_proto::{RouteShape, Step, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader};
+use corvid_proto::{
+    Fold, RouteShape, Step, Termination, Trajectory, TrajectoryFooter, TrajectoryHeader,
+};
 use corvid_tasks::{TaskEnv, Verdict};
 use serde::Serialize;
 use tch::{Kind, Tensor};
@@ -430,9 +432,16 @@ impl<'p> RolloutEngine<'p> {
                 continue;
             }
             let tx = self.tx.clone();
-            let worker = Worker::spawn(self.env.clone(), run.spec.task.clone(), tx, move |ev| {
-                Msg::Tool(key, ev)
-            });
+            let notes = (run.fold == Fold::Notes)
+                .then(|| run.spec.context.as_ref().map(|c| c.notes_path.clone()))
+                .flatten();
+            let worker = Worker::spawn(
+                self.env.clone(),
+                run.spec.task.clone(),
+                notes,
+                tx,
+                move |ev| Msg::Tool(key, ev),
+            );
             run.deadline = Some(instant_after(Instant::now(), self.cfg.tool_timeout));
             match worker {
                 Ok(w) => {
@@ -564,6 +573,7 @@ impl<'p> RolloutEngine<'p> {
                     out,
                     process_reward,
                     wall,
+                    notes,
                 },
             ) => {
                 self.stats.tool_s += wall.as_secs_f64();
@@ -577,7 +587,7 @@ impl<'p> RolloutEngine<'p> {
                 }
                 let (steps, next) =
                     slot.run
-                        .finish_call(&self.format, call, &out, process_reward, wall);
+                        .finish_call(&self.format, call, &out, process_reward, wall, notes);
                 self.emit_steps(key, steps, sink);
                 self.after_turn(key, next, sink);
             }
@@ -741,6 +751,12 @@ impl<'p> RolloutEngine<'p> {
         self.decoding = staying;
         for key in leaving {
             let slot = self.episodes.get_mut(&key).expect("decoding key exists");
+            if slot.run.summarizing {
+                let (steps, next) = slot.run.finish_summary(&self.format);
+                self.emit_steps(key, steps, sink);
+                self.after_turn(key, next, sink);
+                continue;
+            }
             if slot.run.cut_by_context(&stop) {
                 slot.run.generate_us = slot.run.turn_started.elapsed().as_micros() as u64;
                 let (steps, next) = slot.run.finish_cut();

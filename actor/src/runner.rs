@@ -30,7 +30,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corvid_episode::{ChatFormat, EpisodeFormat, FormatDescription, ToolCallSyntax};
-use corvid_proto::{Termination, TrajectoryFooter, TrajectoryHeader};
+use corvid_proto::{Fold, Termination, TrajectoryFooter, TrajectoryHeader};
 use corvid_sandbox::Sandbox;
 use corvid_tasks::TaskEnv;
 use serde::Serialize;
@@ -467,8 +467,14 @@ impl Feeder {
                             task,
                             group_id: a.group_id.clone(),
                             max_turns: a.max_turns,
-                            context_budget: a.context_budget.min(self.reg.max_context.max(1)),
+                            // A folding episode's budget spans its segments; only its
+                            // window is capped at the model's positions.
+                            context_budget: match &a.context {
+                                Some(c) if c.fold != Fold::None => a.context_budget,
+                                _ => a.context_budget.min(self.reg.max_context.max(1)),
+                            },
                             sampling: a.sampling,
+                            context: a.context.clone(),
                         };
                         if let Err(e) = self.engine.start_episode(spec) {
                             if *stop.borrow() {

@@ -30,11 +30,13 @@ pub(crate) enum Job {
 pub(crate) enum ToolEvent {
     /// The workspace is ready (or could not be created).
     Started(Result<(), String>),
-    /// A call returned: its output, the turn's process reward, and the time it took.
+    /// A call returned: its output, the turn's process reward, the time it took, and the
+    /// notes file's text after it (when the episode folds with notes and the file exists).
     Called {
         out: ToolOutput,
         process_reward: f64,
         wall: Duration,
+        notes: Option<String>,
     },
     /// The checker's verdict and the time it took.
     Checked { verdict: Verdict, wall: Duration },
@@ -50,18 +52,20 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Starts the worker thread for `task` in `env`. Events arrive on `events` wrapped by
-    /// `wrap` (which tags them with the episode's key).
+    /// Starts the worker thread for `task` in `env`, reading the workspace file `notes`
+    /// after each call when given. Events arrive on `events` wrapped by `wrap` (which tags
+    /// them with the episode's key).
     pub(crate) fn spawn<M: Send + 'static>(
         env: TaskEnv,
         task: Arc<TaskInstance>,
+        notes: Option<String>,
         events: Sender<M>,
         wrap: impl Fn(ToolEvent) -> M + Send + 'static,
     ) -> std::io::Result<Self> {
         let (jobs, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name(format!("tools-{}", task.id))
-            .spawn(move || worker_main(&env, &task, rx, &events, &wrap))?;
+            .spawn(move || worker_main(&env, &task, notes.as_deref(), rx, &events, &wrap))?;
         Ok(Self { jobs })
     }
 
@@ -81,6 +85,7 @@ fn panic_text(p: Box<dyn std::any::Any + Send>) -> String {
 fn worker_main<M>(
     env: &TaskEnv,
     task: &TaskInstance,
+    notes: Option<&str>,
     jobs: Receiver<Job>,
     events: &Sender<M>,
     wrap: &dyn Fn(ToolEvent) -> M,
@@ -113,10 +118,13 @@ fn worker_main<M>(
                 } else {
                     ep.last_process_reward()
                 };
+                // A missing notes file is no notes; the host never follows a symlink out.
+                let notes = notes.and_then(|path| ep.read_file(path).ok());
                 ToolEvent::Called {
                     out,
                     process_reward,
                     wall,
+                    notes: notes.map(|b| String::from_utf8_lossy(&b).into_owned()),
                 }
             }
             Job::Check => {

@@ -43,9 +43,10 @@ fn specs(prefix: &str, n: u64) -> Vec<EpisodeSpec> {
 /// Every step's route bytes have the shape the header declares.
 fn assert_routes_complete(t: &Trajectory, shape: RouteShape) {
     assert_eq!(t.header.routes, Some(shape));
+    let mut rules = corvid_proto::StepRules::new(Some(shape), None);
     for (seq, s) in t.steps.iter().enumerate() {
-        shape
-            .check_step(seq as u64, s.token_ids.len(), &s.routes)
+        rules
+            .check(seq as u64, s)
             .unwrap_or_else(|e| panic!("{}: {e}", t.header.trajectory_id));
     }
 }

@@ -280,6 +280,7 @@ pub(crate) fn demo_step(
         process_reward: 0.0,
         timings: Default::default(),
         routes: Vec::new(),
+        segment: 0,
     }
 }
 

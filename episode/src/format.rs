@@ -502,6 +502,22 @@ impl EpisodeFormat {
         }
     }
 
+    /// The text a generated turn wrote, without the layout's markers (a `summary` fold's
+    /// memory): in the byte layout its text without Corvid's special tokens; in a model's own,
+    /// its message's content (its reasoning when it wrote nothing else).
+    pub fn turn_text(&self, generated: &[u32]) -> String {
+        match &self.layout {
+            Layout::Byte { .. } => self.plain_text(generated),
+            Layout::Chat(c) => {
+                let m = c.assistant_message(generated, 0);
+                match (m.content.is_empty(), m.reasoning_content) {
+                    (true, Some(reasoning)) => reasoning,
+                    _ => m.content,
+                }
+            }
+        }
+    }
+
     /// The text the policy reads back for a malformed turn.
     pub fn parse_error_text(&self, err: &CallParseError) -> String {
         format!("error: {}: {err}", ToolStatus::InvalidCall)

@@ -24,6 +24,8 @@
 //! - [`transcript`]: the [`Conversation`] an episode is built from, an episode read back as an
 //!   OpenAI-style chat ([`ChatMessage`]) and a chat laid out as an episode's exact tokens
 //!   (`replay export --format chat`, SFT imports).
+//! - [`fold`](mod@fold): the context a new segment opens with when an episode outgrows its
+//!   window (context folding): the prompt, the carried memory and the recent turns.
 //! - [`demonstration`]: a task's oracle plan run in the real sandbox and laid out in the
 //!   format ([`oracle_steps`]), with [`Mistakes`] injected to teach recovery; the process
 //!   reward of a malformed turn ([`invalid_call_reward`]).
@@ -44,6 +46,7 @@
 
 pub mod chat_format;
 pub mod demonstration;
+pub mod fold;
 pub mod format;
 pub mod tool_syntax;
 pub mod transcript;
@@ -53,6 +56,7 @@ pub use demonstration::{
     invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, DemonstrationError,
     Mistakes,
 };
+pub use fold::{FoldedTurn, Segment};
 pub use format::{CallParseError, EpisodeFormat, FormatDescription, FormatError, ToolPrompt};
 pub use tool_syntax::ToolCallSyntax;
 pub use transcript::{ChatFunction, ChatMessage, ChatToolCall, Conversation, TranscriptError};

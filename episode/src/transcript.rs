@@ -291,7 +291,7 @@ impl EpisodeFormat {
     }
 
     /// The text of `ids` without Corvid's special tokens.
-    fn plain_text(&self, ids: &[u32]) -> String {
+    pub(crate) fn plain_text(&self, ids: &[u32]) -> String {
         let plain: Vec<u32> = ids
             .iter()
             .copied()

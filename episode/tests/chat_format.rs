@@ -126,8 +126,9 @@ fn env() -> corvid_tasks::TaskEnv {
     )
 }
 
-/// transformers' `apply_chat_template` token ids for each `{"messages", "tools"}` case, with
-/// the fixture's tokenizer (the pinned virtualenv `make` bootstraps).
+/// transformers' `apply_chat_template` token ids for each `{"messages", "tools"}` case (with
+/// the generation prompt where the case says `"generation_prompt": true`), with the fixture's
+/// tokenizer (the pinned virtualenv `make` bootstraps).
 fn transformers_ids(cases: &[Value]) -> Vec<Vec<u32>> {
     let python = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.corvid/venv/bin/python");
     let input = tempfile::NamedTempFile::new().unwrap();
@@ -138,7 +139,7 @@ fn transformers_ids(cases: &[Value]) -> Vec<Vec<u32>> {
          cases = json.load(open({input:?}))\n\
          out = []\n\
          for c in cases:\n\
-         \x20   r = tok.apply_chat_template(c['messages'], tools=c['tools'], tokenize=True, add_generation_prompt=False)\n\
+         \x20   r = tok.apply_chat_template(c['messages'], tools=c['tools'], tokenize=True, add_generation_prompt=c.get('generation_prompt', False))\n\
          \x20   out.append(list(r['input_ids'] if hasattr(r, 'keys') else r))\n\
          print(json.dumps(out))\n",
         dir = fixture().display().to_string(),
@@ -341,4 +342,67 @@ fn a_template_that_drops_calls_or_writes_unknown_markers_is_refused_and_unread_k
     // The keywords are part of the format an actor must match.
     let plain = ChatFormat::from_folder(&fixture(), ToolCallSyntax::Hermes).unwrap();
     assert_ne!(plain.files_sha256(), chat.files_sha256());
+}
+
+/// A fold in a model's own layout: the segment it opens (the user's task with the carried
+/// memory, then the kept turns, each earlier output replaced by the marker under
+/// `drop_tool_output`) is exactly transformers' rendering of the segment's conversation with
+/// the generation prompt, so within a segment the ids are what the policy saw.
+#[test]
+fn a_folded_segment_is_transformers_rendering_of_its_conversation() {
+    use corvid_episode::fold::{segment, FoldedTurn, DROPPED_OUTPUT, MEMORY_HEADING};
+    use corvid_episode::EpisodeFormat;
+    use corvid_proto::Fold;
+    let format =
+        EpisodeFormat::chat(ChatFormat::from_folder(&fixture(), ToolCallSyntax::Hermes).unwrap());
+    let tools = case("a tool call and its result")["tools"].clone();
+    let base = Conversation {
+        messages: vec![ChatMessage::text("user", "Follow the chain to its value.")],
+        tools: tools.as_array().unwrap().clone(),
+    };
+    let turns: Vec<FoldedTurn> = (1..=3)
+        .map(|i| FoldedTurn {
+            generated: format
+                .call_ids(
+                    "read_file",
+                    &json!({"path": format!("chain/part-{i:02}.txt")}),
+                )
+                .unwrap(),
+            result: format!("set k{i} = k{}\nset x = {i}", i + 1),
+        })
+        .collect();
+    let mut cases = Vec::new();
+    let mut segments = Vec::new();
+    for (fold, memory) in [
+        (Fold::DropToolOutput, None),
+        (Fold::Notes, Some("k1 <- k2 <- k3; read parts 1-3")),
+        (Fold::Summary, Some("the chain reaches k4")),
+    ] {
+        let seg = segment(&format, &base, fold, memory, &turns[1..]).unwrap();
+        let text = format.decode(&seg.ids);
+        assert!(
+            text.contains("part-02") && text.contains("set k3 = k4"),
+            "{text}"
+        );
+        assert!(
+            !text.contains("part-01"),
+            "the oldest turn is not kept: {text}"
+        );
+        assert_eq!(
+            text.contains(DROPPED_OUTPUT),
+            fold == Fold::DropToolOutput,
+            "{text}"
+        );
+        assert_eq!(text.contains("set k2 = k3"), fold != Fold::DropToolOutput);
+        assert_eq!(text.contains(MEMORY_HEADING), memory.is_some());
+        let messages = format
+            .chat_format()
+            .unwrap()
+            .template_messages(&seg.conversation.messages);
+        cases.push(json!({"messages": messages, "tools": tools, "generation_prompt": true}));
+        segments.push(seg.ids);
+    }
+    for (want, ids) in transformers_ids(&cases).iter().zip(&segments) {
+        assert_eq!(want, ids);
+    }
 }

@@ -22,6 +22,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
+use corvid_proto::{ContextFold, Fold};
 use corvid_tasks::CurriculumConfig;
 use serde::{Deserialize, Serialize};
 
@@ -387,6 +388,48 @@ pub struct RolloutSection {
     /// the learner then measures routing agreement on every update, and `[rl]
     /// router_replay = "rollout"` needs them. Default true.
     pub record_routes: bool,
+    /// The context window and what an episode does when it outgrows it.
+    pub context: ContextSection,
+}
+
+/// `[rollout.context]`: each segment of an episode holds at most `window_tokens`; when the
+/// next turn would not fit, `fold` says how the episode goes on (`docs/tasks.md`, folding).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ContextSection {
+    /// Most tokens of one segment, at most the model's positions. 0: the task's own context
+    /// budget is the window and nothing folds. Default 0.
+    pub window_tokens: u32,
+    /// `none` (a full window ends the episode as `context_full`), `drop_tool_output`,
+    /// `notes` or `summary`. Default `none`.
+    pub fold: Fold,
+    /// Most tokens of the carried notes or summary (a longer one is cut). Default 512.
+    pub memory_tokens: u32,
+    /// The workspace file a `notes` fold carries. Default `notes.md`.
+    pub notes_path: String,
+}
+
+impl Default for ContextSection {
+    fn default() -> Self {
+        Self {
+            window_tokens: 0,
+            fold: Fold::None,
+            memory_tokens: 512,
+            notes_path: "notes.md".into(),
+        }
+    }
+}
+
+impl ContextSection {
+    /// The settings each assignment carries (`None` without a window).
+    pub fn assignment(&self) -> Option<ContextFold> {
+        (self.window_tokens > 0).then(|| ContextFold {
+            window_tokens: self.window_tokens,
+            fold: self.fold,
+            memory_tokens: self.memory_tokens,
+            notes_path: self.notes_path.clone(),
+        })
+    }
 }
 
 impl Default for RolloutSection {
@@ -399,6 +442,7 @@ impl Default for RolloutSection {
             policy_poll_interval_ms: 1000,
             keep_policy_versions: 4,
             record_routes: true,
+            context: ContextSection::default(),
         }
     }
 }
@@ -767,6 +811,24 @@ impl LearnerConfig {
         if r.keep_policy_versions == 0 {
             return Err(invalid("rollout.keep_policy_versions", 0, "at least 1"));
         }
+        match r.context.assignment() {
+            None if r.context.fold != Fold::None => {
+                return Err(invalid(
+                    "rollout.context.window_tokens",
+                    0,
+                    &format!(
+                        "a window of at least 1 token: fold = \"{}\" folds what outgrows it",
+                        r.context.fold.as_str()
+                    ),
+                ))
+            }
+            Some(c) => {
+                if let Some((field, value, why)) = c.unfit(s.max_new_tokens) {
+                    return Err(invalid(&format!("rollout.context.{field}"), value, &why));
+                }
+            }
+            None => {}
+        }
         if self.schedule.checkpoint_every == 0 {
             return Err(invalid("schedule.checkpoint_every", 0, "at least 1"));
         }
@@ -934,6 +996,23 @@ mod tests {
             ),
             ("[rl]\ngroup_size = 5000", "rl.group_size"),
             ("[rollout]\nmax_open_groups = 0", "rollout.max_open_groups"),
+            // A fold whose memory and turn cannot fit the window: refused before the run.
+            (
+                "[rollout.context]\nwindow_tokens = 1024\nfold = \"summary\"\nmemory_tokens = 400",
+                "`rollout.context.window_tokens` = 1024: expected room for the memory (400 tokens) and a whole turn (max_new_tokens = 256) in half the window (512)",
+            ),
+            (
+                "[rollout.context]\nfold = \"notes\"",
+                "`rollout.context.window_tokens` = 0: expected a window of at least 1 token",
+            ),
+            (
+                "[rollout.context]\nwindow_tokens = 4096\nfold = \"notes\"\nnotes_path = \"../x\"",
+                "`rollout.context.notes_path` = \"../x\"",
+            ),
+            (
+                "[rollout.context]\nwindow_tokens = 4096\nfold = \"fold_it\"",
+                "unknown variant `fold_it`, expected one of `none`, `drop_tool_output`, `notes`, `summary`",
+            ),
             (
                 "[rollout]\nactor_timeout_s = 2\npolicy_poll_interval_ms = 1000",
                 "`rollout.actor_timeout_s` = 2: expected at least 3 policy polls (1000 ms each",

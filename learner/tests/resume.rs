@@ -953,6 +953,7 @@ async fn the_learner_process_checkpoints_on_stop_and_resumes() {
                 max_turns: a.max_turns,
                 context_budget: a.context_budget,
                 sampling: a.sampling.unwrap().try_into().unwrap(),
+                context: None,
             };
             let (h, steps, f) = episode(&a, &format!("r{round}-{i}"), 1 + round);
             client

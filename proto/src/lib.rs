@@ -57,7 +57,7 @@ pub mod received {
 /// learner serves beside `corvid.v1.Learner`.
 pub use tonic_health::pb as health;
 
-pub use assignment::Assignment;
+pub use assignment::{Assignment, ContextFold, Fold};
 pub use checked::{CheckedStep, StepRules};
 pub use routes::RouteShape;
 pub use trajectory::{Trajectory, TurnTotals};

@@ -97,17 +97,24 @@ impl RouteShape {
         }
     }
 
-    /// Route rows a step of `tokens` tokens carries: one per token, one fewer for the
-    /// trajectory's first step.
-    pub fn rows_of(tokens: usize, first_step: bool) -> usize {
-        tokens.saturating_sub(usize::from(first_step))
+    /// Route rows a step of `tokens` tokens carries: one per token, one fewer for a step
+    /// that opens a segment (the trajectory's first step among them).
+    pub fn rows_of(tokens: usize, opens_segment: bool) -> usize {
+        tokens.saturating_sub(usize::from(opens_segment))
     }
 
     /// Checks step `seq`'s route bytes against this shape: one row per token (one fewer in
-    /// the first step), every id below `routed_experts`, a layer's `k` ids distinct.
-    pub fn check_step(&self, seq: u64, tokens: usize, routes: &[u8]) -> Result<(), ProtoError> {
+    /// a step that opens a segment), every id below `routed_experts`, a layer's `k` ids
+    /// distinct.
+    pub fn check_step(
+        &self,
+        seq: u64,
+        tokens: usize,
+        routes: &[u8],
+        opens_segment: bool,
+    ) -> Result<(), ProtoError> {
         let field = || format!("step chunk seq {seq}: step.routes");
-        let rows = Self::rows_of(tokens, seq == 0);
+        let rows = Self::rows_of(tokens, opens_segment);
         let want = rows * self.bytes_per_token();
         if routes.len() != want {
             return Err(ProtoError::Invalid {
@@ -118,7 +125,7 @@ impl RouteShape {
                     self.moe_layers,
                     self.experts_per_token,
                     self.id_bytes(),
-                    if seq == 0 { " (the first token has no row)" } else { "" },
+                    if opens_segment { " (a segment's first token has no row)" } else { "" },
                 ),
             });
         }
@@ -240,27 +247,27 @@ mod tests {
         let s = shape(8);
         let rows = |n: usize| [1u8, 2].repeat(2 * n);
         // 3 tokens: 3 rows later, 2 in the first step; 4 ids per row.
-        s.check_step(1, 3, &rows(3)).unwrap();
-        s.check_step(0, 3, &rows(2)).unwrap();
-        let err = s.check_step(0, 3, &rows(3)).unwrap_err().to_string();
+        s.check_step(1, 3, &rows(3), false).unwrap();
+        s.check_step(0, 3, &rows(2), true).unwrap();
+        let err = s.check_step(0, 3, &rows(3), true).unwrap_err().to_string();
         assert!(
             err.contains("12 bytes, expected 8") && err.contains("seq 0"),
             "{err}"
         );
         let mut bytes = rows(3);
         bytes[6] = 8;
-        let err = s.check_step(4, 3, &bytes).unwrap_err().to_string();
+        let err = s.check_step(4, 3, &bytes, false).unwrap_err().to_string();
         assert!(err.contains("row 1 layer 1 slot 0 names expert 8"), "{err}");
         let mut bytes = rows(3);
         bytes[7] = 1;
-        let err = s.check_step(4, 3, &bytes).unwrap_err().to_string();
+        let err = s.check_step(4, 3, &bytes, false).unwrap_err().to_string();
         assert!(err.contains("row 1 layer 1 names expert 1 twice"), "{err}");
         // Two-byte ids: the same checks.
         let wide = shape(384);
         let ok = wide.pack(&[300, 383, 0, 256]);
-        wide.check_step(1, 1, &ok).unwrap();
+        wide.check_step(1, 1, &ok, false).unwrap();
         let err = wide
-            .check_step(1, 1, &wide.pack(&[300, 383, 256, 256]))
+            .check_step(1, 1, &wide.pack(&[300, 383, 256, 256]), false)
             .unwrap_err();
         assert!(
             err.to_string()
@@ -268,7 +275,7 @@ mod tests {
             "{err}"
         );
         let err = wide
-            .check_step(1, 1, &wide.pack(&[300, 384, 0, 1]))
+            .check_step(1, 1, &wide.pack(&[300, 384, 0, 1]), false)
             .unwrap_err();
         assert!(
             err.to_string()

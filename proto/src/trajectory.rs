@@ -37,10 +37,12 @@ impl Trajectory {
             .collect()
     }
 
-    /// Recorded expert ids, unpacked and concatenated over the steps: row `j` (of
+    /// Recorded expert ids, unpacked and concatenated over the steps: in an episode that
+    /// never folded, row `j` (of
     /// [`RouteShape::ids_per_token`](crate::RouteShape::ids_per_token) ids) is the routing of
-    /// input position `j`, for `j < len − 1` (the last token was never an input). `None`
-    /// without a route shape in the header.
+    /// input position `j`, for `j < len − 1` (the last token was never an input); each
+    /// further segment adds its own rows, one fewer than its tokens. `None` without a route
+    /// shape in the header.
     pub fn route_ids(&self) -> Option<Vec<u16>> {
         let shape = self.header.routes?;
         Some(
@@ -49,6 +51,20 @@ impl Trajectory {
                 .flat_map(|s| shape.unpack(&s.routes))
                 .collect(),
         )
+    }
+
+    /// The steps of each context segment, in order, as ranges of [`steps`](Self::steps): one
+    /// for an episode that never folded. Each is one sequence the policy saw.
+    pub fn segments(&self) -> Vec<std::ops::Range<usize>> {
+        let mut out = Vec::new();
+        let mut start = 0;
+        for i in 1..=self.steps.len() {
+            if i == self.steps.len() || self.steps[i].segment != self.steps[start].segment {
+                out.push(start..i);
+                start = i;
+            }
+        }
+        out
     }
 
     /// Total tokens.

@@ -424,6 +424,14 @@ pub struct Step {
     /// see [`crate::routes`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub routes: Vec<u8>,
+    /// The context segment: 0 until the episode's first fold, one more after each. A
+    /// segment's steps concatenated are exactly what the policy saw at once.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub segment: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl Step {
@@ -441,6 +449,7 @@ impl Step {
             process_reward: 0.0,
             timings: StepTimings::default(),
             routes: Vec::new(),
+            segment: 0,
         }
     }
 
@@ -458,6 +467,7 @@ impl Step {
             process_reward: 0.0,
             timings: StepTimings::default(),
             routes: Vec::new(),
+            segment: 0,
         }
     }
 
@@ -526,6 +536,7 @@ impl TryFrom<pb::Step> for Step {
                 })
                 .unwrap_or_default(),
             routes: s.routes,
+            segment: s.segment,
         };
         step.validate()?;
         Ok(step)
@@ -551,6 +562,7 @@ impl From<Step> for pb::Step {
                 tool_us: s.timings.tool_us,
             }),
             routes: s.routes,
+            segment: s.segment,
         }
     }
 }

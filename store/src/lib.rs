@@ -666,6 +666,7 @@ impl TrajectoryStore {
         // From here on the writer's drop guard owns cleanup of `id`.
         let writer = TrajectoryWriter {
             store: Arc::clone(self),
+            typed: StepRules::new(header.routes, None),
             header,
             next_seq: 0,
             tokens: 0,
@@ -784,6 +785,8 @@ pub struct TrajectoryWriter {
     tokens: u64,
     generated: u64,
     finished: bool,
+    /// The rules typed steps ([`append`](Self::append)) are checked against, in sequence.
+    typed: StepRules,
 }
 
 impl TrajectoryWriter {
@@ -809,21 +812,20 @@ impl TrajectoryWriter {
         }
     }
 
-    /// The rules every step of this trajectory is checked against: its header's route
-    /// shape, and `vocab_size` when the policy is known.
+    /// The rules every step of this trajectory is checked against, from its first: its
+    /// header's route shape, and `vocab_size` when the policy is known.
     pub fn rules(&self, vocab_size: Option<u32>) -> StepRules {
-        StepRules {
-            routes: self.header.routes,
-            vocab_size,
-        }
+        StepRules::new(self.header.routes, vocab_size)
     }
 
     /// Checks step `seq` ([`CheckedStep::new`]) and appends it ([`append_checked`]).
     ///
     /// [`append_checked`]: Self::append_checked
     pub fn append(&mut self, seq: u64, step: Step) -> Result<()> {
-        let checked = CheckedStep::new(seq, step, &self.rules(None))
+        let mut rules = self.typed;
+        let checked = CheckedStep::new(seq, step, &mut rules)
             .map_err(|e: ProtoError| self.invalid(e.to_string()))?;
+        self.typed = rules;
         self.append_checked(seq, checked)
     }
 

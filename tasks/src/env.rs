@@ -321,6 +321,15 @@ impl<'a> Episode<'a> {
         self.ws.answer()
     }
 
+    /// A workspace file's bytes now (a path relative to the workspace; a symlink that leaves
+    /// it is refused).
+    pub fn read_file(&self, path: &str) -> Result<Vec<u8>, TasksError> {
+        self.ws.read(path).map_err(|e| TasksError::Sandbox {
+            task: self.task.id.clone(),
+            message: format!("reading {path}: {e}"),
+        })
+    }
+
     /// Every regular file of the workspace now, path → bytes.
     pub fn files(&self) -> Result<BTreeMap<String, Vec<u8>>, TasksError> {
         let snap = self.ws.snapshot().map_err(|e| TasksError::Sandbox {

@@ -276,7 +276,7 @@ fn a_learner_that_is_down_gets_the_spooled_trajectories_when_it_is_back() {
         let shape = t.header.routes.expect("the run's actors record routes");
         for (seq, s) in t.steps.iter().enumerate() {
             shape
-                .check_step(seq as u64, s.token_ids.len(), &s.routes)
+                .check_step(seq as u64, s.token_ids.len(), &s.routes, seq == 0)
                 .unwrap();
         }
         assert_eq!(

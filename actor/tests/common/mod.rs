@@ -90,55 +90,63 @@ pub fn assert_valid(t: &Trajectory) {
     }
 }
 
-/// Recomputes every generated token's log-prob with a full (uncached) forward over the
-/// whole sequence at `temperature` and returns the largest difference from the recorded one.
+/// Recomputes every generated token's log-prob with a full (uncached) forward over its whole
+/// context segment (the whole sequence for an episode that never folded) at `temperature`
+/// and returns the largest difference from the recorded one: 0 up to rounding exactly when
+/// each segment's ids are what the policy saw.
 pub fn max_logprob_error(model: &MoePolicy, t: &Trajectory, temperature: f64) -> f64 {
     max_logprob_error_by_version(&|_| model, t, temperature)
 }
 
 /// As [`max_logprob_error`], each generated token scored by the model of the version
-/// recorded with its step (the sequence is causal, so one forward per version covers every prefix).
+/// recorded with its step (a segment is causal, so one forward per version covers every
+/// prefix).
 pub fn max_logprob_error_by_version<'m>(
     model_of: &dyn Fn(u64) -> &'m MoePolicy,
     t: &Trajectory,
     temperature: f64,
 ) -> f64 {
-    let ids: Vec<i64> = t.token_ids().into_iter().map(i64::from).collect();
-    let recorded: Vec<(bool, f32, u64)> = t
-        .steps
-        .iter()
-        .flat_map(|s| {
-            s.loss_mask
-                .iter()
-                .zip(&s.logprobs)
-                .map(|(m, l)| (*m, *l, s.policy_version))
-        })
-        .collect();
-    let n = ids.len() as i64;
-    let tokens = Tensor::from_slice(&ids).view([1, n]);
-    let mut by_version: std::collections::HashMap<u64, Vec<f32>> = Default::default();
     let mut worst = 0.0f64;
-    for (i, &(m, rec, v)) in recorded.iter().enumerate().skip(1) {
-        if !m {
-            continue;
+    for seg in t.segments() {
+        let steps = &t.steps[seg];
+        let ids: Vec<i64> = steps
+            .iter()
+            .flat_map(|s| s.token_ids.iter().map(|&id| i64::from(id)))
+            .collect();
+        let recorded: Vec<(bool, f32, u64)> = steps
+            .iter()
+            .flat_map(|s| {
+                s.loss_mask
+                    .iter()
+                    .zip(&s.logprobs)
+                    .map(|(m, l)| (*m, *l, s.policy_version))
+            })
+            .collect();
+        assert!(
+            recorded.first().is_none_or(|r| !r.0),
+            "a segment starts with context"
+        );
+        let n = ids.len() as i64;
+        let tokens = Tensor::from_slice(&ids).view([1, n]);
+        let mut by_version: std::collections::HashMap<u64, Vec<f32>> = Default::default();
+        for (i, &(m, rec, v)) in recorded.iter().enumerate().skip(1) {
+            if !m {
+                continue;
+            }
+            let lp = by_version.entry(v).or_insert_with(|| {
+                let model = model_of(v);
+                let out = tch::no_grad(|| model.forward(&tokens, false).unwrap());
+                let logits = out.logits_btv.narrow(1, 0, n - 1);
+                let targets = tokens.narrow(1, 1, n - 1);
+                let lp = MoePolicy::token_logprobs(&logits, &targets, temperature)
+                    .unwrap()
+                    .to_kind(Kind::Float)
+                    .view([-1]);
+                Vec::<f32>::try_from(lp).unwrap()
+            });
+            worst = worst.max((f64::from(lp[i - 1]) - f64::from(rec)).abs());
         }
-        let lp = by_version.entry(v).or_insert_with(|| {
-            let model = model_of(v);
-            let out = tch::no_grad(|| model.forward(&tokens, false).unwrap());
-            let logits = out.logits_btv.narrow(1, 0, n - 1);
-            let targets = tokens.narrow(1, 1, n - 1);
-            let lp = MoePolicy::token_logprobs(&logits, &targets, temperature)
-                .unwrap()
-                .to_kind(Kind::Float)
-                .view([-1]);
-            Vec::<f32>::try_from(lp).unwrap()
-        });
-        worst = worst.max((f64::from(lp[i - 1]) - f64::from(rec)).abs());
     }
-    assert!(
-        recorded.first().is_none_or(|r| !r.0),
-        "a trajectory starts with context"
-    );
     worst
 }
 

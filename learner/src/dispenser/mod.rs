@@ -55,7 +55,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 pub use corvid_proto::Assignment;
-use corvid_proto::SamplingParams;
+use corvid_proto::{ContextFold, Fold, SamplingParams};
 use corvid_tasks::{Curriculum, SplitMix64, TaskFamily, TaskInstance, TasksError};
 
 use crate::config::{LearnerConfig, SamplingSection};
@@ -81,8 +81,10 @@ pub struct DispenserConfig {
     pub actor_timeout: Duration,
     /// Sampling handed to actors (the seed is set per episode).
     pub sampling: SamplingSection,
-    /// Upper bound on any context budget handed out (the model's position limit).
+    /// Upper bound on any window handed out (the model's position limit).
     pub max_context: u32,
+    /// The window and fold each assignment carries (`[rollout.context]`).
+    pub context: Option<ContextFold>,
 }
 
 impl DispenserConfig {
@@ -96,6 +98,7 @@ impl DispenserConfig {
             actor_timeout: Duration::from_secs(cfg.rollout.actor_timeout_s),
             sampling: cfg.rollout.sampling,
             max_context,
+            context: cfg.rollout.context.assignment(),
         }
     }
 }
@@ -297,6 +300,10 @@ impl TaskDispenser {
                     max_new_tokens: self.cfg.sampling.max_new_tokens,
                     seed: episode_seed(s.seed, episode),
                 },
+                context: self.cfg.context.clone().map(|c| ContextFold {
+                    window_tokens: c.window_tokens.min(self.cfg.max_context),
+                    ..c
+                }),
             });
         }
         inner.counters.episodes_issued += out.len() as u64;
@@ -328,7 +335,11 @@ impl TaskDispenser {
                 group_id,
                 task: instance.task_ref(),
                 max_turns: instance.max_turns,
-                context_budget: instance.context_budget.min(self.cfg.max_context),
+                // A folding episode's budget spans its segments: only its window is capped.
+                context_budget: match &self.cfg.context {
+                    Some(c) if c.fold != Fold::None => instance.context_budget,
+                    _ => instance.context_budget.min(self.cfg.max_context),
+                },
                 seed: inner.rng.next_u64(),
                 slots: vec![EpisodeSlot::Free; self.cfg.group_size as usize],
             },
@@ -522,6 +533,7 @@ mod tests {
             actor_timeout: Duration::from_secs(60),
             sampling: SamplingSection::default(),
             max_context: 4096,
+            context: None,
         }
     }
 

@@ -183,7 +183,7 @@ async fn discard(writer: TrajectoryWriter) {
 /// it wrote, before the error is returned.
 async fn fold(
     writer: TrajectoryWriter,
-    rules: StepRules,
+    mut rules: StepRules,
     mut stream: Streaming<TrajectoryPart>,
 ) -> Result<pb::SubmitAck, Status> {
     let id = writer.id().to_owned();
@@ -214,7 +214,7 @@ async fn fold(
                 let Some(bytes) = chunk.step else {
                     break Err(invalid(format!("step chunk seq {seq} has no step")));
                 };
-                let step = match CheckedStep::received(seq, bytes, &rules) {
+                let step = match CheckedStep::received(seq, bytes, &mut rules) {
                     Ok(step) => step,
                     Err(e) => break Err(invalid(e.to_string())),
                 };

@@ -5,7 +5,8 @@
 //!    computes per-token advantages (step-level by default). The caller does this for the
 //!    whole batch ([`RlTrainer::update`] does it for a caller that has no other use for it).
 //! 2. The kept trajectories are split into `minibatches` (one optimizer step each); each
-//!    minibatch is laid out one trajectory per row, longest first, and run in micro-batches
+//!    minibatch is laid out one context segment per row (one row for a trajectory that never
+//!    folded; every segment carries the episode's advantages), longest first, and run in micro-batches
 //!    of at most `micro_batch_tokens` tokens (rows × the longest, padding included; causal
 //!    forward, no document mask), gradients accumulated, so memory stays bounded on long
 //!    trajectories.
@@ -16,8 +17,8 @@
 //!    time through [`corvid_model::head`]):
 //!    `Σ_i [−w·min(r·A, clip(r)·A) − c_H·H + c_KL·KL_k3]_i / N + c_bal·L_balance·(rows/rows_mb)`
 //!    with `N` the generated tokens of the minibatch; the token sums behind the statistics are
-//!    named fields of `TokenSums`. A trajectory longer than `[train] max_train_tokens` or the
-//!    model's context is skipped and counted.
+//!    named fields of `TokenSums`. A trajectory with a segment longer than `[train]
+//!    max_train_tokens` or the model's context is skipped and counted.
 //! 5. With `ptx_coef > 0` and demonstrations given, the
 //!    minibatch's share of them adds `c_ptx · Σ_j −log π_θ(y_j) / N_demo` over their
 //!    assistant tokens (PPO-ptx; temperature 1, as in SFT). Then AdamW, then the router-bias
@@ -97,7 +98,7 @@ pub struct UpdateStats {
     pub unscored_excluded: usize,
     /// Groups dropped because all their advantages were zero.
     pub uninformative_groups: usize,
-    /// Trajectories skipped as longer than the model's context.
+    /// Trajectories skipped for a segment longer than the model's context.
     pub too_long_skipped: usize,
     /// Largest version lag among trajectories trained on.
     pub max_lag: u64,
@@ -378,20 +379,21 @@ struct RlRow {
 }
 
 /// Lays out trajectories (their tokens, generated mask, behaviour log-probs, token
-/// advantages and recorded routes) one per row, longest first, so that a micro-batch holds
-/// rows of similar length and runs the causal forward without a document mask.
+/// advantages and recorded routes) one context segment per row (one row for an episode that
+/// never folded), longest first, so that a micro-batch holds rows of similar length and runs
+/// the causal forward without a document mask.
 fn pack_trajectories(
     items: &[&Scored<'_>],
     pad_id: u32,
     routes: Option<RouteShape>,
     current_version: u64,
 ) -> Vec<RlRow> {
-    let mut order: Vec<&Scored<'_>> = items.to_vec();
-    order.sort_by_key(|s| std::cmp::Reverse(s.trajectory.len()));
-    order
-        .into_iter()
-        .map(|s| trajectory_row(s, pad_id, routes, current_version))
-        .collect()
+    let mut rows: Vec<RlRow> = items
+        .iter()
+        .flat_map(|s| segment_rows(s, pad_id, routes, current_version))
+        .collect();
+    rows.sort_by_key(|r| std::cmp::Reverse(r.row.len()));
+    rows
 }
 
 /// The route shape of `model`'s MoE layers (`None` for a dense model).
@@ -401,63 +403,80 @@ fn route_shape(model: &MoePolicy) -> Option<RouteShape> {
 }
 
 /// Whether a trajectory carries a route row of the learner's shape `want` for every input
-/// position but the last (counted without unpacking them).
+/// position of each segment but its last (counted without unpacking them).
 fn has_routes(t: &corvid_proto::Trajectory, want: Option<RouteShape>) -> bool {
     want.is_some_and(|w| {
         t.header.routes == Some(w)
             && t.steps.iter().map(|s| s.routes.len()).sum::<usize>()
-                == t.len().saturating_sub(1) * w.bytes_per_token()
+                == t.len().saturating_sub(t.segments().len()) * w.bytes_per_token()
     })
 }
 
-/// A trajectory's routes per input position (`-1` for the last), when it carries routes of
-/// the learner's shape `want` ([`has_routes`]); else empty.
-fn trajectory_routes(t: &corvid_proto::Trajectory, want: Option<RouteShape>) -> Vec<i32> {
-    let (true, Some(want), Some(ids)) = (has_routes(t, want), want, t.route_ids()) else {
-        return Vec::new();
-    };
-    let per = want.ids_per_token();
-    let mut out: Vec<i32> = ids.into_iter().map(i32::from).collect();
-    out.resize(t.len() * per, -1);
-    out
+/// The longest context segment of a trajectory, tokens: its longest training row.
+fn longest_segment(t: &corvid_proto::Trajectory) -> usize {
+    t.segments()
+        .into_iter()
+        .map(|r| t.steps[r].iter().map(|s| s.token_ids.len()).sum())
+        .max()
+        .unwrap_or(0)
 }
 
-/// One trajectory as a row of its own length; `current_version` is the learner's.
-fn trajectory_row(
+/// A trajectory's rows, one per context segment, each of its own length; `current_version`
+/// is the learner's. The advantages are the trajectory's, token for token, whatever segment a
+/// token lies in (the credit rule made them over the whole episode). A segment's routes are
+/// its steps' rows, `-1` for its last position, when the trajectory carries routes of the
+/// learner's shape `routes` ([`has_routes`]).
+fn segment_rows(
     s: &Scored<'_>,
     pad_id: u32,
     routes: Option<RouteShape>,
     current_version: u64,
-) -> RlRow {
+) -> Vec<RlRow> {
     let t = s.trajectory;
-    let ids = t.token_ids();
-    let len = ids.len();
-    let mask: Vec<bool> = t.steps.iter().flat_map(|st| st.loss_mask.clone()).collect();
-    let logp: Vec<f32> = t.steps.iter().flat_map(|st| st.logprobs.clone()).collect();
-    let version: Vec<u64> = t
-        .steps
-        .iter()
-        .flat_map(|st| std::iter::repeat_n(st.policy_version, st.token_ids.len()))
-        .collect();
+    let shape = routes.filter(|_| has_routes(t, routes));
     let temp = t.header.sampling.temperature;
     let inv = if temp > 0.0 { 1.0 / temp } else { 1.0 };
-    let mut row = PackedRow::single(&ids, &mask, pad_id);
-    row.routes = trajectory_routes(t, routes);
-    let mut r = RlRow {
-        row,
-        behaviour: vec![0.0; len],
-        lag0: vec![0.0; len],
-        adv: vec![0.0; len],
-        inv_temp: vec![1.0; len],
-    };
-    // Position `j` predicts token `j + 1`.
-    for j in 0..len.saturating_sub(1) {
-        r.behaviour[j] = logp[j + 1];
-        r.lag0[j] = f32::from(u8::from(version[j + 1] == current_version));
-        r.adv[j] = s.token_advantages[j + 1] as f32;
-        r.inv_temp[j] = inv;
+    let mut out = Vec::new();
+    // Where the segment's first token lies in the trajectory.
+    let mut offset = 0;
+    for seg in t.segments() {
+        let steps = &t.steps[seg];
+        let ids: Vec<u32> = steps.iter().flat_map(|st| st.token_ids.clone()).collect();
+        let len = ids.len();
+        let mask: Vec<bool> = steps.iter().flat_map(|st| st.loss_mask.clone()).collect();
+        let logp: Vec<f32> = steps.iter().flat_map(|st| st.logprobs.clone()).collect();
+        let version: Vec<u64> = steps
+            .iter()
+            .flat_map(|st| std::iter::repeat_n(st.policy_version, st.token_ids.len()))
+            .collect();
+        let mut row = PackedRow::single(&ids, &mask, pad_id);
+        if let Some(shape) = shape {
+            let mut ids: Vec<i32> = steps
+                .iter()
+                .flat_map(|st| shape.unpack(&st.routes))
+                .map(i32::from)
+                .collect();
+            ids.resize(len * shape.ids_per_token(), -1);
+            row.routes = ids;
+        }
+        let mut r = RlRow {
+            row,
+            behaviour: vec![0.0; len],
+            lag0: vec![0.0; len],
+            adv: vec![0.0; len],
+            inv_temp: vec![1.0; len],
+        };
+        // Position `j` predicts token `j + 1`.
+        for j in 0..len.saturating_sub(1) {
+            r.behaviour[j] = logp[j + 1];
+            r.lag0[j] = f32::from(u8::from(version[j + 1] == current_version));
+            r.adv[j] = s.token_advantages[offset + j + 1] as f32;
+            r.inv_temp[j] = inv;
+        }
+        out.push(r);
+        offset += len;
     }
-    r
+    out
 }
 
 /// The trainer: owns the policy, its parameters, the optimizer and the frozen reference.
@@ -589,7 +608,8 @@ impl RlTrainer {
     ) -> Result<UpdateStats, TrainError> {
         self.state.opt.zero_grad();
         let mut st = UpdateStats::selected(sel, self.state.opt.current_lr());
-        // A row longer than the context (or `max_train_tokens`) is skipped and counted.
+        // A segment (a row) longer than the context (or `max_train_tokens`) is skipped and
+        // counted with its trajectory.
         let max_pos = self.state.model.config().max_position_embeddings as usize;
         let max_len = match self.cfg.train.max_train_tokens {
             0 => max_pos,
@@ -598,7 +618,7 @@ impl RlTrainer {
         let (fit, too_long): (Vec<&Scored<'_>>, Vec<&Scored<'_>>) = sel
             .trajectories
             .iter()
-            .partition(|s| s.trajectory.len() <= max_len);
+            .partition(|s| longest_segment(s.trajectory) <= max_len);
         st.too_long_skipped = too_long.len();
         // Trainable = at least one generated token that is a target (not the first token).
         let fit: Vec<&Scored<'_>> = fit
@@ -835,5 +855,81 @@ mod tests {
         let a = Tensor::zeros([1], tch::kind::INT64_CPU);
         let r = pass_routes(Old, Update, true, Some(&a), None);
         assert!(r.given_btlk.is_some() && !r.replay);
+    }
+
+    /// A folded trajectory trains as one row per segment: each row is its segment's ids,
+    /// every position's advantage is the trajectory's for the token it predicts, and a
+    /// segment's routes are its own steps' rows with none for its last position.
+    #[test]
+    fn a_folded_trajectory_is_one_row_per_segment_with_the_episodes_advantages() {
+        use corvid_proto::{synthetic, Step, Trajectory};
+        let shape = RouteShape {
+            moe_layers: 1,
+            experts_per_token: 1,
+            routed_experts: 8,
+        };
+        // Segment 0: context 3 tokens + 2 generated; segment 1: context 4 + 3 generated.
+        let step = |segment: u32, ctx: &[u32], gen: &[u32]| {
+            let mut s = Step::context(segment, ctx.to_vec());
+            s.token_ids.extend_from_slice(gen);
+            s.loss_mask.extend(std::iter::repeat_n(true, gen.len()));
+            s.logprobs.extend(std::iter::repeat_n(-0.5, gen.len()));
+            s.policy_version = 3;
+            s.segment = segment;
+            // One row per token, one fewer where the segment opens.
+            let n = ctx.len() + gen.len() - 1;
+            s.routes = (0..n).map(|i| (segment as u8 * 4 + i as u8) % 8).collect();
+            s
+        };
+        let mut header = synthetic::header("folded", "hops", 1, 3);
+        header.routes = Some(shape);
+        let t = Trajectory {
+            header,
+            steps: vec![
+                step(0, &[1, 2, 3], &[4, 5]),
+                step(1, &[1, 2, 9, 9], &[6, 7, 8]),
+            ],
+            footer: synthetic::footer(
+                "folded",
+                synthetic::Shape {
+                    steps: 2,
+                    tokens_per_step: 6,
+                },
+            ),
+        };
+        assert_eq!(t.segments(), vec![0..1, 1..2]);
+        assert!(has_routes(&t, Some(shape)));
+        let adv: Vec<f64> = (0..t.len()).map(|i| i as f64).collect();
+        let scored = Scored {
+            trajectory: &t,
+            token_advantages: adv,
+            group: 0,
+        };
+        let rows = segment_rows(&scored, 0, Some(shape), 3);
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].row.tokens, vec![1, 2, 3, 4, 5]);
+        assert_eq!(rows[1].row.tokens, vec![1, 2, 9, 9, 6, 7, 8]);
+        // Position j predicts token j + 1: the second row's tokens are 5.. of the trajectory.
+        assert_eq!(rows[0].adv, vec![1.0, 2.0, 3.0, 4.0, 0.0]);
+        assert_eq!(rows[1].adv, vec![6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 0.0]);
+        assert_eq!(
+            rows[1].behaviour,
+            vec![0.0, 0.0, 0.0, -0.5, -0.5, -0.5, 0.0]
+        );
+        assert_eq!(rows[1].lag0[3..6], [1.0, 1.0, 1.0]);
+        assert_eq!(rows[0].row.routes, vec![0, 1, 2, 3, -1]);
+        assert_eq!(rows[1].row.routes, vec![4, 5, 6, 7, 0, 1, -1]);
+        assert_eq!(longest_segment(&t), 7);
+        // Rows of a trajectory without a segment's worth of routes carry none.
+        let mut short = t.clone();
+        short.steps[1].routes.pop();
+        assert!(!has_routes(&short, Some(shape)));
+        let scored = Scored {
+            trajectory: &short,
+            ..scored
+        };
+        assert!(segment_rows(&scored, 0, Some(shape), 3)
+            .iter()
+            .all(|r| r.row.routes.is_empty()));
     }
 }

@@ -57,19 +57,19 @@ pub(super) fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-/// One line per token of step `s` (its first at trajectory position `position`): the token,
-/// then per MoE layer the experts chosen for the input before it. The trajectory's first
+/// One line per token of step `s` (its first at position `position` of its segment): the
+/// token, then per MoE layer the experts chosen for the input before it. A segment's first
 /// token has no row.
 fn write_routes(
     out: &mut dyn Write,
     format: &EpisodeFormat,
     s: &Step,
     shape: RouteShape,
-    first_step: bool,
+    opens_segment: bool,
     position: usize,
 ) -> Result<()> {
     let ids = shape.unpack(&s.routes);
-    let (k, skip) = (shape.experts_per_token as usize, usize::from(first_step));
+    let (k, skip) = (shape.experts_per_token as usize, usize::from(opens_segment));
     for (row, experts) in ids.chunks(shape.ids_per_token()).enumerate() {
         let j = row + skip;
         let token = s.token_ids[j];
@@ -106,7 +106,7 @@ fn clip_text(s: &str, full: bool) -> String {
 }
 
 /// The transcript of `rec`: its header, then each step as `format` reads its tokens back as
-/// text, then its footer.
+/// text, a line marking each fold where a new context segment starts, then its footer.
 pub(super) fn write_transcript(
     out: &mut dyn Write,
     format: &EpisodeFormat,
@@ -147,6 +147,16 @@ pub(super) fn write_transcript(
     }
     let mut position = 0;
     for (seq, s) in steps.iter().enumerate() {
+        let opens_segment = seq == 0 || steps[seq - 1].segment != s.segment;
+        if seq > 0 && opens_segment {
+            // The context was rebuilt: what follows is a new sequence for the policy.
+            writeln!(
+                out,
+                "\n  ── fold: segment {} (the policy sees only what follows) ──",
+                s.segment
+            )?;
+            position = 0;
+        }
         let generated = s.generated_count();
         let first_gen = s
             .loss_mask
@@ -198,7 +208,7 @@ pub(super) fn write_transcript(
             )?;
         }
         if let (true, Some(shape)) = (detail.routes, h.routes) {
-            write_routes(out, format, s, shape, seq == 0, position)?;
+            write_routes(out, format, s, shape, opens_segment, position)?;
         }
         position += s.token_ids.len();
     }

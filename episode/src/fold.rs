@@ -1,0 +1,91 @@
+//! Context folding: the context a new segment opens with when an episode outgrows its window.
+//!
+//! A fold rebuilds the context from the episode's prompt, the carried memory and the most
+//! recent turns that fit, laid out by the same [`EpisodeFormat`] calls that built them the
+//! first time ([`EpisodeFormat::prompt_ids`], then each kept turn's generated ids and
+//! [`EpisodeFormat::result_ids`]), so the byte layout and a model's own chat template fold
+//! alike and a segment's ids are exactly what the policy sees:
+//!
+//! ```text
+//! segment s+1:  prompt(user task + memory) · gen_k · result_k · … · gen_t · result_t   context
+//!               then the next generated turn                                           generated
+//! ```
+//!
+//! The memory goes at the end of the user's message (a template that wants roles to
+//! alternate still renders it); the fixed texts below are the format's, the same for every
+//! task.
+
+use corvid_proto::Fold;
+
+use crate::format::{EpisodeFormat, FormatError};
+use crate::transcript::Conversation;
+
+/// What replaces an earlier tool output in a `drop_tool_output` fold.
+pub const DROPPED_OUTPUT: &str = "[output dropped when the context was folded]";
+
+/// The heading of the memory a `notes` or `summary` fold carries, after the user's task.
+pub const MEMORY_HEADING: &str = "[memory carried over from the earlier context]";
+
+/// What a `summary` fold asks for after the tool output that fills the window: the policy's
+/// answer (its next turn) becomes the next segment's memory.
+pub const SUMMARY_REQUEST: &str = "[the context is full] Write down everything you still need: facts found, partial results, and what is left to do. This text will replace the context. Do not call a tool in this turn.";
+
+/// A finished turn as a fold may keep it: the ids the policy generated and the text that
+/// answered them (the tool output, or the error a malformed turn got).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FoldedTurn {
+    /// The turn's generated ids.
+    pub generated: Vec<u32>,
+    /// The text of the message that followed it.
+    pub result: String,
+}
+
+/// A new segment's opening context.
+#[derive(Debug, Clone)]
+pub struct Segment {
+    /// The conversation the segment is built from (a model's own layout renders the turns
+    /// after it against this).
+    pub conversation: Conversation,
+    /// Its ids: the next turn's context.
+    pub ids: Vec<u32>,
+}
+
+/// The context that opens a new segment after a fold: `base`'s prompt (its last message, the
+/// user's task, with `memory` under [`MEMORY_HEADING`] when there is one), then the `turns`
+/// kept, oldest first, each answered by its result — or by [`DROPPED_OUTPUT`] for every turn
+/// but the last under [`Fold::DropToolOutput`].
+pub fn segment(
+    format: &EpisodeFormat,
+    base: &Conversation,
+    fold: Fold,
+    memory: Option<&str>,
+    turns: &[FoldedTurn],
+) -> Result<Segment, FormatError> {
+    let mut conversation = Conversation {
+        messages: base.prompt().to_vec(),
+        tools: base.tools.clone(),
+    };
+    if let (Some(memory), Some(user)) = (memory, conversation.messages.last_mut()) {
+        user.content = format!("{}\n\n{MEMORY_HEADING}\n{memory}", user.content);
+    }
+    let mut ids = format.prompt_ids(&conversation)?;
+    for (i, t) in turns.iter().enumerate() {
+        let masked = fold == Fold::DropToolOutput && i + 1 < turns.len();
+        let text = if masked { DROPPED_OUTPUT } else { &t.result };
+        ids.extend_from_slice(&t.generated);
+        ids.extend(format.result_ids(&mut conversation, &t.generated, text)?);
+    }
+    Ok(Segment { conversation, ids })
+}
+
+/// The longest prefix of `text` of at most `max_bytes` bytes that ends on a character
+/// boundary: a memory of at most `max_bytes` bytes is at most that many tokens in the byte
+/// layout and in a byte-level BPE tokenizer, where every token of plain text covers a byte
+/// or more.
+pub fn cut_memory(text: &str, max_bytes: usize) -> &str {
+    let mut end = text.len().min(max_bytes);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
