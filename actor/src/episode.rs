@@ -198,6 +198,10 @@ pub(crate) struct EpisodeRun {
     pub summarizing: bool,
     /// Summary turns so far (not counted against `max_turns`).
     pub summary_turns: u32,
+    /// Turns recorded in the current segment.
+    pub segment_turns: usize,
+    /// An earlier segment's template rendering differed from its ids.
+    pub divergent: bool,
     pub turn: u32,
     /// This turn's context tokens.
     pub context: Vec<u32>,
@@ -281,6 +285,8 @@ impl EpisodeRun {
             memory: None,
             summarizing: false,
             summary_turns: 0,
+            segment_turns: 0,
+            divergent: false,
             turn: 0,
             context: prompt,
             generated: Vec::new(),
@@ -404,6 +410,7 @@ impl EpisodeRun {
         let mut token_ids = std::mem::take(&mut self.context);
         self.last_generated.clone_from(&self.generated);
         self.turns_finished += 1;
+        self.segment_turns += 1;
         token_ids.append(&mut self.generated);
         let mut loss_mask = vec![false; n_ctx];
         loss_mask.resize(n_ctx + n_gen, true);
@@ -499,17 +506,24 @@ impl EpisodeRun {
         format: &EpisodeFormat,
         after: &[u32],
         text: &str,
+        answered: bool,
     ) -> Result<(), Termination> {
         let id = self.header.trajectory_id.clone();
         let layout_error = |e: corvid_episode::FormatError| {
             tracing::warn!(episode = %id, "laying out a tool result: {e}");
             Termination::InfraError
         };
-        self.turns.push(FoldedTurn {
-            generated: after.to_vec(),
-            result: text.to_string(),
-        });
-        let before = (self.fold == Fold::Summary).then(|| self.conversation.clone());
+        // An episode that ends after this turn does not fold.
+        let ending = answered || self.turn + 1 - self.summary_turns >= self.spec.max_turns;
+        let folding = self.fold != Fold::None && !ending;
+        if folding {
+            self.turns.push(FoldedTurn {
+                generated: after.to_vec(),
+                result: text.to_string(),
+            });
+        }
+        // The segment as it stands, to check its rendering if it is folded away.
+        let before = folding.then(|| self.conversation.clone());
         let ids = format
             .result_ids(&mut self.conversation, after, text)
             .map_err(layout_error)?;
@@ -517,13 +531,14 @@ impl EpisodeRun {
         // Under `summary`, room for a turn and then the request and the summary: the
         // request's bytes bound its tokens.
         let asking_room = SUMMARY_REQUEST.len() + 2 + memory_cap;
-        let reserve = self.max_new() + if before.is_some() { asking_room } else { 0 };
-        let full =
-            self.fold != Fold::None && self.history.len() + ids.len() + reserve > self.window;
+        let summary = self.fold == Fold::Summary;
+        let reserve = self.max_new() + if summary { asking_room } else { 0 };
+        let full = folding && self.history.len() + ids.len() + reserve > self.window;
         let mut folded = false;
-        if full {
-            folded = match before {
-                Some(before) => {
+        if let (true, Some(before)) = (full, before) {
+            let divergent = self.divergent_with(format, before.clone(), &self.history);
+            folded = match summary {
+                true => {
                     // The request after the output; when that leaves no room for the summary,
                     // in place of the output, which the next segment's kept turns show.
                     let mut conversation = before.clone();
@@ -547,12 +562,12 @@ impl EpisodeRun {
                     }
                     // No room to ask: fold with the memory carried so far.
                     let memory = self.memory.clone();
-                    self.fold_segment(format, memory)?
+                    self.fold_segment(format, memory, divergent)?
                 }
-                None => {
-                    let memory = (self.fold == Fold::Notes)
-                        .then(|| fold::cut_memory(&self.notes, memory_cap).to_string());
-                    self.fold_segment(format, memory)?
+                false => {
+                    let memory = (self.fold == Fold::Notes && !self.notes.is_empty())
+                        .then(|| format.cut_to_tokens(&self.notes, memory_cap));
+                    self.fold_segment(format, memory, divergent)?
                 }
             };
         }
@@ -587,6 +602,7 @@ impl EpisodeRun {
         &mut self,
         format: &EpisodeFormat,
         memory: Option<String>,
+        divergent: bool,
     ) -> Result<bool, Termination> {
         let half = self.window / 2;
         let n = self.turns.len();
@@ -625,12 +641,15 @@ impl EpisodeRun {
             }
             keep -= 1;
         };
-        if segment.ids.len() + self.max_new() > self.window {
+        let room = segment.ids.len() + self.max_new();
+        if room > self.window || self.spent + self.history.len() + room > self.budget {
             tracing::debug!(episode = %self.header.trajectory_id, tokens = segment.ids.len(), "a fold leaves no room for a turn");
             return Ok(false);
         }
+        self.divergent |= divergent;
         self.turns.drain(..n - keep);
         self.turns_finished = keep;
+        self.segment_turns = 0;
         self.spent += self.history.len();
         self.history.clone_from(&segment.ids);
         self.context = segment.ids;
@@ -671,7 +690,7 @@ impl EpisodeRun {
         let after = self.generated.clone();
         let reward = invalid_call_reward(&self.spec.task);
         let steps = self.take_turn_steps(None, None, reward as f32, 0);
-        if let Err(end) = self.queue_context(format, &after, &format.parse_error_text(err)) {
+        if let Err(end) = self.queue_context(format, &after, &format.parse_error_text(err), false) {
             return (steps, Next::End(end));
         }
         (steps, self.decide(false))
@@ -691,21 +710,22 @@ impl EpisodeRun {
     /// and its text becomes the memory of the segment the episode folds into.
     pub fn finish_summary(&mut self, format: &EpisodeFormat) -> (Vec<Step>, Next) {
         self.generate_us = self.turn_started.elapsed().as_micros() as u64;
-        let text = format.turn_text(&self.generated);
-        let memory = fold::cut_memory(&text, self.memory_cap()).to_string();
+        // The turn's limit was the memory cap: its whole text is the memory.
+        let memory = format.turn_text(&self.generated);
         let steps = self.take_turn_steps(None, None, 0.0, 0);
         self.summarizing = false;
         self.summary_turns += 1;
-        // The summary is not a turn a later segment keeps: its text is the memory.
-        self.turns_finished -= 1;
-        match self.fold_segment(format, Some(memory)) {
+        if self.routes_broken {
+            return (steps, Next::End(Termination::InfraError));
+        }
+        let divergent = self.divergent_with(format, self.conversation.clone(), &self.history);
+        match self.fold_segment(format, Some(memory), divergent) {
             Err(end) => return (steps, Next::End(end)),
             // Nothing can follow the summary in this segment.
             Ok(false) => return (steps, Next::Check(Termination::ContextFull)),
             Ok(true) => {}
         }
-        self.turn += 1;
-        self.turn_started = Instant::now();
+        self.advance_turn();
         (steps, self.decide(false))
     }
 
@@ -735,24 +755,37 @@ impl EpisodeRun {
         if status == ToolStatus::InfraError {
             return (steps, Next::End(Termination::InfraError));
         }
-        if let Err(end) = self.queue_context(format, &after, &out.text) {
+        if let Err(end) = self.queue_context(format, &after, &out.text, answered) {
             return (steps, Next::End(end));
         }
         (steps, self.decide(answered))
     }
 
-    /// Whether the template renders the finished conversation otherwise than the ids the
-    /// episode recorded ([`EpisodeFormat::finish`]); false in the byte layout.
+    /// Whether the template renders a segment's finished conversation otherwise than the ids
+    /// the episode recorded for it ([`EpisodeFormat::finish`]), this segment's or one folded
+    /// away; false in the byte layout.
     pub fn template_divergent(&self, format: &EpisodeFormat) -> bool {
-        if self.turns_finished == 0 || format.chat_format().is_none() {
-            return false;
-        }
-        let mut conversation = self.conversation.clone();
-        let unclosed = conversation.assistant_turns() < self.turns_finished;
-        let last: &[u32] = if unclosed { &self.last_generated } else { &[] };
         // A context queued after the last turn was never recorded.
         let recorded = self.history.len() - self.context.len();
-        format.finish(&mut conversation, last, &self.history[..recorded])
+        self.divergent
+            || self.divergent_with(format, self.conversation.clone(), &self.history[..recorded])
+    }
+
+    /// Whether the template renders `conversation` (the segment's, its latest turn closed or
+    /// not) otherwise than the segment's recorded `ids`; false before a turn was recorded in
+    /// the segment, and in the byte layout.
+    fn divergent_with(
+        &self,
+        format: &EpisodeFormat,
+        mut conversation: Conversation,
+        ids: &[u32],
+    ) -> bool {
+        if self.segment_turns == 0 || format.chat_format().is_none() {
+            return false;
+        }
+        let unclosed = conversation.assistant_turns() < self.turns_finished;
+        let last: &[u32] = if unclosed { &self.last_generated } else { &[] };
+        format.finish(&mut conversation, last, ids)
     }
 
     /// The footer for `termination` with the checker's `verdict` (none when the episode is

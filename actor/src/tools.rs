@@ -118,8 +118,9 @@ fn worker_main<M>(
                 } else {
                     ep.last_process_reward()
                 };
-                // A missing notes file is no notes; the host never follows a symlink out.
-                let notes = notes.and_then(|path| ep.read_file(path).ok());
+                // A missing or unreadable notes file is no notes (`Workspace::read` refuses a
+                // symlink out of the workspace).
+                let notes = notes.map(|path| ep.read_file(path).unwrap_or_default());
                 ToolEvent::Called {
                     out,
                     process_reward,

@@ -3,18 +3,22 @@
 //! exactly what the policy saw (every recorded log-prob is a full forward over its segment),
 //! an oracle still passes its checker across the folds, `drop_tool_output` replaces earlier
 //! outputs with the marker, `notes` carries the file the policy wrote, `summary` asks for a
-//! summary turn and carries it, recorded routes start again with each segment, and `none`
-//! ends the episode as `context_full`.
+//! summary turn and carries it, recorded routes start again with each segment, a model's own
+//! chat template folds without diverging from its rendering, the episode's budget bounds its
+//! segments, a fold that cannot make room ends the episode as `context_full`, and so does a
+//! full window under `none`.
 
 mod common;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use corvid_actor::{run_episodes, EngineConfig, EpisodeSpec, ScriptedTokens};
+use corvid_actor::{run_episodes, EngineConfig, EpisodeSpec, LoadedPolicy, ScriptedTokens};
 use corvid_episode::fold::{DROPPED_OUTPUT, MEMORY_HEADING, SUMMARY_REQUEST};
-use corvid_episode::EpisodeFormat;
+use corvid_episode::{ChatFormat, EpisodeFormat, ToolCallSyntax};
+use corvid_model::ModelConfig;
 use corvid_proto::{ContextFold, Fold, StepRules, Termination, Trajectory};
 use corvid_tasks::{TaskInstance, ToolSpec};
 
@@ -54,7 +58,15 @@ fn long_task() -> Arc<TaskInstance> {
 
 /// The oracle's turns in the byte layout, after `before`.
 fn oracle_turns(task: &TaskInstance, before: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
-    let format = EpisodeFormat::default();
+    oracle_turns_in(&EpisodeFormat::default(), task, before)
+}
+
+/// The oracle's turns in `format`, after `before`.
+fn oracle_turns_in(
+    format: &EpisodeFormat,
+    task: &TaskInstance,
+    before: Vec<Vec<u32>>,
+) -> Vec<Vec<u32>> {
     let oracle = task
         .oracle
         .steps
@@ -67,7 +79,11 @@ fn oracle_turns(task: &TaskInstance, before: Vec<Vec<u32>>) -> Vec<Vec<u32>> {
 
 /// The text of each segment's opening context (its first step's context tokens).
 fn openings(t: &Trajectory) -> Vec<String> {
-    let format = EpisodeFormat::default();
+    openings_in(&EpisodeFormat::default(), t)
+}
+
+/// [`openings`] in `format`.
+fn openings_in(format: &EpisodeFormat, t: &Trajectory) -> Vec<String> {
     t.segments()
         .into_iter()
         .map(|r| {
@@ -87,7 +103,18 @@ fn openings(t: &Trajectory) -> Vec<String> {
 /// What holds for every folded trajectory: valid, steps in segments 0, 1, … in order, each
 /// within the window, each opening with the task's prompt, every log-prob a full forward over
 /// its own segment.
-fn assert_folded(t: &Trajectory, policy: &corvid_actor::LoadedPolicy, folds_at_least: usize) {
+fn assert_folded(t: &Trajectory, policy: &LoadedPolicy, folds_at_least: usize) {
+    assert_folded_in(&EpisodeFormat::default(), t, policy, folds_at_least, WINDOW);
+}
+
+/// [`assert_folded`] in `format`.
+fn assert_folded_in(
+    format: &EpisodeFormat,
+    t: &Trajectory,
+    policy: &LoadedPolicy,
+    folds_at_least: usize,
+    window: u32,
+) {
     assert_valid(t);
     let mut rules = StepRules::new(t.header.routes, None);
     for (seq, s) in t.steps.iter().enumerate() {
@@ -102,12 +129,11 @@ fn assert_folded(t: &Trajectory, policy: &corvid_actor::LoadedPolicy, folds_at_l
     );
     for (i, r) in segments.iter().enumerate() {
         let tokens: usize = t.steps[r.clone()].iter().map(|s| s.token_ids.len()).sum();
-        assert!(tokens <= WINDOW as usize, "segment {i}: {tokens} tokens");
+        assert!(tokens <= window as usize, "segment {i}: {tokens} tokens");
     }
     let prompt = &t.steps[0];
-    let task_line =
-        EpisodeFormat::default().decode(&prompt.token_ids[..prompt.token_ids.len().min(40)]);
-    for (i, o) in openings(t).iter().enumerate() {
+    let task_line = format.decode(&prompt.token_ids[..prompt.token_ids.len().min(40)]);
+    for (i, o) in openings_in(format, t).iter().enumerate() {
         assert!(o.starts_with(&task_line), "segment {i} opens with {o:?}");
     }
     let err = max_logprob_error(policy.model(), t, 1.0);
@@ -233,4 +259,108 @@ fn without_a_fold_a_full_window_ends_the_episode() {
     assert_eq!(t.footer.termination, Termination::ContextFull);
     assert_eq!(t.segments().len(), 1);
     assert!(t.len() <= WINDOW as usize);
+}
+
+/// The chat-template fixture's layout (`tokenizer/tests/fixtures/chatml_tools`), and a random
+/// policy of the test config with its vocabulary.
+fn chat_policy() -> (EpisodeFormat, LoadedPolicy) {
+    let fixture =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tokenizer/tests/fixtures/chatml_tools");
+    let format =
+        EpisodeFormat::chat(ChatFormat::from_folder(&fixture, ToolCallSyntax::Hermes).unwrap());
+    tch::manual_seed(11);
+    let cfg = ModelConfig {
+        vocab_size: i64::from(format.vocab_size()),
+        ..test_model_config()
+    };
+    let mut policy = LoadedPolicy::random(&cfg, tch::Device::Cpu).unwrap();
+    policy.set_version(1);
+    (format, policy)
+}
+
+#[test]
+fn a_models_own_template_folds_and_each_segment_is_its_rendering() {
+    let (format, mut policy) = chat_policy();
+    let task = long_task();
+    let turns = oracle_turns_in(&format, &task, Vec::new());
+    let longest = turns.iter().map(Vec::len).max().unwrap() as u32;
+    let mut spec = folding("chat", task, Fold::DropToolOutput, longest + 4);
+    // The template's prompt, its tools declared in JSON, is ~900 tokens.
+    spec.context.as_mut().unwrap().window_tokens = 1536;
+    let chooser = ScriptedTokens::new().with_episode("chat", turns);
+    let cfg = EngineConfig {
+        format: format.clone(),
+        ..cfg(true)
+    };
+    let (trajs, _) = run_episodes(
+        &mut policy,
+        &env(),
+        vec![spec],
+        cfg,
+        Some(Box::new(chooser)),
+    )
+    .unwrap();
+    let t = &trajs[0];
+    assert_eq!(t.footer.termination, Termination::Answered);
+    assert!(t.footer.success);
+    assert_folded_in(&format, t, &policy, 1, 1536);
+    // Every segment, folded away or last, renders as the template renders its conversation.
+    assert!(!t.footer.template_divergent);
+    for o in &openings_in(&format, t)[1..] {
+        let tools = o.matches("<tool_response>").count();
+        assert!(tools >= 1, "the latest output is kept: {o}");
+        assert_eq!(
+            o.matches(DROPPED_OUTPUT).count(),
+            tools.saturating_sub(1),
+            "{o}"
+        );
+    }
+}
+
+#[test]
+fn the_episodes_budget_bounds_its_segments_and_a_fold_without_room_ends_it() {
+    let mut policy = random_policy(1);
+    // A budget of 1.5 windows: the episode folds once, then ends when the budget is spent.
+    let mut spec = folding("budget", long_task(), Fold::DropToolOutput, 48);
+    spec.context_budget = WINDOW * 3 / 2;
+    // keychain level 12 parts are longer than the window: the first read cannot be folded in.
+    let big = task("keychain", 12, 1);
+    let read = EpisodeFormat::default()
+        .call_ids(
+            "read_file",
+            &serde_json::json!({"path": "chain/part-01.txt"}),
+        )
+        .unwrap();
+    let mut no_room = folding("no-room", big, Fold::DropToolOutput, read.len() as u32 + 4);
+    no_room.max_turns = 4;
+    let chooser = ScriptedTokens::new().with_episode("no-room", vec![read]);
+    let (trajs, _) = run_episodes(
+        &mut policy,
+        &env(),
+        vec![spec, no_room],
+        cfg(false),
+        Some(Box::new(chooser)),
+    )
+    .unwrap();
+    for t in &trajs {
+        assert_valid(t);
+        assert_eq!(
+            t.footer.termination,
+            Termination::ContextFull,
+            "{}",
+            t.header.trajectory_id
+        );
+    }
+    let budget = trajs
+        .iter()
+        .find(|t| t.header.trajectory_id == "budget")
+        .unwrap();
+    assert_eq!(budget.segments().len(), 2);
+    assert!(budget.len() <= (WINDOW * 3 / 2) as usize);
+    let no_room = trajs
+        .iter()
+        .find(|t| t.header.trajectory_id == "no-room")
+        .unwrap();
+    assert_eq!(no_room.segments().len(), 1);
+    assert_eq!(no_room.steps.len(), 1, "the part's text fills the window");
 }

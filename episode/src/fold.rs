@@ -89,3 +89,19 @@ pub fn cut_memory(text: &str, max_bytes: usize) -> &str {
     }
     &text[..end]
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The learner's config check counts the request as at most
+    /// `corvid_proto::assignment::SUMMARY_REQUEST_BYTES` bytes with its separator.
+    #[test]
+    fn the_summary_request_fits_the_bytes_the_config_check_counts() {
+        assert!(
+            SUMMARY_REQUEST.len() + 2 <= corvid_proto::assignment::SUMMARY_REQUEST_BYTES as usize
+        );
+        assert_eq!(cut_memory("héllo", 2), "h");
+        assert_eq!(cut_memory("héllo", 3), "hé");
+    }
+}

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use corvid_proto::{ToolCall, ToolStatus};
 use corvid_tasks::{TaskEnv, TaskInstance};
-use corvid_tokenizer::{ByteTokenizer, Special};
+use corvid_tokenizer::{ByteTokenizer, Special, Tokenizer};
 use serde::{Deserialize, Serialize};
 
 use crate::chat_format::ChatFormat;
@@ -515,6 +515,25 @@ impl EpisodeFormat {
                     _ => m.content,
                 }
             }
+        }
+    }
+
+    /// `text` cut to about `max_tokens` tokens of this format (a `notes` fold's memory cap): in
+    /// the byte layout exactly, at a character boundary; in a model's own, its first
+    /// `max_tokens` ids decoded (text the tokenizer cannot encode is cut to `max_tokens` bytes,
+    /// at least as many tokens in a byte-level tokenizer).
+    pub fn cut_to_tokens(&self, text: &str, max_tokens: usize) -> String {
+        let by_bytes = || crate::fold::cut_memory(text, max_tokens).to_string();
+        match &self.layout {
+            Layout::Byte { .. } => by_bytes(),
+            Layout::Chat(c) => match c.tokenizer().encode_plain(text) {
+                Ok(ids) if ids.len() <= max_tokens => text.to_string(),
+                Ok(ids) => c
+                    .decode_lossy(&ids[..max_tokens])
+                    .trim_end_matches('\u{fffd}')
+                    .to_string(),
+                Err(_) => by_bytes(),
+            },
         }
     }
 

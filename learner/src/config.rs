@@ -998,8 +998,12 @@ mod tests {
             ("[rollout]\nmax_open_groups = 0", "rollout.max_open_groups"),
             // A fold whose memory and turn cannot fit the window: refused before the run.
             (
-                "[rollout.context]\nwindow_tokens = 1024\nfold = \"summary\"\nmemory_tokens = 400",
-                "`rollout.context.window_tokens` = 1024: expected room for the memory (400 tokens) and a whole turn (max_new_tokens = 256) in half the window (512)",
+                "[rollout.context]\nwindow_tokens = 1024\nfold = \"notes\"\nmemory_tokens = 400",
+                "`rollout.context.window_tokens` = 1024: expected room for the notes (400 tokens) and a whole turn (max_new_tokens = 256) in half the window (512)",
+            ),
+            (
+                "[rollout.context]\nwindow_tokens = 2048\nfold = \"summary\"\nmemory_tokens = 300",
+                "expected room for two turns (max_new_tokens = 256 each), the summary request (256 bytes) and the summary (300 tokens) in half the window (1024)",
             ),
             (
                 "[rollout.context]\nfold = \"notes\"",

@@ -359,6 +359,14 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
         .map(|(name, _)| registry.get(name))
         .collect::<Result<Vec<_>, _>>()?;
     let max_context = u32::try_from(model_config.max_position_embeddings).unwrap_or(u32::MAX);
+    if cfg.rollout.context.window_tokens > max_context {
+        return Err(ConfigError::Invalid {
+            field: "rollout.context.window_tokens".into(),
+            value: cfg.rollout.context.window_tokens.to_string(),
+            why: format!("expected at most the model's {max_context} positions"),
+        }
+        .into());
+    }
     let dispenser = TaskDispenser::new(
         DispenserConfig::from_learner(&cfg, max_context),
         family_objs,

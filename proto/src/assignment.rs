@@ -39,6 +39,10 @@ impl Fold {
     }
 }
 
+/// Most bytes of the request a `summary` fold adds after the output that fills the window
+/// (`corvid_episode::fold::SUMMARY_REQUEST` and its separator; a test there holds it).
+pub const SUMMARY_REQUEST_BYTES: u64 = 256;
+
 /// An episode's context window and its fold ([`Fold`]): each segment holds at most
 /// `window_tokens`; the assignment's `context_budget` bounds the whole episode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -77,14 +81,31 @@ impl ContextFold {
                 "a relative path inside the workspace, such as \"notes.md\"".into(),
             ));
         }
-        let memory = if carries { self.memory_tokens } else { 0 };
         let half = self.window_tokens / 2;
-        if memory.saturating_add(max_new_tokens) > half {
+        // What must fit beside a new segment's prompt and recent turns: a turn, and under
+        // `summary` a second turn, the request (its bytes bound its tokens) and the summary.
+        let (need, what) = match self.fold {
+            Fold::None => (1, "a token".to_string()),
+            Fold::DropToolOutput => (max_new_tokens, format!("a whole turn (max_new_tokens = {max_new_tokens})")),
+            Fold::Notes => (
+                self.memory_tokens.saturating_add(max_new_tokens),
+                format!("the notes ({} tokens) and a whole turn (max_new_tokens = {max_new_tokens})", self.memory_tokens),
+            ),
+            Fold::Summary => (
+                (2 * u64::from(max_new_tokens) + u64::from(self.memory_tokens) + SUMMARY_REQUEST_BYTES)
+                    .min(u64::from(u32::MAX)) as u32,
+                format!(
+                    "two turns (max_new_tokens = {max_new_tokens} each), the summary request ({SUMMARY_REQUEST_BYTES} bytes) and the summary ({} tokens)",
+                    self.memory_tokens
+                ),
+            ),
+        };
+        if need > half {
             return Some((
                 "window_tokens",
                 self.window_tokens.to_string(),
                 format!(
-                    "room for the memory ({memory} tokens) and a whole turn (max_new_tokens = {max_new_tokens}) in half the window ({half}); the other half holds the prompt and the recent turns"
+                    "room for {what} in half the window ({half}); the other half holds the prompt and the recent turns"
                 ),
             ));
         }
@@ -131,6 +152,12 @@ impl TryFrom<pb::ContextFold> for ContextFold {
                 })
             }
         };
+        if c.window_tokens == 0 {
+            return Err(ProtoError::Invalid {
+                field: "assignment.context.window_tokens".into(),
+                reason: "0: a window holds at least one token".into(),
+            });
+        }
         Ok(Self {
             window_tokens: c.window_tokens,
             fold,

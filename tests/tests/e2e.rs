@@ -467,6 +467,53 @@ fn corvid_run_without_sft_starts_rl_from_model_init_and_evaluates_it_as_the_sft_
     );
 }
 
+/// A run whose episodes outgrow a 512-token window and fold (`drop_tool_output`): actors
+/// store folded trajectories, each segment within the window, the learner trains on their
+/// segments, and `corvid replay show` marks the folds.
+#[test]
+fn a_folding_run_stores_segments_within_the_window_and_trains_on_them() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let d = dir.path();
+    let config = config_from_init_policy(d, 78, 2)
+        + ONE_ACTOR_RUN
+        + "\n[rollout.context]\nwindow_tokens = 512\nfold = \"drop_tool_output\"\n";
+    run_to_the_end(d, &config);
+    let r = d.join("runs/n");
+    assert_eq!(read(&r.join("metrics/metrics.jsonl")).lines().count(), 2);
+    let store = r.join("store");
+    let store = corvid_store::TrajectoryStore::open(&store).expect("the run's store");
+    let mut folded = None;
+    for rec in store.list(&corvid_store::Filter::default()) {
+        let rec = rec.expect("record");
+        let (_, t) = store
+            .load(&rec.header.trajectory_id)
+            .expect("load")
+            .expect("finished");
+        for seg in t.segments() {
+            let tokens: usize = t.steps[seg].iter().map(|s| s.token_ids.len()).sum();
+            assert!(
+                tokens <= 512,
+                "{}: a segment of {tokens} tokens",
+                rec.header.trajectory_id
+            );
+        }
+        if t.segments().len() > 1 {
+            folded = Some(rec.header.trajectory_id.clone());
+        }
+    }
+    let folded = folded.expect("some episode folded");
+    drop(store);
+    let store_s = r.join("store");
+    let shown = run_ok(&[
+        "replay",
+        "show",
+        "--store",
+        store_s.to_str().unwrap(),
+        &folded,
+    ]);
+    assert!(shown.contains("── fold: segment 1"), "{shown}");
+}
+
 /// Pids of the processes whose working directory is `dir` and whose command line holds `word`
 /// (Linux `/proc`): the children `corvid run` started in a test's own folder.
 fn pids_in(dir: &Path, word: &str) -> Vec<i32> {
