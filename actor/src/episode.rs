@@ -110,6 +110,7 @@ impl EpisodeSpec {
             group_id: self.group_id.clone(),
             started_unix_ms: unix_ms(),
             routes: None,
+            context: self.context.clone(),
         }
     }
 }

@@ -341,6 +341,7 @@ fn refusal(actor_id: &str, id: String, a: &Assignment, version: u64) -> [(String
         group_id: a.group_id.clone(),
         started_unix_ms: unix_ms(),
         routes: None,
+        context: None,
     };
     let footer = TrajectoryFooter {
         outcome_reward: 0.0,

@@ -260,13 +260,14 @@ impl EpisodeFormat {
 
     /// The tool's text in a tool-result context ([`result_ids`](Self::result_ids)) after a
     /// turn that made `call` (none for a malformed turn): what the layout wraps around it
-    /// removed. A context of another shape is decoded whole.
+    /// removed. In a folded segment's opening, the last tool message (the latest turn's, the
+    /// others kept before it). A context of another shape is decoded whole.
     pub fn tool_result_text(&self, context: &[u32], call: Option<&ToolCall>) -> String {
         match &self.layout {
             Layout::Byte { tok, .. } => {
                 let body = context
                     .iter()
-                    .position(|&t| t == Special::Tool.id())
+                    .rposition(|&t| t == Special::Tool.id())
                     .map(|start| {
                         let rest = &context[start + 1..];
                         let end = rest

@@ -141,6 +141,14 @@ fn string_or_object<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D:
     })
 }
 
+/// A piece of a context's ids read back ([`EpisodeFormat::to_messages`]).
+enum ContextPart {
+    /// A system, user or tool message.
+    Message(ChatMessage),
+    /// An assistant turn kept in a folded segment's opening context: its ids.
+    Assistant(Vec<u32>),
+}
+
 /// Why a chat transcript cannot be laid out as an episode.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum TranscriptError {
@@ -231,11 +239,23 @@ impl EpisodeFormat {
         let mut out = Vec::new();
         // The call of the latest assistant message, until the tool message answering it.
         let mut unanswered: Option<String> = None;
+        let mut kept = 0;
         for (n, (token_ids, loss_mask)) in joined_turns(steps).iter().enumerate() {
             let first_gen = loss_mask.iter().position(|m| *m).unwrap_or(token_ids.len());
             let mut context = Vec::new();
             self.context_messages(&token_ids[..first_gen], &mut context);
-            for mut m in context {
+            for part in context {
+                let mut m = match part {
+                    // A turn a fold kept in a new segment's opening context.
+                    ContextPart::Assistant(ids) => {
+                        kept += 1;
+                        let (m, call) = self.assistant_message(&ids, format!("call_kept{kept}"));
+                        unanswered = call;
+                        out.push(m);
+                        continue;
+                    }
+                    ContextPart::Message(m) => m,
+                };
                 if m.role == "tool" {
                     match unanswered.take() {
                         Some(id) => m.tool_call_id = Some(id),
@@ -249,45 +269,52 @@ impl EpisodeFormat {
             if generated.is_empty() {
                 continue;
             }
-            let message = match self.parse_call(generated) {
-                Ok(c) => {
-                    let open = Special::ToolCallOpen.id();
-                    let text_end = generated
-                        .iter()
-                        .position(|&t| t == open)
-                        .unwrap_or(generated.len());
-                    let id = format!("call_{n}");
-                    unanswered = Some(id.clone());
-                    ChatMessage {
-                        role: "assistant".into(),
-                        content: self.plain_text(&generated[..text_end]),
-                        reasoning_content: None,
-                        tool_calls: vec![ChatToolCall {
-                            id: Some(id),
-                            kind: function_type(),
-                            function: ChatFunction {
-                                name: c.name,
-                                arguments: c.arguments_json,
-                            },
-                        }],
-                        tool_call_id: None,
-                    }
-                }
-                // A malformed turn: what the policy wrote, as text.
-                Err(_) => {
-                    unanswered = None;
-                    ChatMessage {
-                        role: "assistant".into(),
-                        content: self.plain_text(generated),
-                        reasoning_content: None,
-                        tool_calls: Vec::new(),
-                        tool_call_id: None,
-                    }
-                }
-            };
+            let (message, call) = self.assistant_message(generated, format!("call_{n}"));
+            unanswered = call;
             out.push(message);
         }
         out
+    }
+
+    /// The assistant message of the byte layout's turn `generated`: its call in `tool_calls`
+    /// under `id` (returned) with the text before it as content, or, for a malformed turn,
+    /// what it wrote as text (no id).
+    fn assistant_message(&self, generated: &[u32], id: String) -> (ChatMessage, Option<String>) {
+        match self.parse_call(generated) {
+            Ok(c) => {
+                let open = Special::ToolCallOpen.id();
+                let text_end = generated
+                    .iter()
+                    .position(|&t| t == open)
+                    .unwrap_or(generated.len());
+                let message = ChatMessage {
+                    role: "assistant".into(),
+                    content: self.plain_text(&generated[..text_end]),
+                    reasoning_content: None,
+                    tool_calls: vec![ChatToolCall {
+                        id: Some(id.clone()),
+                        kind: function_type(),
+                        function: ChatFunction {
+                            name: c.name,
+                            arguments: c.arguments_json,
+                        },
+                    }],
+                    tool_call_id: None,
+                };
+                (message, Some(id))
+            }
+            // A malformed turn: what the policy wrote, as text.
+            Err(_) => (
+                ChatMessage {
+                    role: "assistant".into(),
+                    content: self.plain_text(generated),
+                    reasoning_content: None,
+                    tool_calls: Vec::new(),
+                    tool_call_id: None,
+                },
+                None,
+            ),
+        }
     }
 
     /// The text of `ids` without Corvid's special tokens.
@@ -300,46 +327,46 @@ impl EpisodeFormat {
         self.decode(&plain)
     }
 
-    fn context_messages(&self, ids: &[u32], out: &mut Vec<ChatMessage>) {
+    /// The messages of a context's ids: the system, user and tool turns as text, and the
+    /// assistant turns a fold kept (a new segment's opening) as their ids. The assistant
+    /// header that opens the next generated turn holds nothing and is left out.
+    fn context_messages(&self, ids: &[u32], out: &mut Vec<ContextPart>) {
         let mut role: Option<&str> = None;
         let mut body: Vec<u32> = Vec::new();
+        let flush = |role: Option<&str>, body: &mut Vec<u32>, out: &mut Vec<ContextPart>| {
+            match role {
+                Some("assistant") if !body.is_empty() => {
+                    out.push(ContextPart::Assistant(std::mem::take(body)))
+                }
+                Some("assistant") | None => {}
+                Some(r) => out.push(ContextPart::Message(ChatMessage::text(
+                    r,
+                    self.plain_text(body),
+                ))),
+            }
+            body.clear();
+        };
         for &t in ids {
             let header = match Special::from_id(t) {
                 Some(Special::System) => Some("system"),
                 Some(Special::User) => Some("user"),
                 Some(Special::Tool) => Some("tool"),
-                Some(Special::Assistant) | Some(Special::End) | Some(Special::Pad) => {
-                    if let Some(r) = role.take() {
-                        out.push(ChatMessage {
-                            role: r.into(),
-                            content: self.plain_text(&body),
-                            reasoning_content: None,
-                            tool_calls: Vec::new(),
-                            tool_call_id: None,
-                        });
-                    }
-                    body.clear();
+                Some(Special::Assistant) => Some("assistant"),
+                Some(Special::End) | Some(Special::Pad) => {
+                    flush(role.take(), &mut body, out);
                     continue;
                 }
                 _ => None,
             };
             match header {
                 Some(r) => {
+                    flush(role.take(), &mut body, out);
                     role = Some(r);
-                    body.clear();
                 }
                 None => body.push(t),
             }
         }
-        if let Some(r) = role {
-            out.push(ChatMessage {
-                role: r.into(),
-                content: self.plain_text(&body),
-                reasoning_content: None,
-                tool_calls: Vec::new(),
-                tool_call_id: None,
-            });
-        }
+        flush(role, &mut body, out);
     }
 
     /// Lays out a chat transcript (for example an imported SFT file) in the episode format:

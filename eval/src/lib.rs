@@ -26,6 +26,7 @@
 //!     label: Some("random".into()),
 //!     stage: "random".into(),
 //!     progress: true,
+//!     context: None,
 //!     tool_call_format: None,
 //! };
 //! // Every option, the family and the policy are checked before a store exists.

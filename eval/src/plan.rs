@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use corvid_episode::EpisodeFormat;
-use corvid_proto::SamplingParams;
+use corvid_proto::{ContextFold, SamplingParams};
 use corvid_tasks::TaskFamily;
 
 use crate::policy::{EvalPolicy, PolicySource};
@@ -55,6 +55,9 @@ pub struct EvalOptions {
     pub stage: String,
     /// Print one line per level to stderr as it finishes.
     pub progress: bool,
+    /// The window each episode runs in and its fold (`None`: each task's own budget, no
+    /// fold), as `[rollout.context]` gives actors.
+    pub context: Option<ContextFold>,
 }
 
 /// An evaluation whose options, task family and policy have all been checked; nothing has
@@ -128,6 +131,13 @@ fn check_sampling(opts: &EvalOptions) -> Result<SamplingParams> {
     }
     if opts.max_new_tokens == 0 {
         bail!("--max-new-tokens must be at least 1");
+    }
+    if let Some((field, value, why)) = opts
+        .context
+        .as_ref()
+        .and_then(|c| c.unfit(opts.max_new_tokens))
+    {
+        bail!("--{} {value}: expected {why}", field.replace('_', "-"));
     }
     let sampling = SamplingParams {
         temperature: opts.temperature,

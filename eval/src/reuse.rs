@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use corvid_actor::EpisodeSpec;
-use corvid_proto::{SamplingParams, Trajectory, TrajectoryHeader};
+use corvid_proto::{ContextFold, SamplingParams, Trajectory, TrajectoryHeader};
 use corvid_store::{Filter, TrajectoryRecord, TrajectoryStore};
 
 /// Opens (creating it and its parent folder if need be) the store evaluation episodes go to.
@@ -142,6 +142,21 @@ fn mismatch(want: &TrajectoryHeader, got: &TrajectoryHeader) -> Option<String> {
         return Some(format!(
             "policy version {}, this evaluation's is {}",
             got.policy_version, want.policy_version
+        ));
+    }
+    if got.context != want.context {
+        let c = |c: &Option<ContextFold>| match c {
+            Some(c) => format!(
+                "a window of {} tokens, fold {}",
+                c.window_tokens,
+                c.fold.as_str()
+            ),
+            None => "no window".to_string(),
+        };
+        return Some(format!(
+            "run with {}, this evaluation with {}",
+            c(&got.context),
+            c(&want.context)
         ));
     }
     if got.sampling != want.sampling {

@@ -163,6 +163,7 @@ impl Levels<'_> {
                 );
                 spec.actor_id = self.actor_id.clone();
                 spec.group_id = ids.group(seed);
+                spec.context.clone_from(&self.opts.context);
                 specs.push(spec);
             }
         }

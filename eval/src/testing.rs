@@ -29,6 +29,7 @@ pub fn options(policy: PolicySource) -> EvalOptions {
         label: None,
         stage: "eval".into(),
         progress: true,
+        context: None,
     }
 }
 

@@ -54,6 +54,7 @@ fn trajectory(id: &str, len: usize, reward: f32, seed: u64) -> Trajectory {
             group_id: "g".into(),
             started_unix_ms: 0,
             routes: None,
+            context: None,
         },
         footer: TrajectoryFooter {
             outcome_reward: reward,

@@ -118,6 +118,7 @@ fn episode(
         group_id: a.group_id.clone(),
         started_unix_ms: 1,
         routes: None,
+        context: None,
     };
     let tokens: u64 = steps.iter().map(|s| s.token_ids.len() as u64).sum();
     let footer = TrajectoryFooter {

@@ -137,6 +137,7 @@ fn header(id: &str) -> TrajectoryHeader {
         group_id: "g".into(),
         started_unix_ms: 0,
         routes: None,
+        context: None,
     }
 }
 

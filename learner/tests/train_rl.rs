@@ -36,6 +36,7 @@ fn header(id: &str, group: &str, version: u64) -> TrajectoryHeader {
         group_id: group.into(),
         started_unix_ms: 0,
         routes: None,
+        context: None,
     }
 }
 

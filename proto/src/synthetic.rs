@@ -61,6 +61,7 @@ pub fn header(id: &str, family: &str, level: u32, policy_version: u64) -> Trajec
         group_id: format!("{family}-{level}"),
         started_unix_ms: 1_700_000_000_000,
         routes: None,
+        context: None,
     }
 }
 

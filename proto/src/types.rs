@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::assignment::ContextFold;
 use crate::limits::MAX_TRAJECTORY_ID_LEN;
 use crate::pb;
 use crate::routes::RouteShape;
@@ -204,6 +205,9 @@ pub struct TrajectoryHeader {
     /// How the steps' route bytes are laid out; `None` when the actor recorded no routing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub routes: Option<RouteShape>,
+    /// The window and fold the episode ran under (`None`: no window).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<ContextFold>,
 }
 
 impl TryFrom<pb::TrajectoryHeader> for TrajectoryHeader {
@@ -225,6 +229,7 @@ impl TryFrom<pb::TrajectoryHeader> for TrajectoryHeader {
             group_id: h.group_id,
             started_unix_ms: h.started_unix_ms,
             routes: h.routes.map(RouteShape::try_from).transpose()?,
+            context: h.context.map(ContextFold::try_from).transpose()?,
         })
     }
 }
@@ -240,6 +245,7 @@ impl From<TrajectoryHeader> for pb::TrajectoryHeader {
             group_id: h.group_id,
             started_unix_ms: h.started_unix_ms,
             routes: h.routes.map(Into::into),
+            context: h.context.map(Into::into),
         }
     }
 }
@@ -729,6 +735,7 @@ mod tests {
             group_id: "g1".into(),
             started_unix_ms: 1,
             routes: None,
+            context: None,
         }
     }
 

@@ -15,6 +15,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use corvid_eval::{EvalOptions, Plan, PolicySource};
+use corvid_proto::{ContextFold, Fold};
 use corvid_store::TrajectoryStore;
 
 pub use corvid_eval::{open_store, EvalResult};
@@ -110,6 +111,25 @@ pub struct EvalArgs {
     /// Stage name recorded in the JSON (`random`, `sft`, `rl`, …).
     #[arg(long, default_value = "eval")]
     pub stage: String,
+    /// Run each episode in a window of this many tokens (0: each task's own context budget,
+    /// no window), as `[rollout.context] window_tokens` does for actors.
+    #[arg(long, default_value_t = 0)]
+    pub window_tokens: u32,
+    /// What an episode does when its next turn would not fit the window: none (it ends as
+    /// context_full), drop_tool_output, notes or summary (docs/tasks.md, folding).
+    #[arg(long, default_value = "none", value_parser = parse_fold)]
+    pub fold: Fold,
+    /// Most tokens of the notes or summary a fold carries.
+    #[arg(long, default_value_t = 512)]
+    pub memory_tokens: u32,
+    /// The workspace file a notes fold carries.
+    #[arg(long, default_value = "notes.md")]
+    pub notes_path: String,
+}
+
+fn parse_fold(s: &str) -> Result<Fold, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("--fold must be none, drop_tool_output, notes or summary, got {s:?}"))
 }
 
 pub fn parse_levels(s: &str) -> Result<(u32, u32), String> {
@@ -166,6 +186,19 @@ impl EvalArgs {
             label: self.label.clone(),
             stage: self.stage.clone(),
             progress: !self.json,
+            context: match (self.window_tokens, self.fold) {
+                (0, Fold::None) => None,
+                (0, fold) => bail!(
+                    "--fold {} needs a window: give --window-tokens",
+                    fold.as_str()
+                ),
+                (window_tokens, fold) => Some(ContextFold {
+                    window_tokens,
+                    fold,
+                    memory_tokens: self.memory_tokens,
+                    notes_path: self.notes_path.clone(),
+                }),
+            },
         })
     }
 

@@ -503,6 +503,17 @@ fn a_folding_run_stores_segments_within_the_window_and_trains_on_them() {
     }
     let folded = folded.expect("some episode folded");
     drop(store);
+    // The held-out evaluation ran its episodes in the run's window and fold.
+    let eval = corvid_store::TrajectoryStore::open(r.join("eval/store")).expect("eval store");
+    let mut evaluated = 0;
+    for rec in eval.list(&corvid_store::Filter::default()) {
+        let rec = rec.expect("record");
+        let c = rec.header.context.expect("a window recorded");
+        assert_eq!((c.window_tokens, c.fold), (512, corvid_proto::Fold::DropToolOutput));
+        evaluated += 1;
+    }
+    assert!(evaluated > 0);
+    drop(eval);
     let store_s = r.join("store");
     let shown = run_ok(&[
         "replay",

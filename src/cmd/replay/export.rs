@@ -125,7 +125,8 @@ fn export_to_file(
     Ok(summary)
 }
 
-/// `--format chat`: one OpenAI-style transcript per trajectory.
+/// `--format chat`: one OpenAI-style transcript per context segment of each trajectory (one
+/// per trajectory that never folded).
 pub(super) fn export_chat(
     store: &TrajectoryStore,
     filter: &Filter,
@@ -140,9 +141,20 @@ pub(super) fn export_chat(
         Some(_) => Some(crate::cmd::task_env()?),
         None => None,
     };
+    let mut folded_skipped = 0;
     for rec in store.list(filter) {
         let rec = rec?;
         let steps = stored_steps(store, &rec.header.trajectory_id)?;
+        let folds = steps
+            .windows(2)
+            .filter(|w| w[0].segment != w[1].segment)
+            .count();
+        if folds > 0 && format.chat_format().is_some() {
+            // A folded segment's opening holds the memory and the kept turns, which a model's
+            // own layout cannot read back out of its rendering.
+            folded_skipped += 1;
+            continue;
+        }
         summary.steps += steps.len() as u64;
         summary.tokens += steps.iter().map(|s| s.token_ids.len() as u64).sum::<u64>();
         // The system and user text come from the conversation the episode was built from,
@@ -162,25 +174,47 @@ pub(super) fn export_chat(
             }
             None => Conversation::default(),
         };
-        let messages = format.to_messages(&steps, &conversation);
-        let mut line = serde_json::json!({
-            "trajectory_id": rec.header.trajectory_id,
-            "task": rec.header.task,
-            "policy_version": rec.header.policy_version,
-            "success": rec.footer.map(|f| f.success),
-            "reward": rec.footer.map(|f| f.outcome_reward),
-            "termination": rec.footer.map(|f| f.termination.as_str()),
-            "messages": messages,
-        });
-        if let Some(chat) = format.chat_format() {
-            // As the template reads them (a call's arguments as an object where it writes
-            // them with `tojson`), so that `apply_chat_template` renders the episode.
-            line["messages"] = serde_json::Value::from(chat.template_messages(&messages));
-            line["tools"] = serde_json::Value::from(conversation.tools.clone());
-            line["template_divergent"] = rec.footer.map(|f| f.template_divergent).into();
+        // One conversation per context segment: what the policy saw at once, a folded
+        // segment opening with the prompt, the carried memory and the turns it kept.
+        let mut start = 0;
+        for (segment, end) in segment_ends(&steps).into_iter().enumerate() {
+            let messages = format.to_messages(&steps[start..end], &conversation);
+            start = end;
+            let mut line = serde_json::json!({
+                "trajectory_id": rec.header.trajectory_id,
+                "segment": segment,
+                "segments": folds + 1,
+                "task": rec.header.task,
+                "policy_version": rec.header.policy_version,
+                "success": rec.footer.map(|f| f.success),
+                "reward": rec.footer.map(|f| f.outcome_reward),
+                "termination": rec.footer.map(|f| f.termination.as_str()),
+                "messages": messages,
+            });
+            if let Some(chat) = format.chat_format() {
+                // As the template reads them (a call's arguments as an object where it writes
+                // them with `tojson`), so that `apply_chat_template` renders the episode.
+                line["messages"] = serde_json::Value::from(chat.template_messages(&messages));
+                line["tools"] = serde_json::Value::from(conversation.tools.clone());
+                line["template_divergent"] = rec.footer.map(|f| f.template_divergent).into();
+            }
+            writeln!(out, "{line}")?;
         }
-        writeln!(out, "{line}")?;
         summary.trajectories += 1;
     }
+    if folded_skipped > 0 {
+        eprintln!(
+            "skipped {folded_skipped} folded trajectories: a model's own chat layout cannot yet write a folded segment as a conversation (export them with --format raw)"
+        );
+    }
     Ok(summary)
+}
+
+/// The end (exclusive) of each context segment's steps.
+fn segment_ends(steps: &[corvid_proto::Step]) -> Vec<usize> {
+    let mut ends: Vec<usize> = (1..steps.len())
+        .filter(|&i| steps[i].segment != steps[i - 1].segment)
+        .collect();
+    ends.push(steps.len());
+    ends
 }

@@ -87,7 +87,8 @@ enum ReplayCommand {
     },
     /// Matching trajectories as JSON lines. `raw`: {"header", "footer", "stored_unix_ms",
     /// "steps"} with exact token ids. `chat`: {"messages": [...OpenAI-style, with
-    /// tool_calls...], "task", "success", "reward"}, usable by other SFT tools.
+    /// tool_calls...], "task", "success", "reward", "segment", "segments"}, usable by other
+    /// SFT tools: one line per context segment (one per trajectory that never folded).
     Export {
         #[command(flatten)]
         store: StoreArg,

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{Context, Result};
+use corvid_episode::fold::SUMMARY_REQUEST;
 use corvid_episode::EpisodeFormat;
 use corvid_proto::Step;
 use corvid_store::{Filter, TrajectoryRecord, TrajectoryStore};
@@ -253,8 +254,12 @@ pub(super) fn rescore(
         let read = read_back(&steps[i + 1..]);
         if !read.is_empty() {
             let was = format.tool_result_text(&read, Some(call));
-            if was != now.text {
-                differs.push(text_differs(&was, &now.text, !texts_shown));
+            // A `summary` fold's request follows the output, or stands in for it (the next
+            // segment shows the output then: not compared here).
+            let asked = format!("\n\n{SUMMARY_REQUEST}");
+            let was = was.strip_suffix(&asked).unwrap_or(&was);
+            if was != now.text && was != SUMMARY_REQUEST {
+                differs.push(text_differs(was, &now.text, !texts_shown));
                 texts_shown = true;
             }
         }

@@ -41,6 +41,64 @@ enum Member {
     /// A failed second copy of the group's first episode (its sampler seed), as an
     /// actor taken for gone delivers it late.
     SecondCopy,
+    /// The oracle episode folded before its last turn (`drop_tool_output`): the answer turn
+    /// opens segment 1 with the prompt and both reads, the first read's output dropped.
+    Folded,
+}
+
+/// `steps` (the oracle episode of `task`) folded before its last turn as an actor folds with
+/// `drop_tool_output`: the last step opens segment 1 with the prompt and every earlier turn.
+fn fold_before_last(
+    steps: Vec<Step>,
+    env: &TaskEnv,
+    task: &corvid_tasks::TaskInstance,
+) -> Vec<Step> {
+    use corvid_episode::fold::{segment, FoldedTurn};
+    let format = EpisodeFormat::default();
+    let generated = |s: &Step| -> Vec<u32> {
+        s.token_ids
+            .iter()
+            .zip(&s.loss_mask)
+            .filter(|(_, m)| **m)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let context = |s: &Step| -> Vec<u32> {
+        s.token_ids
+            .iter()
+            .zip(&s.loss_mask)
+            .take_while(|(_, m)| !**m)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    let last = steps.len() - 1;
+    let turns: Vec<FoldedTurn> = (0..last)
+        .map(|t| FoldedTurn {
+            generated: generated(&steps[t]),
+            result: format.tool_result_text(&context(&steps[t + 1]), steps[t].tool_call.as_ref()),
+        })
+        .collect();
+    let base = format.conversation(env, task);
+    let opening = segment(
+        &format,
+        &base,
+        corvid_proto::Fold::DropToolOutput,
+        None,
+        &turns,
+    )
+    .expect("segment")
+    .ids;
+    let mut steps = steps;
+    let s = &mut steps[last];
+    let gen = generated(s);
+    let n = opening.len();
+    s.token_ids = opening;
+    s.token_ids.extend_from_slice(&gen);
+    s.loss_mask = vec![false; n];
+    s.loss_mask.extend(std::iter::repeat_n(true, gen.len()));
+    s.logprobs = vec![0.0; s.token_ids.len()];
+    s.segment = 1;
+    steps
 }
 
 /// `steps` with turn 1 split in two steps: the first holds half its context, the second
@@ -139,18 +197,20 @@ fn store_episodes(dir: &Path, members: &[(&str, Member)]) -> (Arc<TrajectoryStor
             group_id: "g1".into(),
             started_unix_ms: 0,
             routes: None,
+            context: None,
         };
         let Begin::New(mut w) = store.begin(header).expect("begin") else {
             panic!("duplicate")
         };
-        let tokens: usize = demo.len();
-        let generated: usize = demo.steps.iter().map(|s| s.generated_count()).sum();
         let success = demo.verdict.passed();
         let steps = match member {
             Member::SplitTurn => split_turn_1(demo.steps),
             Member::ForgedOutput => forge_output(demo.steps),
+            Member::Folded => fold_before_last(demo.steps, &env, &task),
             _ => demo.steps,
         };
+        let tokens: usize = steps.iter().map(|s| s.token_ids.len()).sum();
+        let generated: usize = steps.iter().map(|s| s.generated_count()).sum();
         let n = steps.len();
         for (seq, step) in steps.into_iter().enumerate() {
             w.append(seq as u64, step).expect("append");
@@ -807,4 +867,68 @@ fn chat_export_writes_one_transcript_per_trajectory() {
             .iter()
             .any(|m| m["tool_calls"][0]["function"]["name"] == "answer"));
     }
+}
+
+/// A folded episode: its chat export is one conversation per segment, the folded one opening
+/// with the prompt, the kept calls and their outputs (the first dropped); rescore re-runs its
+/// calls across the fold and reads each output back where the policy read it.
+#[test]
+fn a_folded_episode_exports_one_conversation_per_segment_and_rescores_across_the_fold() {
+    use corvid_episode::fold::DROPPED_OUTPUT;
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, env) = store_episodes(dir.path(), &[("folded", Member::Folded)]);
+    let mut buf = Vec::new();
+    let summary = export_chat(
+        &store,
+        &Filter::default(),
+        &EpisodeFormat::default(),
+        &mut buf,
+    )
+    .expect("export");
+    assert_eq!(summary.trajectories, 1);
+    let lines: Vec<serde_json::Value> = String::from_utf8(buf)
+        .expect("utf8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 2);
+    assert_eq!(
+        (lines[0]["segment"].clone(), lines[1]["segment"].clone()),
+        (0.into(), 1.into())
+    );
+    let roles = |l: &serde_json::Value| -> Vec<String> {
+        l["messages"]
+            .as_array()
+            .expect("messages")
+            .iter()
+            .map(|m| m["role"].as_str().expect("role").to_string())
+            .collect()
+    };
+    let folded = &lines[1]["messages"];
+    assert_eq!(
+        roles(&lines[1]),
+        [
+            "system",
+            "user",
+            "assistant",
+            "tool",
+            "assistant",
+            "tool",
+            "assistant"
+        ]
+    );
+    assert_eq!(folded[3]["content"], DROPPED_OUTPUT);
+    assert_eq!(folded[3]["tool_call_id"], folded[2]["tool_calls"][0]["id"]);
+    assert_eq!(folded[5]["tool_call_id"], folded[4]["tool_calls"][0]["id"]);
+    assert_ne!(folded[5]["content"], DROPPED_OUTPUT);
+    assert_eq!(folded[6]["tool_calls"][0]["function"]["name"], "answer");
+    // The same user message opens both conversations (no memory under drop_tool_output).
+    assert_eq!(lines[0]["messages"][1], folded[1]);
+
+    let families = Families::new(&[]).expect("families");
+    let rec = store.get("folded").expect("get").expect("stored");
+    let r = rescore(&store, &env, &families, &EpisodeFormat::default(), &rec).expect("rescore");
+    assert_eq!(r.calls, 3);
+    assert!(r.diverged.is_empty(), "{:?}", r.diverged);
+    assert_eq!(r.rescored, Some(true), "{}", r.note);
 }

@@ -79,6 +79,7 @@ pub(super) fn evaluate(
                     (run_dir, run),
                     eval_pack.cloned(),
                     plan.cfg.model.tool_call_format.clone(),
+                    &plan.cfg.rollout.context,
                     store.clone(),
                 );
                 results.lock().expect("eval results").push((job.stage, r));
@@ -175,12 +176,14 @@ pub(super) fn eval_jobs(stages: &[(String, PathBuf)], (first, last): (u32, u32))
     jobs
 }
 
-/// Evaluates one stage's policy on one level (one job of the evaluation queue).
+/// Evaluates one stage's policy on one level (one job of the evaluation queue), its episodes
+/// in the run's window and fold (`context`), as its actors ran them.
 fn eval_job(
     job: &EvalJob,
     (run_dir, run): (&Path, &RunSection),
     pack: Option<PathBuf>,
     run_tool_call_format: Option<String>,
+    context: &corvid_learner::config::ContextSection,
     store: Arc<TrajectoryStore>,
 ) -> Result<EvalResult> {
     let args = EvalArgs {
@@ -205,6 +208,10 @@ fn eval_job(
         json: true,
         out: None,
         stage: job.stage.clone(),
+        window_tokens: context.window_tokens,
+        fold: context.fold,
+        memory_tokens: context.memory_tokens,
+        notes_path: context.notes_path.clone(),
     };
     let r = evaluate_into(&args, store)
         .with_context(|| format!("evaluating the {} policy at level {}", job.stage, job.level))?;
