@@ -605,43 +605,20 @@ impl EpisodeRun {
         memory: Option<String>,
         divergent: bool,
     ) -> Result<bool, Termination> {
-        let half = self.window / 2;
         let n = self.turns.len();
-        // How many turns to keep, estimated from their bytes (at least their tokens), then
-        // checked on the real layout.
-        let mut sum = self.prompt_len + memory.as_ref().map_or(0, String::len);
-        let mut keep = 0;
-        for (i, t) in self.turns.iter().enumerate().rev() {
-            let masked = self.fold == Fold::DropToolOutput && i + 1 < n;
-            let result = if masked {
-                fold::DROPPED_OUTPUT.len()
-            } else {
-                t.result.len()
-            };
-            let est = t.generated.len() + result + 8;
-            if keep > 0 && sum + est > half {
-                break;
-            }
-            sum += est;
-            keep += 1;
-        }
-        let segment = loop {
-            let seg = fold::segment(
-                format,
-                &self.base,
-                self.fold,
-                memory.as_deref(),
-                &self.turns[n - keep..],
-            )
-            .map_err(|e| {
-                tracing::warn!(episode = %self.header.trajectory_id, "laying out a folded context: {e}");
-                Termination::InfraError
-            })?;
-            if seg.ids.len() <= half || keep <= 1 {
-                break seg;
-            }
-            keep -= 1;
-        };
+        let (segment, keep) = fold::rebuild(
+            format,
+            &self.base,
+            self.fold,
+            memory.as_deref(),
+            &self.turns,
+            self.prompt_len,
+            self.window / 2,
+        )
+        .map_err(|e| {
+            tracing::warn!(episode = %self.header.trajectory_id, "laying out a folded context: {e}");
+            Termination::InfraError
+        })?;
         let room = segment.ids.len() + self.max_new();
         if room > self.window || self.spent + self.history.len() + room > self.budget {
             tracing::debug!(episode = %self.header.trajectory_id, tokens = segment.ids.len(), "a fold leaves no room for a turn");

@@ -4,9 +4,10 @@
 
 use std::collections::BTreeMap;
 
+use crate::fold::{self, FoldedTurn};
 use crate::format::{EpisodeFormat, FormatError};
 use crate::transcript::Conversation;
-use corvid_proto::{Step, ToolCall, ToolStatus};
+use corvid_proto::{ContextFold, Fold, Step, ToolCall, ToolStatus};
 use corvid_tasks::{
     score_turns, Episode, OracleStep, ScoredTurn, SplitMix64, TaskEnv, TaskInstance, TasksError,
     Verdict,
@@ -38,6 +39,23 @@ impl Demonstration {
         let ids = self.steps.iter().flat_map(|s| s.token_ids.iter().copied());
         let mask = self.steps.iter().flat_map(|s| s.loss_mask.iter().copied());
         (ids.collect(), mask.collect())
+    }
+
+    /// [`flatten`](Self::flatten) per context segment: what the policy sees at once, one
+    /// sequence for a demonstration that does not fold.
+    pub fn flatten_segments(&self) -> Vec<(Vec<u32>, Vec<bool>)> {
+        let mut out: Vec<(Vec<u32>, Vec<bool>)> = Vec::new();
+        let mut segment = None;
+        for s in &self.steps {
+            if segment != Some(s.segment) {
+                out.push((Vec::new(), Vec::new()));
+                segment = Some(s.segment);
+            }
+            let (ids, mask) = out.last_mut().expect("a segment was opened");
+            ids.extend_from_slice(&s.token_ids);
+            mask.extend_from_slice(&s.loss_mask);
+        }
+        out
     }
 
     /// Total tokens.
@@ -112,7 +130,120 @@ pub fn oracle_steps_with(
     task: &TaskInstance,
     mistakes: Mistakes,
 ) -> Result<Demonstration, DemonstrationError> {
+    Ok(run_oracle(format, env, task, mistakes)?.0)
+}
+
+/// [`oracle_steps_with`] laid out as an actor folds it under `context`, its turns taking at
+/// most `max_new` tokens: when a turn's result and a whole turn would not fit the segment,
+/// the next segment opens with the prompt, the memory and the latest turns
+/// ([`fold::rebuild`]); every step records its segment. Under `notes` the memory is the
+/// notes file as the demonstration's `write_file` calls left it. A `summary` fold needs a
+/// summary the oracle does not write: its demonstrations, like those of `none`, do not fold.
+pub fn oracle_steps_folded(
+    format: &EpisodeFormat,
+    env: &TaskEnv,
+    task: &TaskInstance,
+    mistakes: Mistakes,
+    (context, max_new): (&ContextFold, usize),
+) -> Result<Demonstration, DemonstrationError> {
+    let (demo, turns) = run_oracle(format, env, task, mistakes)?;
+    if matches!(context.fold, Fold::None | Fold::Summary) {
+        return Ok(demo);
+    }
+    let base = format.conversation(env, task);
+    let steps = fold_steps(format, &base, demo.steps, &turns, (context, max_new))?;
+    Ok(Demonstration { steps, ..demo })
+}
+
+/// `steps` (one per turn, `turns[t]` the ids turn `t` generated and the text answering them)
+/// laid out again from `base`, folding as [`oracle_steps_folded`] says.
+fn fold_steps(
+    format: &EpisodeFormat,
+    base: &Conversation,
+    steps: Vec<Step>,
+    turns: &[FoldedTurn],
+    (context, max_new): (&ContextFold, usize),
+) -> Result<Vec<Step>, FormatError> {
+    let window = context.window_tokens as usize;
+    let mut conversation = base.clone();
+    let mut next = format.prompt_ids(&conversation)?;
+    let prompt_len = next.len();
+    let (mut used, mut segment) = (0, 0);
+    let mut kept: Vec<FoldedTurn> = Vec::new();
+    let mut notes = String::new();
+    let mut out = Vec::with_capacity(steps.len());
+    let last = steps.len().saturating_sub(1);
+    for (t, (mut step, turn)) in steps.into_iter().zip(turns).enumerate() {
+        let generated = &turn.generated;
+        let learnt = step.loss_mask[step.loss_mask.len() - generated.len()..].to_vec();
+        let ctx = std::mem::take(&mut next);
+        used += ctx.len() + generated.len();
+        step.loss_mask = vec![false; ctx.len()];
+        step.loss_mask.extend(learnt);
+        step.token_ids = ctx;
+        step.token_ids.extend_from_slice(generated);
+        step.logprobs = vec![0.0; step.token_ids.len()];
+        step.segment = segment;
+        if let Some(text) = step
+            .tool_call
+            .as_ref()
+            .and_then(|c| written_notes(c, context))
+        {
+            notes = text;
+        }
+        out.push(step);
+        if t == last {
+            break;
+        }
+        kept.push(turn.clone());
+        let ids = format.result_ids(&mut conversation, generated, &turn.result)?;
+        if used + ids.len() + max_new > window {
+            let memory = (context.fold == Fold::Notes && !notes.is_empty())
+                .then(|| format.cut_to_tokens(&notes, context.memory_tokens as usize));
+            let (seg, keep) = fold::rebuild(
+                format,
+                base,
+                context.fold,
+                memory.as_deref(),
+                &kept,
+                prompt_len,
+                window / 2,
+            )?;
+            if seg.ids.len() + max_new <= window {
+                kept.drain(..kept.len() - keep);
+                conversation = seg.conversation;
+                next = seg.ids;
+                segment += 1;
+                used = 0;
+                continue;
+            }
+        }
+        next = ids;
+    }
+    Ok(out)
+}
+
+/// The text a `write_file` call `call` leaves in the notes file `context` carries.
+fn written_notes(call: &ToolCall, context: &ContextFold) -> Option<String> {
+    let args: serde_json::Value = serde_json::from_str(&call.arguments_json).ok()?;
+    let path = args["path"].as_str()?;
+    let path = path
+        .trim_start_matches("/workspace/")
+        .trim_start_matches("./");
+    (call.name == "write_file" && path == context.notes_path)
+        .then(|| args["content"].as_str().map(str::to_string))
+        .flatten()
+}
+
+/// The oracle's episode and, per step, the ids it generated and the text that answered them.
+fn run_oracle(
+    format: &EpisodeFormat,
+    env: &TaskEnv,
+    task: &TaskInstance,
+    mistakes: Mistakes,
+) -> Result<(Demonstration, Vec<FoldedTurn>), DemonstrationError> {
     let mut ep = Episode::start(env, task)?;
+    let mut turns: Vec<FoldedTurn> = Vec::new();
     let calls: Vec<OracleStep> = task
         .oracle
         .steps
@@ -145,6 +276,7 @@ pub fn oracle_steps_with(
                     take_spare(&mut spare_calls, &call.name);
                     Some(call_step(
                         format,
+                        &mut turns,
                         &mut ep,
                         (steps.len(), &mut conversation),
                         &mut context,
@@ -160,11 +292,9 @@ pub fn oracle_steps_with(
                         Err(err) => {
                             let mut step = demo_step(steps.len(), &mut context, &generated, false);
                             step.process_reward = invalid_call_reward(task) as f32;
-                            context = format.result_ids(
-                                &mut conversation,
-                                &generated,
-                                &format.parse_error_text(&err),
-                            )?;
+                            let result = format.parse_error_text(&err);
+                            context = format.result_ids(&mut conversation, &generated, &result)?;
+                            turns.push(FoldedTurn { generated, result });
                             Some(step)
                         }
                     }
@@ -187,6 +317,7 @@ pub fn oracle_steps_with(
                     spare_turns -= 1;
                     let step = call_step(
                         format,
+                        &mut turns,
                         &mut ep,
                         (steps.len(), &mut conversation),
                         &mut context,
@@ -199,6 +330,7 @@ pub fn oracle_steps_with(
         }
         let step = call_step(
             format,
+            &mut turns,
             &mut ep,
             (steps.len(), &mut conversation),
             &mut context,
@@ -218,9 +350,9 @@ pub fn oracle_steps_with(
     let demo = Demonstration { steps, verdict };
     let budget = task.context_budget as usize;
     if mistakes.rate > 0.0 && budget > 0 && demo.len() > budget {
-        return oracle_steps_with(format, env, task, Mistakes::NONE);
+        return run_oracle(format, env, task, Mistakes::NONE);
     }
-    Ok(demo)
+    Ok((demo, turns))
 }
 
 /// Whether `tool` may take one more call than the oracle's own (`spare_calls` holds only
@@ -241,6 +373,7 @@ fn take_spare(spare_calls: &mut BTreeMap<&str, u32>, tool: &str) {
 /// call's result).
 fn call_step(
     format: &EpisodeFormat,
+    turns: &mut Vec<FoldedTurn>,
     ep: &mut Episode<'_>,
     (turn, conversation): (usize, &mut Conversation),
     context: &mut Vec<u32>,
@@ -254,6 +387,10 @@ fn call_step(
     step.tool_result = Some(out.result);
     step.process_reward = ep.last_process_reward() as f32;
     *context = format.result_ids(conversation, &generated, &out.text)?;
+    turns.push(FoldedTurn {
+        generated,
+        result: out.text,
+    });
     Ok(step)
 }
 

@@ -78,6 +78,46 @@ pub fn segment(
     Ok(Segment { conversation, ids })
 }
 
+/// The segment a fold opens, and how many of the latest `turns` it keeps: the most recent
+/// ones whose context fits in `half` tokens (half the window), at least the latest (whose
+/// result the policy has not read yet). The count is estimated from bytes (at least the
+/// tokens of plain text; `prompt_len` the first segment's prompt), then checked on the real
+/// layout, one turn fewer at a time.
+pub fn rebuild(
+    format: &EpisodeFormat,
+    base: &Conversation,
+    fold: Fold,
+    memory: Option<&str>,
+    turns: &[FoldedTurn],
+    prompt_len: usize,
+    half: usize,
+) -> Result<(Segment, usize), FormatError> {
+    let n = turns.len();
+    let mut sum = prompt_len + memory.map_or(0, str::len);
+    let mut keep = 0;
+    for (i, t) in turns.iter().enumerate().rev() {
+        let masked = fold == Fold::DropToolOutput && i + 1 < n;
+        let result = if masked {
+            DROPPED_OUTPUT.len()
+        } else {
+            t.result.len()
+        };
+        let est = t.generated.len() + result + 8;
+        if keep > 0 && sum + est > half {
+            break;
+        }
+        sum += est;
+        keep += 1;
+    }
+    loop {
+        let seg = segment(format, base, fold, memory, &turns[n - keep..])?;
+        if seg.ids.len() <= half || keep <= 1 {
+            return Ok((seg, keep));
+        }
+        keep -= 1;
+    }
+}
+
 /// The longest prefix of `text` of at most `max_bytes` bytes that ends on a character
 /// boundary: a memory of at most `max_bytes` bytes is at most that many tokens in the byte
 /// layout and in a byte-level BPE tokenizer, where every token of plain text covers a byte

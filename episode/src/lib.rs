@@ -53,8 +53,8 @@ pub mod transcript;
 
 pub use chat_format::{read_template_kwargs, ChatFormat, KWARGS_FILE, TOKENIZER_FILES};
 pub use demonstration::{
-    invalid_call_reward, oracle_steps, oracle_steps_with, Demonstration, DemonstrationError,
-    Mistakes,
+    invalid_call_reward, oracle_steps, oracle_steps_folded, oracle_steps_with, Demonstration,
+    DemonstrationError, Mistakes,
 };
 pub use fold::{FoldedTurn, Segment};
 pub use format::{CallParseError, EpisodeFormat, FormatDescription, FormatError, ToolPrompt};

@@ -497,3 +497,102 @@ fn reread_recovery_reads_the_source_file_again_before_the_fix() {
         assert_eq!(reads.len(), 3, "seed {seed}: {reads:?}");
     }
 }
+
+/// Oracle demonstrations of the long-horizon families' top level (64 parts, ~100K tokens) laid
+/// out as an actor folds them in an 8K window: the checker still passes, every segment fits
+/// the window and opens with the task's prompt, the calls are the unfolded demonstration's,
+/// learnt the same way, and a `notes` fold carries what the demonstration wrote to the notes
+/// file.
+#[test]
+fn top_level_oracles_fold_into_the_window_and_still_pass() {
+    use corvid_episode::fold::{DROPPED_OUTPUT, MEMORY_HEADING};
+    use corvid_episode::oracle_steps_folded;
+    use corvid_proto::{ContextFold, Fold, Step};
+    let f = EpisodeFormat::default();
+    let env = env();
+    let window = 8192;
+    let drop = ContextFold {
+        window_tokens: window,
+        fold: Fold::DropToolOutput,
+        memory_tokens: 512,
+        notes_path: "notes.md".into(),
+    };
+    // The tokens learnt from, in order (the calls: no mistakes here).
+    let learnt = |steps: &[Step]| -> Vec<u32> {
+        steps
+            .iter()
+            .flat_map(|s| s.token_ids.iter().zip(&s.loss_mask))
+            .filter(|(_, m)| **m)
+            .map(|(id, _)| *id)
+            .collect()
+    };
+    for family in ["keychain", "ledger", "needles"] {
+        let task = corvid_tasks::builtin_family(family)
+            .unwrap()
+            .instance(12, 5)
+            .unwrap();
+        let plain = oracle_steps(&f, &env, &task).unwrap();
+        let folded = oracle_steps_folded(&f, &env, &task, Mistakes::NONE, (&drop, 128)).unwrap();
+        assert!(folded.verdict.passed(), "{family}");
+        let segments = folded.flatten_segments();
+        // Episodes ≥ 8× the window: each folds several times.
+        assert!(
+            plain.len() >= 8 * window as usize,
+            "{family}: {} tokens",
+            plain.len()
+        );
+        assert!(segments.len() >= 8, "{family}: {} segments", segments.len());
+        let prompt = &plain.steps[0].token_ids[..64];
+        for (i, (ids, mask)) in segments.iter().enumerate() {
+            assert!(
+                ids.len() <= window as usize,
+                "{family} segment {i}: {} tokens",
+                ids.len()
+            );
+            assert!(ids.starts_with(prompt), "{family} segment {i}");
+            assert!(!mask[0]);
+            if i > 0 {
+                assert!(
+                    f.decode(ids).contains(DROPPED_OUTPUT),
+                    "{family} segment {i}"
+                );
+            }
+        }
+        assert_eq!(folded.steps.len(), plain.steps.len());
+        assert!(!learnt(&plain.steps).is_empty());
+        assert_eq!(learnt(&folded.steps), learnt(&plain.steps), "{family}");
+    }
+
+    // A demonstration that keeps notes: the fold carries the file as it last wrote it.
+    let mut task = corvid_tasks::builtin_family("ledger")
+        .unwrap()
+        .instance(10, 2)
+        .unwrap();
+    task.tools
+        .push(corvid_tasks::ToolSpec::unlimited("write_file"));
+    let note = |text: &str| corvid_tasks::OracleStep {
+        name: "write_file".into(),
+        arguments: serde_json::json!({"path": "notes.md", "content": text}),
+        expect: ToolStatus::Ok,
+        output: String::new(),
+    };
+    let half = task.oracle.steps.len() / 2;
+    task.oracle.steps.insert(half, note("first half read"));
+    task.oracle.steps.insert(0, note("nothing read yet"));
+    let notes = ContextFold {
+        fold: Fold::Notes,
+        ..drop
+    };
+    let folded = oracle_steps_folded(&f, &env, &task, Mistakes::NONE, (&notes, 128)).unwrap();
+    assert!(folded.verdict.passed());
+    let openings: Vec<String> = folded
+        .steps
+        .windows(2)
+        .filter(|w| w[0].segment != w[1].segment)
+        .map(|w| f.decode(&w[1].token_ids))
+        .collect();
+    assert!(openings.len() >= 2);
+    assert!(openings.iter().all(|o| o.contains(MEMORY_HEADING)));
+    assert!(openings.iter().any(|o| o.contains("nothing read yet")));
+    assert!(openings.iter().any(|o| o.contains("first half read")));
+}

@@ -36,7 +36,10 @@ use crate::train::config::{SftConfig, SftLayout};
 use crate::train::pack::PackedRow;
 use crate::train::sft::{concat, pack, Example};
 use crate::train::TrainError;
-use corvid_episode::{oracle_steps_with, DemonstrationError, EpisodeFormat, Mistakes};
+use corvid_episode::{
+    oracle_steps_folded, oracle_steps_with, DemonstrationError, EpisodeFormat, Mistakes,
+};
+use corvid_proto::ContextFold;
 
 /// Most demonstrations drawn for one step, as a multiple of the rows it needs: a guard
 /// against a configuration where nothing fits `seq_len`.
@@ -90,6 +93,9 @@ pub struct SftData {
     imported: Vec<Example>,
     cfg: SftConfig,
     dropped: DropCounts,
+    /// The run's window and fold and its turn limit: demonstrations fold as actors do and
+    /// each segment is an example ([`SftData::folding`]).
+    fold: Option<(ContextFold, usize)>,
 }
 
 impl std::fmt::Debug for SftData {
@@ -153,7 +159,16 @@ impl SftData {
             imported,
             cfg: cfg.clone(),
             dropped: DropCounts::default(),
+            fold: None,
         })
+    }
+
+    /// Demonstrations laid out as the run's actors fold their episodes (`context`, turns of
+    /// at most `max_new_tokens`; `corvid_episode::oracle_steps_folded`): each context segment
+    /// is an example of its own, what the policy sees at once.
+    pub fn folding(mut self, context: Option<ContextFold>, max_new_tokens: u32) -> Self {
+        self.fold = context.map(|c| (c, max_new_tokens as usize));
+        self
     }
 
     /// Demonstrations left out so far.
@@ -161,14 +176,14 @@ impl SftData {
         self.dropped
     }
 
-    /// The demonstration of `(pair, seed)` as an example, or `None` if its oracle fails;
-    /// with mistakes iff `mistakes`.
-    fn example(
+    /// The demonstration of `(pair, seed)` as examples, one per context segment (one when it
+    /// does not fold), or none if its oracle fails; with mistakes iff `mistakes`.
+    fn examples(
         &mut self,
         pair: usize,
         seed: u64,
         mistakes: bool,
-    ) -> Result<Option<Example>, SftDataError> {
+    ) -> Result<Vec<Example>, SftDataError> {
         let (family, level, _) = &self.pairs[pair];
         let task = family.instance(*level, seed)?;
         let mistakes = Mistakes {
@@ -176,14 +191,26 @@ impl SftData {
             seed: self.cfg.seed ^ seed,
             reread: self.cfg.mistake_reread,
         };
-        let demo = oracle_steps_with(&self.format, &self.env, &task, mistakes)?;
+        let demo = match &self.fold {
+            Some((context, max_new)) => oracle_steps_folded(
+                &self.format,
+                &self.env,
+                &task,
+                mistakes,
+                (context, *max_new),
+            )?,
+            None => oracle_steps_with(&self.format, &self.env, &task, mistakes)?,
+        };
         if !demo.verdict.passed() {
             self.dropped.failed_oracle += 1;
             tracing::warn!(task = %task.id, "oracle demonstration does not pass its checker; left out");
-            return Ok(None);
+            return Ok(Vec::new());
         }
-        let (ids, mask) = demo.flatten();
-        Ok(Some(Example { ids, mask }))
+        Ok(demo
+            .flatten_segments()
+            .into_iter()
+            .map(|(ids, mask)| Example { ids, mask })
+            .collect())
     }
 
     /// The packed rows of SFT step `step` (rules 1 and 2).
@@ -211,20 +238,19 @@ impl SftData {
             let slots = active.len() + usize::from(!self.imported.is_empty());
             let slot = rng.below(slots as u64) as usize;
             let seed = rng.below(self.cfg.heldout_seed_base.max(1));
-            let e = if slot == active.len() {
-                self.imported[seed as usize % self.imported.len()].clone()
+            let drawn = if slot == active.len() {
+                vec![self.imported[seed as usize % self.imported.len()].clone()]
             } else {
-                match self.example(active[slot], seed, step >= self.cfg.mistakes_from_step)? {
-                    Some(e) => e,
-                    None => continue,
-                }
+                self.examples(active[slot], seed, step >= self.cfg.mistakes_from_step)?
             };
-            if e.ids.len() > seq_len {
-                self.dropped.too_long += 1;
-                continue;
+            for e in drawn {
+                if e.ids.len() > seq_len {
+                    self.dropped.too_long += 1;
+                    continue;
+                }
+                tokens += e.ids.len();
+                examples.push(e);
             }
-            tokens += e.ids.len();
-            examples.push(e);
         }
         if examples.is_empty() {
             return Err(SftDataError::Empty(format!(
@@ -246,7 +272,7 @@ impl SftData {
         let mut examples = Vec::new();
         for pair in 0..self.pairs.len() {
             for i in 0..self.cfg.heldout_per_level as u64 {
-                if let Some(e) = self.example(pair, self.cfg.heldout_seed_base + i, true)? {
+                for e in self.examples(pair, self.cfg.heldout_seed_base + i, true)? {
                     if e.ids.len() <= self.cfg.seq_len {
                         examples.push(e);
                     }
@@ -578,5 +604,42 @@ mod tests {
         let held = d.heldout_rows().unwrap();
         assert!(!held.is_empty());
         assert_eq!(d.dropped().failed_oracle, 0);
+    }
+
+    /// With the run's window, a demonstration longer than it is trained as its segments,
+    /// each within the window, where unfolded it is dropped as too long.
+    #[test]
+    fn folded_demonstrations_train_as_segments_within_the_window() {
+        let long = SftConfig {
+            levels: BTreeMap::from([("ledger".to_string(), vec![8])]),
+            batch_tokens: 4096,
+            seq_len: 1024,
+            heldout_per_level: 1,
+            layout: crate::train::SftLayout::Bucket,
+            ..SftConfig::default()
+        };
+        let window = ContextFold {
+            window_tokens: 1024,
+            fold: corvid_proto::Fold::DropToolOutput,
+            memory_tokens: 128,
+            notes_path: "notes.md".into(),
+        };
+        let mut plain =
+            SftData::new(&long, &Families::default(), EpisodeFormat::default()).unwrap();
+        assert!(
+            plain.step_rows(0).is_err(),
+            "no ledger level-8 demonstration fits 1,024 tokens"
+        );
+        assert!(plain.dropped().too_long > 0);
+        let mut folded = SftData::new(&long, &Families::default(), EpisodeFormat::default())
+            .unwrap()
+            .folding(Some(window), 64);
+        let rows = folded.step_rows(0).unwrap();
+        assert!(rows.len() > 1);
+        assert!(rows
+            .iter()
+            .all(|r| r.len() <= 1024 && r.trained_tokens() > 0));
+        assert_eq!(folded.dropped().too_long, 0);
+        assert!(!folded.heldout_rows().unwrap().is_empty());
     }
 }

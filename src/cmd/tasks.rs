@@ -9,6 +9,8 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use corvid_episode::{oracle_steps_folded, EpisodeFormat, Mistakes};
+use corvid_proto::{ContextFold, Fold};
 use corvid_tasks::{
     builtin_families, builtin_family, load_pack, Episode, TaskFamily, TaskInstance, TasksError,
     Verdict,
@@ -82,6 +84,26 @@ struct ShowArgs {
     /// With --chat: print this many instances, one line each, of seeds `--seed` upwards.
     #[arg(long, default_value_t = 1, requires = "chat")]
     count: u64,
+    /// With --oracle: also lay the oracle's episode out (byte layout) as an actor folds it in
+    /// a window of this many tokens, and print each context segment (`[rollout.context]`).
+    #[arg(long, default_value_t = 0, requires = "oracle")]
+    window_tokens: u32,
+    /// With --window-tokens: drop_tool_output or notes (the oracle writes no summary).
+    #[arg(long, default_value = "drop_tool_output", requires = "window_tokens", value_parser = parse_fold)]
+    fold: Fold,
+    /// With --window-tokens: most tokens of a turn, as `[rollout.sampling] max_new_tokens`.
+    #[arg(long, default_value_t = 256, requires = "window_tokens")]
+    max_new_tokens: u32,
+}
+
+fn parse_fold(s: &str) -> Result<Fold, String> {
+    match s {
+        "drop_tool_output" => Ok(Fold::DropToolOutput),
+        "notes" => Ok(Fold::Notes),
+        _ => Err(format!(
+            "--fold must be drop_tool_output or notes (an oracle writes no summary), got {s:?}"
+        )),
+    }
 }
 
 /// Runs the command.
@@ -252,6 +274,23 @@ fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
     println!("\n--- oracle episode");
     let stdout = std::io::stdout();
     let run = oracle_episode(&t, &mut stdout.lock())?;
+    if a.window_tokens > 0 {
+        let context = ContextFold {
+            window_tokens: a.window_tokens,
+            fold: a.fold,
+            memory_tokens: 512.min(a.window_tokens / 4),
+            notes_path: "notes.md".into(),
+        };
+        if let Some((field, value, why)) = context.unfit(a.max_new_tokens) {
+            anyhow::bail!("--{} {value}: expected {why}", field.replace('_', "-"));
+        }
+        println!(
+            "\n--- folds: a window of {} tokens, fold {}",
+            a.window_tokens,
+            a.fold.as_str()
+        );
+        print_folds(&t, &context, a.max_new_tokens, &mut stdout.lock())?;
+    }
     match run.verdict {
         Verdict::Pass if run.unexpected > 0 => {
             println!(
@@ -271,6 +310,49 @@ fn show(a: &ShowArgs) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// Lays `t`'s oracle episode out in the byte layout as an actor folds it under `context`
+/// (`corvid_episode::oracle_steps_folded`) and writes one line per context segment: its turns
+/// and tokens.
+fn print_folds(
+    t: &TaskInstance,
+    context: &ContextFold,
+    max_new_tokens: u32,
+    out: &mut impl std::io::Write,
+) -> anyhow::Result<()> {
+    let env = super::task_env()?;
+    let demo = oracle_steps_folded(
+        &EpisodeFormat::default(),
+        &env,
+        t,
+        Mistakes::NONE,
+        (context, max_new_tokens as usize),
+    )?;
+    let mut start = 0;
+    let total = demo.len();
+    for (i, (ids, _)) in demo.flatten_segments().iter().enumerate() {
+        let turns = demo.steps[start..]
+            .iter()
+            .take_while(|s| s.segment == i as u32)
+            .count();
+        writeln!(
+            out,
+            "segment {i}: turns {}..{}, {} tokens",
+            start,
+            start + turns - 1,
+            ids.len()
+        )?;
+        start += turns;
+    }
+    writeln!(
+        out,
+        "{} tokens in {} segments (the unfolded episode: ~{} tokens)",
+        total,
+        demo.steps.last().map_or(0, |s| s.segment + 1),
+        t.oracle_tokens()
+    )?;
+    Ok(())
 }
 
 /// What running an oracle plan showed.
@@ -485,6 +567,51 @@ mod tests {
             panic!("parsed as another command")
         };
         assert_eq!(show(&a).unwrap(), ExitCode::from(1));
+    }
+
+    /// `show --oracle --window-tokens` prints each segment of the oracle's folded episode:
+    /// consecutive turns covering all of them, each segment within the window.
+    #[test]
+    fn the_oracle_episode_folds_into_segments_within_the_window() {
+        let task = corvid_tasks::builtin_family("ledger")
+            .unwrap()
+            .instance(8, 1)
+            .unwrap();
+        let context = ContextFold {
+            window_tokens: 2048,
+            fold: Fold::DropToolOutput,
+            memory_tokens: 256,
+            notes_path: "notes.md".into(),
+        };
+        let mut out = Vec::new();
+        print_folds(&task, &context, 96, &mut out).unwrap();
+        let text = String::from_utf8(out).unwrap();
+        let segments: Vec<(usize, usize, usize)> = text
+            .lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix("segment ")?;
+                let (_, rest) = rest.split_once(": turns ")?;
+                let (turns, tokens) = rest.split_once(", ")?;
+                let (a, b) = turns.split_once("..")?;
+                let tokens = tokens.strip_suffix(" tokens")?;
+                Some((a.parse().ok()?, b.parse().ok()?, tokens.parse().ok()?))
+            })
+            .collect();
+        assert!(segments.len() > 2, "{text}");
+        assert_eq!(segments[0].0, 0);
+        for w in segments.windows(2) {
+            assert_eq!(w[1].0, w[0].1 + 1, "{text}");
+        }
+        assert_eq!(
+            segments.last().unwrap().1,
+            task.oracle.steps.len(),
+            "{text}"
+        );
+        assert!(segments.iter().all(|s| s.2 <= 2048), "{text}");
+        assert!(
+            text.contains(&format!("in {} segments", segments.len())),
+            "{text}"
+        );
     }
 
     #[test]

@@ -509,7 +509,10 @@ fn a_folding_run_stores_segments_within_the_window_and_trains_on_them() {
     for rec in eval.list(&corvid_store::Filter::default()) {
         let rec = rec.expect("record");
         let c = rec.header.context.expect("a window recorded");
-        assert_eq!((c.window_tokens, c.fold), (512, corvid_proto::Fold::DropToolOutput));
+        assert_eq!(
+            (c.window_tokens, c.fold),
+            (512, corvid_proto::Fold::DropToolOutput)
+        );
         evaluated += 1;
     }
     assert!(evaluated > 0);

@@ -266,8 +266,13 @@ impl Trainer {
                 // Its steps are numbered from PTX_STEP_BASE, past any switch to concat.
                 sft.concat_from_step = None;
                 let families = self.cfg.families()?;
-                self.ptx_data
-                    .insert(SftData::new(&sft, &families, self.cfg.episode_format()?).map_err(err)?)
+                let data = SftData::new(&sft, &families, self.cfg.episode_format()?)
+                    .map_err(err)?
+                    .folding(
+                        self.cfg.rollout.context.assignment(),
+                        self.cfg.rollout.sampling.max_new_tokens,
+                    );
+                self.ptx_data.insert(data)
             }
         };
         data.step_rows(PTX_STEP_BASE + self.state.rl_step)

@@ -125,7 +125,11 @@ impl Trainer {
         let tokens_at_start = t.tokens_seen();
         let families = self.cfg.families()?;
         let data = SftData::new(&self.cfg.sft, &families, self.cfg.episode_format()?)
-            .map_err(|e| LearnerError::Sft(e.to_string()))?;
+            .map_err(|e| LearnerError::Sft(e.to_string()))?
+            .folding(
+                self.cfg.rollout.context.assignment(),
+                self.cfg.rollout.sampling.max_new_tokens,
+            );
         let path = self.paths.metrics.with_file_name(SFT_METRICS_FILE);
         // Lines of steps after the checkpoint a run resumes from are cut, as for RL.
         MetricsSink::truncate_after(&path, self.state.sft_step)
