@@ -17,7 +17,7 @@ use std::time::Duration;
 use common::*;
 use corvid_actor::{run_episodes, EngineConfig, EpisodeSpec, LoadedPolicy, ScriptedTokens};
 use corvid_episode::fold::{DROPPED_OUTPUT, MEMORY_HEADING, SUMMARY_REQUEST};
-use corvid_episode::{ChatFormat, EpisodeFormat, ToolCallSyntax};
+use corvid_episode::{oracle_steps_folded, ChatFormat, EpisodeFormat, Mistakes, ToolCallSyntax};
 use corvid_model::ModelConfig;
 use corvid_proto::{ContextFold, Fold, StepRules, Termination, Trajectory};
 use corvid_tasks::{TaskInstance, ToolSpec};
@@ -208,6 +208,30 @@ fn an_oracle_folds_its_context_and_still_passes_under_each_fold() {
             .collect();
         let want = if id == "drop" { &plain } else { &with_notes };
         assert_eq!(&generated, want, "{id}");
+    }
+    // The oracle's demonstration folds at the same turns into the same ids (SFT shows the
+    // policy the segments it will see).
+    let drop = trajs
+        .iter()
+        .find(|t| t.header.trajectory_id == "drop")
+        .unwrap();
+    let spec = folding("drop", task.clone(), Fold::DropToolOutput, longest + 4);
+    let demo = oracle_steps_folded(
+        &EpisodeFormat::default(),
+        &env,
+        &task,
+        Mistakes::NONE,
+        (spec.context.as_ref().unwrap(), longest as usize + 4),
+    )
+    .unwrap();
+    assert_eq!(demo.steps.len(), drop.steps.len());
+    for (a, d) in drop.steps.iter().zip(&demo.steps) {
+        assert_eq!(
+            (a.segment, &a.token_ids),
+            (d.segment, &d.token_ids),
+            "turn {}",
+            a.turn
+        );
     }
 }
 

@@ -613,9 +613,20 @@ impl ChatFormat {
 
     /// The tool's text in a context [`result_ids`](Self::result_ids) made after a turn that
     /// made `call` (none when it made no call): the segment's text with what the template
-    /// writes around the result removed (in a folded segment's opening, around the last
-    /// result); the whole context's text when it is of another shape.
+    /// writes around the result removed; the whole context's text when it is of another
+    /// shape.
     pub fn tool_result_text(&self, context: &[u32], call: Option<&ToolCall>) -> String {
+        self.result_text(context, call, false)
+    }
+
+    /// [`tool_result_text`](Self::tool_result_text) of a folded segment's opening (`opening`)
+    /// or of a plain tool-result context.
+    pub(crate) fn result_text(
+        &self,
+        context: &[u32],
+        call: Option<&ToolCall>,
+        opening: bool,
+    ) -> String {
         let text = self.decode_lossy(context);
         let eos = self.turns.end_of_turn();
         let body = text.strip_prefix(eos).unwrap_or(&text);
@@ -634,14 +645,17 @@ impl ChatFormat {
             .turns
             .segment_after_turn(&history, &self.template_messages(&[tool]), None)
             .ok();
-        // A folded segment's opening ends with the latest turn's result after the kept ones.
         frame
             .as_deref()
             .and_then(|f| f.split_once(SENTINEL))
             .and_then(|(before, after)| {
-                body.strip_prefix(before)
-                    .or_else(|| body.rsplit_once(before).map(|(_, rest)| rest))?
-                    .strip_suffix(after)
+                // A folded segment's opening ends with the latest turn's result, after the
+                // prompt and the kept turns.
+                let rest = match opening {
+                    false => body.strip_prefix(before)?,
+                    true => body.rsplit_once(before)?.1,
+                };
+                rest.strip_suffix(after)
             })
             .unwrap_or(&text)
             .to_string()

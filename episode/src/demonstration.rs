@@ -130,7 +130,7 @@ pub fn oracle_steps_with(
     task: &TaskInstance,
     mistakes: Mistakes,
 ) -> Result<Demonstration, DemonstrationError> {
-    Ok(run_oracle(format, env, task, mistakes)?.0)
+    Ok(run_oracle(format, env, task, mistakes, None)?.0)
 }
 
 /// [`oracle_steps_with`] laid out as an actor folds it under `context`, its turns taking at
@@ -146,60 +146,91 @@ pub fn oracle_steps_folded(
     mistakes: Mistakes,
     (context, max_new): (&ContextFold, usize),
 ) -> Result<Demonstration, DemonstrationError> {
-    let (demo, turns) = run_oracle(format, env, task, mistakes)?;
     if matches!(context.fold, Fold::None | Fold::Summary) {
-        return Ok(demo);
+        return oracle_steps_with(format, env, task, mistakes);
     }
+    let notes = (context.fold == Fold::Notes).then_some(context.notes_path.as_str());
+    let (demo, turns) = run_oracle(format, env, task, mistakes, notes)?;
     let base = format.conversation(env, task);
-    let steps = fold_steps(format, &base, demo.steps, &turns, (context, max_new))?;
+    let limits = Limits {
+        window: (context.window_tokens as usize).min(task.context_budget as usize),
+        budget: task.context_budget as usize,
+        max_new,
+    };
+    let steps = fold_steps(format, &base, demo.steps, &turns, context, limits)?;
     Ok(Demonstration { steps, ..demo })
 }
 
-/// `steps` (one per turn, `turns[t]` the ids turn `t` generated and the text answering them)
-/// laid out again from `base`, folding as [`oracle_steps_folded`] says.
+/// A folding episode's limits, as the actor applies them: the window (at most the task's
+/// budget), the episode's budget over its segments, and the room a turn needs.
+struct Limits {
+    window: usize,
+    budget: usize,
+    max_new: usize,
+}
+
+/// A turn of the oracle's run: what it generated, the text answering it, and the notes file's
+/// text after it (a `notes` fold reads it as an actor does).
+struct OracleTurn {
+    turn: FoldedTurn,
+    notes: String,
+}
+
+/// `steps` (one per turn, `turns[t]` the ids turn `t` generated, the text answering them and
+/// the notes after it) laid out again from `base`, folding as the actor does
+/// (`actor/src/episode.rs`, `queue_context`): when the segment, the turn's result and the room
+/// the next turn needs (`max_new`, or the oracle's next turn when longer) pass the window, the
+/// next segment opens as [`fold::rebuild`] lays it out, if that leaves room for a turn in the
+/// window and in the budget.
 fn fold_steps(
     format: &EpisodeFormat,
     base: &Conversation,
     steps: Vec<Step>,
-    turns: &[FoldedTurn],
-    (context, max_new): (&ContextFold, usize),
+    turns: &[OracleTurn],
+    context: &ContextFold,
+    limits: Limits,
 ) -> Result<Vec<Step>, FormatError> {
-    let window = context.window_tokens as usize;
+    if steps.len() != turns.len() {
+        return Err(FormatError::Config {
+            file: "demonstration".into(),
+            problem: format!("{} steps but {} turns recorded", steps.len(), turns.len()),
+        });
+    }
+    let Limits {
+        window,
+        budget,
+        max_new,
+    } = limits;
     let mut conversation = base.clone();
     let mut next = format.prompt_ids(&conversation)?;
     let prompt_len = next.len();
-    let (mut used, mut segment) = (0, 0);
+    let (mut used, mut spent, mut segment) = (0, 0, 0);
     let mut kept: Vec<FoldedTurn> = Vec::new();
-    let mut notes = String::new();
     let mut out = Vec::with_capacity(steps.len());
     let last = steps.len().saturating_sub(1);
     for (t, (mut step, turn)) in steps.into_iter().zip(turns).enumerate() {
-        let generated = &turn.generated;
-        let learnt = step.loss_mask[step.loss_mask.len() - generated.len()..].to_vec();
+        let generated = &turn.turn.generated;
+        let from = step.loss_mask.len().checked_sub(generated.len());
+        let learnt = from.map_or_else(Vec::new, |from| step.loss_mask[from..].to_vec());
         let ctx = std::mem::take(&mut next);
         used += ctx.len() + generated.len();
         step.loss_mask = vec![false; ctx.len()];
         step.loss_mask.extend(learnt);
+        step.loss_mask.resize(ctx.len() + generated.len(), false);
         step.token_ids = ctx;
         step.token_ids.extend_from_slice(generated);
         step.logprobs = vec![0.0; step.token_ids.len()];
         step.segment = segment;
-        if let Some(text) = step
-            .tool_call
-            .as_ref()
-            .and_then(|c| written_notes(c, context))
-        {
-            notes = text;
-        }
         out.push(step);
         if t == last {
             break;
         }
-        kept.push(turn.clone());
-        let ids = format.result_ids(&mut conversation, generated, &turn.result)?;
-        if used + ids.len() + max_new > window {
-            let memory = (context.fold == Fold::Notes && !notes.is_empty())
-                .then(|| format.cut_to_tokens(&notes, context.memory_tokens as usize));
+        kept.push(turn.turn.clone());
+        let ids = format.result_ids(&mut conversation, generated, &turn.turn.result)?;
+        let room = max_new.max(turns[t + 1].turn.generated.len());
+        if used + ids.len() + room > window {
+            let memory = (context.fold == Fold::Notes && !turn.notes.is_empty())
+                .then(|| format.cut_to_tokens(&turn.notes, context.memory_tokens as usize));
             let (seg, keep) = fold::rebuild(
                 format,
                 base,
@@ -209,11 +240,13 @@ fn fold_steps(
                 prompt_len,
                 window / 2,
             )?;
-            if seg.ids.len() + max_new <= window {
+            let fits = seg.ids.len() + room;
+            if fits <= window && spent + used + fits <= budget {
                 kept.drain(..kept.len() - keep);
                 conversation = seg.conversation;
                 next = seg.ids;
                 segment += 1;
+                spent += used;
                 used = 0;
                 continue;
             }
@@ -223,27 +256,17 @@ fn fold_steps(
     Ok(out)
 }
 
-/// The text a `write_file` call `call` leaves in the notes file `context` carries.
-fn written_notes(call: &ToolCall, context: &ContextFold) -> Option<String> {
-    let args: serde_json::Value = serde_json::from_str(&call.arguments_json).ok()?;
-    let path = args["path"].as_str()?;
-    let path = path
-        .trim_start_matches("/workspace/")
-        .trim_start_matches("./");
-    (call.name == "write_file" && path == context.notes_path)
-        .then(|| args["content"].as_str().map(str::to_string))
-        .flatten()
-}
-
-/// The oracle's episode and, per step, the ids it generated and the text that answered them.
+/// The oracle's episode and, per step, the ids it generated, the text that answered them and,
+/// when `notes` names a workspace file, that file's text after the step (empty when missing).
 fn run_oracle(
     format: &EpisodeFormat,
     env: &TaskEnv,
     task: &TaskInstance,
     mistakes: Mistakes,
-) -> Result<(Demonstration, Vec<FoldedTurn>), DemonstrationError> {
+    notes: Option<&str>,
+) -> Result<(Demonstration, Vec<OracleTurn>), DemonstrationError> {
     let mut ep = Episode::start(env, task)?;
-    let mut turns: Vec<FoldedTurn> = Vec::new();
+    let mut turns: Vec<OracleTurn> = Vec::new();
     let calls: Vec<OracleStep> = task
         .oracle
         .steps
@@ -275,7 +298,7 @@ fn run_oracle(
                 Some(wrong) if rng.below(2) == 0 => {
                     take_spare(&mut spare_calls, &call.name);
                     Some(call_step(
-                        format,
+                        (format, notes),
                         &mut turns,
                         &mut ep,
                         (steps.len(), &mut conversation),
@@ -294,7 +317,11 @@ fn run_oracle(
                             step.process_reward = invalid_call_reward(task) as f32;
                             let result = format.parse_error_text(&err);
                             context = format.result_ids(&mut conversation, &generated, &result)?;
-                            turns.push(FoldedTurn { generated, result });
+                            let notes = turns.last().map(|t| t.notes.clone()).unwrap_or_default();
+                            turns.push(OracleTurn {
+                                turn: FoldedTurn { generated, result },
+                                notes,
+                            });
                             Some(step)
                         }
                     }
@@ -316,7 +343,7 @@ fn run_oracle(
                     take_spare(&mut spare_calls, "read_file");
                     spare_turns -= 1;
                     let step = call_step(
-                        format,
+                        (format, notes),
                         &mut turns,
                         &mut ep,
                         (steps.len(), &mut conversation),
@@ -329,7 +356,7 @@ fn run_oracle(
             }
         }
         let step = call_step(
-            format,
+            (format, notes),
             &mut turns,
             &mut ep,
             (steps.len(), &mut conversation),
@@ -350,7 +377,7 @@ fn run_oracle(
     let demo = Demonstration { steps, verdict };
     let budget = task.context_budget as usize;
     if mistakes.rate > 0.0 && budget > 0 && demo.len() > budget {
-        return run_oracle(format, env, task, Mistakes::NONE);
+        return run_oracle(format, env, task, Mistakes::NONE, notes);
     }
     Ok((demo, turns))
 }
@@ -372,8 +399,8 @@ fn take_spare(spare_calls: &mut BTreeMap<&str, u32>, tool: &str) {
 /// and runs it in `ep`, learnt from iff `learn`; `context` becomes the next turn's (the
 /// call's result).
 fn call_step(
-    format: &EpisodeFormat,
-    turns: &mut Vec<FoldedTurn>,
+    (format, notes): (&EpisodeFormat, Option<&str>),
+    turns: &mut Vec<OracleTurn>,
     ep: &mut Episode<'_>,
     (turn, conversation): (usize, &mut Conversation),
     context: &mut Vec<u32>,
@@ -387,9 +414,15 @@ fn call_step(
     step.tool_result = Some(out.result);
     step.process_reward = ep.last_process_reward() as f32;
     *context = format.result_ids(conversation, &generated, &out.text)?;
-    turns.push(FoldedTurn {
-        generated,
-        result: out.text,
+    let notes = notes
+        .map(|path| String::from_utf8_lossy(&ep.read_file(path).unwrap_or_default()).into_owned())
+        .unwrap_or_default();
+    turns.push(OracleTurn {
+        turn: FoldedTurn {
+            generated,
+            result: out.text,
+        },
+        notes,
     });
     Ok(step)
 }

@@ -260,25 +260,36 @@ impl EpisodeFormat {
 
     /// The tool's text in a tool-result context ([`result_ids`](Self::result_ids)) after a
     /// turn that made `call` (none for a malformed turn): what the layout wraps around it
-    /// removed. In a folded segment's opening, the last tool message (the latest turn's, the
-    /// others kept before it). A context of another shape is decoded whole.
+    /// removed. A context of another shape is decoded whole.
     pub fn tool_result_text(&self, context: &[u32], call: Option<&ToolCall>) -> String {
+        self.result_text(context, call, false)
+    }
+
+    /// [`tool_result_text`](Self::tool_result_text) of a folded segment's opening context: its
+    /// last tool result (the latest turn's, after the prompt and the turns kept before it).
+    pub fn opening_result_text(&self, context: &[u32], call: Option<&ToolCall>) -> String {
+        self.result_text(context, call, true)
+    }
+
+    fn result_text(&self, context: &[u32], call: Option<&ToolCall>, opening: bool) -> String {
         match &self.layout {
             Layout::Byte { tok, .. } => {
-                let body = context
-                    .iter()
-                    .rposition(|&t| t == Special::Tool.id())
-                    .map(|start| {
-                        let rest = &context[start + 1..];
-                        let end = rest
-                            .iter()
-                            .position(|&t| t == Special::End.id())
-                            .unwrap_or(rest.len());
-                        &rest[..end]
-                    });
+                let tool = |t: &u32| *t == Special::Tool.id();
+                let at = match opening {
+                    false => context.iter().position(tool),
+                    true => context.iter().rposition(tool),
+                };
+                let body = at.map(|start| {
+                    let rest = &context[start + 1..];
+                    let end = rest
+                        .iter()
+                        .position(|&t| t == Special::End.id())
+                        .unwrap_or(rest.len());
+                    &rest[..end]
+                });
                 tok.decode(body.unwrap_or(context))
             }
-            Layout::Chat(c) => c.tool_result_text(context, call),
+            Layout::Chat(c) => c.result_text(context, call, opening),
         }
     }
 

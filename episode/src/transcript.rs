@@ -243,7 +243,10 @@ impl EpisodeFormat {
         for (n, (token_ids, loss_mask)) in joined_turns(steps).iter().enumerate() {
             let first_gen = loss_mask.iter().position(|m| *m).unwrap_or(token_ids.len());
             let mut context = Vec::new();
-            self.context_messages(&token_ids[..first_gen], &mut context);
+            // Only a folded segment's opening (its first turn) holds turns the policy wrote;
+            // elsewhere an unlearnt turn (a demonstration's mistake) reads as before.
+            let opening = n == 0 && steps.first().is_some_and(|s| s.segment > 0);
+            self.context_messages(&token_ids[..first_gen], opening, &mut context);
             for part in context {
                 let mut m = match part {
                     // A turn a fold kept in a new segment's opening context.
@@ -327,15 +330,16 @@ impl EpisodeFormat {
         self.decode(&plain)
     }
 
-    /// The messages of a context's ids: the system, user and tool turns as text, and the
-    /// assistant turns a fold kept (a new segment's opening) as their ids. The assistant
-    /// header that opens the next generated turn holds nothing and is left out.
-    fn context_messages(&self, ids: &[u32], out: &mut Vec<ContextPart>) {
+    /// The messages of a context's ids: the system, user and tool turns as text, and, with
+    /// `kept_turns` (a folded segment's opening), the assistant turns the fold kept as their
+    /// ids; other assistant text in a context is left out, as is the assistant header that
+    /// opens the next generated turn.
+    fn context_messages(&self, ids: &[u32], kept_turns: bool, out: &mut Vec<ContextPart>) {
         let mut role: Option<&str> = None;
         let mut body: Vec<u32> = Vec::new();
         let flush = |role: Option<&str>, body: &mut Vec<u32>, out: &mut Vec<ContextPart>| {
             match role {
-                Some("assistant") if !body.is_empty() => {
+                Some("assistant") if kept_turns && !body.is_empty() => {
                     out.push(ContextPart::Assistant(std::mem::take(body)))
                 }
                 Some("assistant") | None => {}

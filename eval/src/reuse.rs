@@ -124,7 +124,8 @@ fn is_sample_suffix(rest: &str) -> bool {
 }
 
 /// Why the stored episode `got` is not the one this evaluation would record as `want` (same
-/// id): other weights, another policy version, other sampling or another task instance.
+/// id): other weights, another policy version, another window or fold, other sampling or another
+/// task instance.
 fn mismatch(want: &TrajectoryHeader, got: &TrajectoryHeader) -> Option<String> {
     if got.actor_id != want.actor_id {
         return Some(match got.actor_id.strip_prefix("eval@") {
@@ -147,9 +148,11 @@ fn mismatch(want: &TrajectoryHeader, got: &TrajectoryHeader) -> Option<String> {
     if got.context != want.context {
         let c = |c: &Option<ContextFold>| match c {
             Some(c) => format!(
-                "a window of {} tokens, fold {}",
+                "a window of {} tokens, fold {}, memory {} tokens, notes {:?}",
                 c.window_tokens,
-                c.fold.as_str()
+                c.fold.as_str(),
+                c.memory_tokens,
+                c.notes_path
             ),
             None => "no window".to_string(),
         };

@@ -407,6 +407,11 @@ pub struct ContextSection {
     pub memory_tokens: u32,
     /// The workspace file a `notes` fold carries. Default `notes.md`.
     pub notes_path: String,
+    /// Each task group's window is the curriculum's context stage when it opens
+    /// (`[curriculum] context_stages`), at most `window_tokens`: the short-to-long schedule
+    /// widens the window as the frontier moves, and levels past the last stage are reached
+    /// only by folding. Default false.
+    pub follow_curriculum: bool,
 }
 
 impl Default for ContextSection {
@@ -416,6 +421,7 @@ impl Default for ContextSection {
             fold: Fold::None,
             memory_tokens: 512,
             notes_path: "notes.md".into(),
+            follow_curriculum: false,
         }
     }
 }
@@ -826,6 +832,23 @@ impl LearnerConfig {
                 if let Some((field, value, why)) = c.unfit(s.max_new_tokens) {
                     return Err(invalid(&format!("rollout.context.{field}"), value, &why));
                 }
+                // Every stage's window must fold too.
+                let stages = self.curriculum.context_stages.iter();
+                for stage in stages.filter(|_| r.context.follow_curriculum) {
+                    let staged = ContextFold {
+                        window_tokens: stage.context_tokens.min(c.window_tokens),
+                        ..c.clone()
+                    };
+                    if let Some((_, value, why)) = staged.unfit(s.max_new_tokens) {
+                        return Err(invalid(
+                            "curriculum.context_stages",
+                            format!("{value} (from level {})", stage.min_level),
+                            &format!(
+                                "with [rollout.context] follow_curriculum, a window with {why}"
+                            ),
+                        ));
+                    }
+                }
             }
             None => {}
         }
@@ -1012,6 +1035,10 @@ mod tests {
             (
                 "[rollout.context]\nwindow_tokens = 4096\nfold = \"notes\"\nnotes_path = \"../x\"",
                 "`rollout.context.notes_path` = \"../x\"",
+            ),
+            (
+                "[rollout.context]\nwindow_tokens = 4096\nfold = \"notes\"\nfollow_curriculum = true\nmemory_tokens = 300",
+                "`curriculum.context_stages` = 1024 (from level 1): expected with [rollout.context] follow_curriculum, a window with room for the notes (300 tokens) and a whole turn (max_new_tokens = 256) in half the window (512)",
             ),
             (
                 "[rollout.context]\nwindow_tokens = 4096\nfold = \"fold_it\"",

@@ -331,16 +331,17 @@ fn print_folds(
     )?;
     let mut start = 0;
     let total = demo.len();
-    for (i, (ids, _)) in demo.flatten_segments().iter().enumerate() {
+    for (ids, _) in demo.flatten_segments() {
+        let segment = demo.steps[start].segment;
         let turns = demo.steps[start..]
             .iter()
-            .take_while(|s| s.segment == i as u32)
+            .take_while(|s| s.segment == segment)
             .count();
         writeln!(
             out,
-            "segment {i}: turns {}..{}, {} tokens",
+            "segment {segment}: turns {}..{}, {} tokens",
             start,
-            start + turns - 1,
+            start + turns.saturating_sub(1),
             ids.len()
         )?;
         start += turns;

@@ -85,6 +85,9 @@ pub struct DispenserConfig {
     pub max_context: u32,
     /// The window and fold each assignment carries (`[rollout.context]`).
     pub context: Option<ContextFold>,
+    /// Each group's window is the curriculum's context stage, at most `context`'s
+    /// (`[rollout.context] follow_curriculum`).
+    pub window_follows_curriculum: bool,
 }
 
 impl DispenserConfig {
@@ -99,6 +102,7 @@ impl DispenserConfig {
             sampling: cfg.rollout.sampling,
             max_context,
             context: cfg.rollout.context.assignment(),
+            window_follows_curriculum: cfg.rollout.context.follow_curriculum,
         }
     }
 }
@@ -301,7 +305,10 @@ impl TaskDispenser {
                     seed: episode_seed(s.seed, episode),
                 },
                 context: self.cfg.context.clone().map(|c| ContextFold {
-                    window_tokens: c.window_tokens.min(self.cfg.max_context),
+                    window_tokens: match s.window_tokens {
+                        0 => c.window_tokens.min(self.cfg.max_context),
+                        w => w,
+                    },
                     ..c
                 }),
             });
@@ -316,9 +323,9 @@ impl TaskDispenser {
     /// Draws a family, a level and a seed and opens a group for that instance.
     fn open_group(&self, inner: &mut Inner) -> Result<OpenGroup, DispenseError> {
         let family = &self.families[inner.rng.below(self.families.len() as u64) as usize];
-        let level = {
+        let (level, stage_tokens) = {
             let mut c = self.curriculum.lock().unwrap_or_else(|p| p.into_inner());
-            c.sample_level(family.name())?
+            (c.sample_level(family.name())?, c.context_tokens())
         };
         let instance = Self::draw_instance(family.as_ref(), level, inner)?;
         let next = inner.next_group;
@@ -339,6 +346,19 @@ impl TaskDispenser {
                 context_budget: match &self.cfg.context {
                     Some(c) if c.fold != Fold::None => instance.context_budget,
                     _ => instance.context_budget.min(self.cfg.max_context),
+                },
+                // The group's window, fixed when it opens so that every member runs in it: the
+                // configured one, or the curriculum's context stage when the run follows it.
+                window_tokens: match &self.cfg.context {
+                    Some(c) => {
+                        let w = if self.cfg.window_follows_curriculum && stage_tokens > 0 {
+                            c.window_tokens.min(stage_tokens)
+                        } else {
+                            c.window_tokens
+                        };
+                        w.min(self.cfg.max_context)
+                    }
+                    None => 0,
                 },
                 seed: inner.rng.next_u64(),
                 slots: vec![EpisodeSlot::Free; self.cfg.group_size as usize],
@@ -534,6 +554,7 @@ mod tests {
             sampling: SamplingSection::default(),
             max_context: 4096,
             context: None,
+            window_follows_curriculum: false,
         }
     }
 
@@ -566,6 +587,34 @@ mod tests {
 
     fn quick_to_reclaim(g: u32, max_open: usize) -> TaskDispenser {
         dispenser_with(quick_config(g, max_open), DispenserState::new(7))
+    }
+
+    /// With a fold, each group's window is the configured one (at most the model's
+    /// positions) or, following the curriculum, its context stage when the group opened; the
+    /// budget is the instance's whole, uncapped.
+    #[test]
+    fn a_folding_run_hands_out_the_window_of_its_stage() {
+        let fold = ContextFold {
+            window_tokens: 8192,
+            fold: Fold::DropToolOutput,
+            memory_tokens: 256,
+            notes_path: "notes.md".into(),
+        };
+        for (follow, want) in [(false, 4096), (true, 1024)] {
+            let mut cfg = config(2, 4, Duration::from_secs(60));
+            cfg.context = Some(fold.clone());
+            cfg.window_follows_curriculum = follow;
+            let d = dispenser_with(cfg, DispenserState::new(7));
+            for a in d.next("a", 4).unwrap() {
+                let c = a.context.expect("a window");
+                assert_eq!(c.window_tokens, want, "follow {follow}");
+                let task = corvid_tasks::builtin_family("hops")
+                    .unwrap()
+                    .instance(a.task.level, a.task.seed)
+                    .unwrap();
+                assert_eq!(a.context_budget, task.context_budget);
+            }
+        }
     }
 
     #[test]

@@ -32,6 +32,10 @@ pub struct SavedGroup {
     pub max_turns: u32,
     /// Context budget handed out.
     pub context_budget: u32,
+    /// The window its episodes run in, when the run folds (0: none, or a group saved before
+    /// windows were; it then gets the configured one).
+    #[serde(default)]
+    pub window_tokens: u32,
     /// Base of the episodes' sampler seeds.
     pub seed: u64,
     /// Episode `i`'s state, G of them (see [`EpisodeSlot`]).

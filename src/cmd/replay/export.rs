@@ -177,13 +177,12 @@ pub(super) fn export_chat(
         // One conversation per context segment: what the policy saw at once, a folded
         // segment opening with the prompt, the carried memory and the turns it kept.
         let mut start = 0;
-        for (segment, end) in segment_ends(&steps).into_iter().enumerate() {
+        for end in segment_ends(&steps) {
+            let segment = steps.get(start).map_or(0, |s| s.segment);
             let messages = format.to_messages(&steps[start..end], &conversation);
             start = end;
             let mut line = serde_json::json!({
                 "trajectory_id": rec.header.trajectory_id,
-                "segment": segment,
-                "segments": folds + 1,
                 "task": rec.header.task,
                 "policy_version": rec.header.policy_version,
                 "success": rec.footer.map(|f| f.success),
@@ -191,6 +190,10 @@ pub(super) fn export_chat(
                 "termination": rec.footer.map(|f| f.termination.as_str()),
                 "messages": messages,
             });
+            if folds > 0 {
+                line["segment"] = segment.into();
+                line["segments"] = (folds + 1).into();
+            }
             if let Some(chat) = format.chat_format() {
                 // As the template reads them (a call's arguments as an object where it writes
                 // them with `tojson`), so that `apply_chat_template` renders the episode.

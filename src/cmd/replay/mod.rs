@@ -87,8 +87,9 @@ enum ReplayCommand {
     },
     /// Matching trajectories as JSON lines. `raw`: {"header", "footer", "stored_unix_ms",
     /// "steps"} with exact token ids. `chat`: {"messages": [...OpenAI-style, with
-    /// tool_calls...], "task", "success", "reward", "segment", "segments"}, usable by other
-    /// SFT tools: one line per context segment (one per trajectory that never folded).
+    /// tool_calls...], "task", "success", "reward"}, usable by other SFT tools: one line per
+    /// context segment of a trajectory that folded (with "segment" and "segments"), one per
+    /// trajectory otherwise.
     Export {
         #[command(flatten)]
         store: StoreArg,

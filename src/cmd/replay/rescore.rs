@@ -214,6 +214,7 @@ pub(super) fn rescore(
         return Ok(r);
     }
     let steps = stored_steps(store, &rec.header.trajectory_id)?;
+    let summary = rec.header.context.as_ref().map(|c| c.fold) == Some(corvid_proto::Fold::Summary);
     let mut ep = Episode::start(env, &task)?;
     // Both texts are printed for the first call whose output text differs; later ones in a
     // trajectory usually follow from it.
@@ -251,15 +252,9 @@ pub(super) fn rescore(
         // record only holds its size, so a same-length change (a forged transcript, a tool
         // that is not deterministic) shows only here. A call that ended the episode was
         // never read back: nothing to compare.
-        let read = read_back(&steps[i + 1..]);
-        if !read.is_empty() {
-            let was = format.tool_result_text(&read, Some(call));
-            // A `summary` fold's request follows the output, or stands in for it (the next
-            // segment shows the output then: not compared here).
-            let asked = format!("\n\n{SUMMARY_REQUEST}");
-            let was = was.strip_suffix(&asked).unwrap_or(&was);
-            if was != now.text && was != SUMMARY_REQUEST {
-                differs.push(text_differs(was, &now.text, !texts_shown));
+        if let Some(was) = read_output(format, &steps[i..], call, summary) {
+            if was != now.text {
+                differs.push(text_differs(&was, &now.text, !texts_shown));
                 texts_shown = true;
             }
         }
@@ -287,6 +282,37 @@ pub(super) fn rescore(
 /// The context tokens that open the turn after a call: the leading unmasked tokens of the
 /// steps after it (a long context may be split over several steps of one turn). Empty when
 /// no turn followed.
+/// The output of the call `call` that `steps[0]` made, as the policy read it: in the context
+/// that opens the next turn (the last tool result of a folded segment's opening). Under a
+/// `summary` fold (`summary`) the request that follows the output is not part of it, and where
+/// the request stood in for the output, the output is the one the next segment opens with.
+/// `None` when no turn read it (the call ended the episode).
+fn read_output(
+    format: &EpisodeFormat,
+    steps: &[Step],
+    call: &corvid_proto::ToolCall,
+    summary: bool,
+) -> Option<String> {
+    let text_at = |j: usize| {
+        let opening = steps.get(j)?.segment != steps[j - 1].segment;
+        let read = read_back(&steps[j..]);
+        (!read.is_empty()).then(|| match opening {
+            true => format.opening_result_text(&read, Some(call)),
+            false => format.tool_result_text(&read, Some(call)),
+        })
+    };
+    let was = text_at(1)?;
+    if !summary {
+        return Some(was);
+    }
+    if was == SUMMARY_REQUEST {
+        let next = (2..steps.len()).find(|&j| steps[j].segment != steps[j - 1].segment)?;
+        return text_at(next);
+    }
+    let asked = format!("\n\n{SUMMARY_REQUEST}");
+    Some(was.strip_suffix(&asked).map_or(was.clone(), str::to_string))
+}
+
 fn read_back(after: &[Step]) -> Vec<u32> {
     let mut ids = Vec::new();
     for s in after {

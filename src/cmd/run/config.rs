@@ -352,6 +352,19 @@ impl RunPlan {
         let (learner_cfg, cfg) = write_learner_config(table, &run_dir, port, &name)?;
         run.validate_family(&cfg.families()?)
             .with_context(|| format!("{}", args.config.display()))?;
+        // The evaluation folds as the actors do, with its own turn limit.
+        if let Some((field, value, why)) = cfg
+            .rollout
+            .context
+            .assignment()
+            .and_then(|c| c.unfit(run.eval_max_new_tokens))
+        {
+            bail!(
+                "{}: [rollout.context] {field} = {value}: with [run] eval_max_new_tokens = {}, expected {why}",
+                args.config.display(),
+                run.eval_max_new_tokens
+            );
+        }
         let ablation = if with_ablation {
             let table = read_ablation_config(&cfg, &args.config, Path::new(&run.ablation))?;
             Some((table, ablation_dir))

@@ -105,7 +105,7 @@ impl TaskFamily for Hops {
             (level, seed),
             prompt,
             files,
-            chain.clone(),
+            (chain.clone(), None),
             chain,
             value,
         ))

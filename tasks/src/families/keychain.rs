@@ -191,7 +191,7 @@ impl TaskFamily for Keychain {
             (level, seed),
             prompt,
             files,
-            part_paths("chain", parts),
+            (part_paths("chain", parts), None),
             part_paths("chain", parts),
             log.answer,
         ))

@@ -1,14 +1,15 @@
 //! `ledger`: an aggregate over a long log that is read in parts — how many entries one
 //! account has, or the sum of its amounts. Every part holds some of the account's entries
 //! among other accounts', so every part is needed; a policy whose window cannot hold the
-//! whole log must carry a running result.
+//! whole log must carry a running result. The oracle does: after each part but the last it
+//! writes the total so far to `notes.md` (what a `notes` fold carries into a new segment).
 //!
 //! Levels follow `keychain`'s log schedule ([`super::LOG_PARTS`], [`super::LOG_LINES`]):
 //! 1–8 the built-in schedule, 9–12 up to 64 parts.
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use super::{part_path, part_paths, reading_instance, LOG_LINES, LOG_PARTS};
+use super::{part_path, part_paths, reading_instance, LOG_LINES, LOG_PARTS, NOTES_PATH};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
 use crate::task::{check_level, TaskFamily, TaskInstance};
@@ -79,6 +80,7 @@ impl TaskFamily for Ledger {
         };
         let (mut count, mut sum) = (0i64, 0i64);
         let mut files = BTreeMap::new();
+        let mut notes = Vec::with_capacity(parts.saturating_sub(1));
         for i in 0..parts {
             // One to three of the asked account's entries in every part, the rest others'.
             let own = 1 + rng.below(3.min(lines as u64)) as usize;
@@ -100,20 +102,30 @@ impl TaskFamily for Ledger {
                 part_path("ledger", i),
                 (text.join("\n") + "\n").into_bytes(),
             );
+            if i + 1 < parts {
+                let so_far = match ask {
+                    Ask::Count => format!("{count} entries"),
+                    Ask::Sum => format!("sum {sum}"),
+                };
+                notes.push(format!(
+                    "{asked}: parts 1-{} of {parts} read, {so_far} so far\n",
+                    i + 1
+                ));
+            }
         }
         let (question, answer) = match ask {
             Ask::Count => (format!("How many entries does {asked} have?"), count),
             Ask::Sum => (format!("What is the sum of {asked}'s amounts?"), sum),
         };
         let prompt = format!(
-            "The ledger is in ledger/, part-01.txt to part-{parts:02}.txt, one `<account> <amount>` entry per line. {question}"
+            "The ledger is in ledger/, part-01.txt to part-{parts:02}.txt, one `<account> <amount>` entry per line; keep your running total in {NOTES_PATH}. {question}"
         );
         Ok(reading_instance(
             self.name(),
             (level, seed),
             prompt,
             files,
-            part_paths("ledger", parts),
+            (part_paths("ledger", parts), Some(notes)),
             part_paths("ledger", parts),
             answer,
         ))
@@ -165,6 +177,35 @@ mod tests {
                 let bytes = t.files.values().map(Vec::len).max().unwrap() as u64;
                 assert!(bytes <= READ_BYTES, "{}", t.id);
             }
+        }
+    }
+
+    /// The oracle reads part by part and notes the total so far after each but the last: the
+    /// note after part `k` is the total over parts 1..=k.
+    #[test]
+    fn the_oracle_notes_the_running_total_after_each_part() {
+        for (level, seed) in [(1, 3), (5, 4), (12, 7)] {
+            let t = Ledger.instance(level, seed).unwrap();
+            let parts = t.files.len();
+            let writes: Vec<&str> = t
+                .oracle
+                .steps
+                .iter()
+                .filter(|s| s.name == "write_file")
+                .map(|s| s.arguments["content"].as_str().unwrap())
+                .collect();
+            assert_eq!(writes.len(), parts - 1, "{}", t.id);
+            for (k, note) in writes.iter().enumerate() {
+                let so_far = total(&t, |i| i <= k);
+                assert!(
+                    note.contains(&format!("parts 1-{} of {parts}", k + 1))
+                        && note.contains(&format!(" {so_far} ")),
+                    "{}: {note}",
+                    t.id
+                );
+            }
+            assert!(t.tools.iter().any(|x| x.name == "write_file"));
+            assert!((t.oracle_calls() as u32) < t.max_turns);
         }
     }
 

@@ -171,16 +171,22 @@ pub(crate) fn part_paths(dir: &str, n: usize) -> Vec<String> {
     (0..n).map(|i| part_path(dir, i)).collect()
 }
 
+/// The workspace file the log-reading families' oracles keep their running notes in (what
+/// a `notes` fold carries: `[rollout.context] notes_path`'s default).
+pub(crate) const NOTES_PATH: &str = "notes.md";
+
 /// A task solved by reading files: the oracle reads `reads` in order (from
 /// [`RECOVERY_FROM`], the second one's path without its extension first fails, then the
-/// fix), then answers `answer`, checked exactly. `read_file` may be called twice per read
-/// and four times more; reading the files in `needed` earns the default process rewards.
+/// fix), after read `i` writes `notes[i]` to [`NOTES_PATH`] where there is one, then answers
+/// `answer`, checked exactly. `read_file` may be called twice per read and four times more;
+/// with notes, `write_file` is allowed (once per read and four times more); reading the files
+/// in `needed` earns the default process rewards.
 pub(crate) fn reading_instance(
     family: &str,
     (level, seed): (u32, u64),
     prompt: String,
     files: BTreeMap<String, Vec<u8>>,
-    reads: Vec<String>,
+    (reads, notes): (Vec<String>, Option<Vec<String>>),
     needed: Vec<String>,
     answer: i64,
 ) -> TaskInstance {
@@ -194,9 +200,13 @@ pub(crate) fn reading_instance(
             plan.call("read_file", json!({"path": p.trim_end_matches(".txt")}));
         }
         plan.call("read_file", json!({"path": p}));
+        if let Some(note) = notes.as_ref().and_then(|n| n.get(i)) {
+            plan.call("write_file", json!({"path": NOTES_PATH, "content": note}));
+        }
     }
     let steps = plan.finish();
     let n = reads.len() as u32;
+    let writes = notes.as_ref().map_or(0, |n| n.len() as u32);
     let mut inst = TaskInstance {
         id: format!("{family}/L{level}/s{seed}"),
         family: family.into(),
@@ -216,7 +226,7 @@ pub(crate) fn reading_instance(
             ToolSpec::unlimited("list_dir"),
             ToolSpec::unlimited("answer"),
         ],
-        max_turns: n + 4,
+        max_turns: n + writes + 4,
         context_budget: 0,
         checker: Checker::Exact {
             expected: answer.to_string(),
@@ -230,6 +240,18 @@ pub(crate) fn reading_instance(
         custom_tools: Vec::new(),
         spec_hash: String::new(),
     };
+    if notes.is_some() {
+        inst.tools.insert(
+            1,
+            ToolSpec {
+                name: "write_file".into(),
+                limits: ToolLimits {
+                    max_calls: Some(n + 4),
+                    max_output_bytes: None,
+                },
+            },
+        );
+    }
     inst.context_budget = budget_for(inst.oracle_tokens());
     inst.seal()
 }

@@ -101,7 +101,7 @@ impl TaskFamily for Needles {
             (level, seed),
             prompt,
             files,
-            part_paths("notes", parts),
+            (part_paths("notes", parts), None),
             needed,
             answer,
         ))
