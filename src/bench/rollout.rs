@@ -20,7 +20,7 @@ use clap::Args;
 use corvid_actor::{run_episodes, EngineConfig, EpisodeSpec, LoadedPolicy, ScriptedTokens};
 use corvid_episode::EpisodeFormat;
 use corvid_model::ModelConfig;
-use corvid_proto::SamplingParams;
+use corvid_proto::{ContextFold, Fold, SamplingParams};
 use corvid_sandbox::Sandbox;
 use corvid_tasks::{TaskEnv, TaskInstance};
 use serde::Serialize;
@@ -64,6 +64,12 @@ pub struct RolloutBenchArgs {
     /// `record_routes_ratio` is the median episodes/s with over without.
     #[arg(long)]
     record_routes: bool,
+    /// Also measure the cost of context folding: the largest concurrency three times folding
+    /// (`drop_tool_output` in a window of this many tokens) and three times in one window the
+    /// episodes never fill, alternating; `fold_tokens_ratio` is the median generated tokens/s
+    /// folding over not. 0: not measured.
+    #[arg(long, default_value_t = 0)]
+    fold_window: u32,
     /// Print one JSON object.
     #[arg(long)]
     json: bool,
@@ -86,6 +92,8 @@ struct Run {
     /// Share of wall time in model forwards.
     forward_fraction: f64,
     terminations: std::collections::BTreeMap<String, u64>,
+    /// Context folds over the episodes (new segments opened).
+    folds: usize,
 }
 
 fn specs(
@@ -159,6 +167,7 @@ fn measure(
         },
         forward_fraction: stats.forward_s / wall,
         terminations: stats.terminations,
+        folds: trajs.iter().map(|t| t.segments().len().saturating_sub(1)).sum(),
     })
 }
 
@@ -258,6 +267,51 @@ pub fn run(a: RolloutBenchArgs) -> Result<ExitCode> {
         one_at_a_time.episodes, one_at_a_time.generated_tokens_per_s
     );
 
+    // Folding against one window, alternating, at the largest concurrency.
+    let fold = if a.fold_window > 0 {
+        let (mut on, mut off, mut folds, mut prefill) = (Vec::new(), Vec::new(), 0, [0u64; 2]);
+        for _ in 0..3 {
+            for folding in [false, true] {
+                let mut specs = specs(&tasks, top * a.rounds, sampling, a.max_turns);
+                for s in &mut specs {
+                    s.context_budget = 1 << 20;
+                    s.context = Some(ContextFold {
+                        window_tokens: if folding { a.fold_window } else { 1 << 20 },
+                        fold: Fold::DropToolOutput,
+                        memory_tokens: 1,
+                        notes_path: "notes.md".into(),
+                    });
+                }
+                let r = measure(&mut policy, &env, specs, top, None, false)?;
+                prefill[usize::from(folding)] += r.prefill_tokens;
+                if folding {
+                    folds += r.folds;
+                    on.push(r.generated_tokens_per_s);
+                } else {
+                    off.push(r.generated_tokens_per_s);
+                }
+            }
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let ratio = median(&mut on) / median(&mut off);
+        let prefill_ratio = prefill[1] as f64 / prefill[0].max(1) as f64;
+        eprintln!(
+            "folding in a {}-token window: {ratio:.3}x the generated tokens/s of one window ({folds} folds over 3 runs, {prefill_ratio:.2}x the prefill tokens; on {on:?}, off {off:?})",
+            a.fold_window
+        );
+        Some(serde_json::json!({
+            "window_tokens": a.fold_window,
+            "tokens_ratio": ratio,
+            "prefill_ratio": prefill_ratio,
+            "folds": folds,
+        }))
+    } else {
+        None
+    };
+
     // Recording routes on against off, alternating, at the largest concurrency.
     let record_routes_ratio = if a.record_routes {
         let (mut on, mut off) = (Vec::new(), Vec::new());
@@ -327,6 +381,7 @@ pub fn run(a: RolloutBenchArgs) -> Result<ExitCode> {
     let report = serde_json::json!({
         "model": "tiny",
         "record_routes_ratio": record_routes_ratio,
+        "fold": fold,
         "load_average_1m_at_end": load_average,
         "weights": "random",
         "threads": a.threads,
