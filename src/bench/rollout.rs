@@ -167,7 +167,10 @@ fn measure(
         },
         forward_fraction: stats.forward_s / wall,
         terminations: stats.terminations,
-        folds: trajs.iter().map(|t| t.segments().len().saturating_sub(1)).sum(),
+        folds: trajs
+            .iter()
+            .map(|t| t.segments().len().saturating_sub(1))
+            .sum(),
     })
 }
 

@@ -479,7 +479,17 @@ fn a_folding_run_stores_segments_within_the_window_and_trains_on_them() {
         + "\n[rollout.context]\nwindow_tokens = 512\nfold = \"drop_tool_output\"\n";
     run_to_the_end(d, &config);
     let r = d.join("runs/n");
-    assert_eq!(read(&r.join("metrics/metrics.jsonl")).lines().count(), 2);
+    let metrics = read(&r.join("metrics/metrics.jsonl"));
+    assert_eq!(metrics.lines().count(), 2);
+    // Every update counts the folds of the episodes it read.
+    let folds: u64 = metrics
+        .lines()
+        .map(|l| {
+            let m: serde_json::Value = serde_json::from_str(l).expect("metrics line");
+            m["rollout"]["folds"].as_u64().expect("rollout.folds")
+        })
+        .sum();
+    assert!(folds > 0, "{metrics}");
     let store = r.join("store");
     let store = corvid_store::TrajectoryStore::open(&store).expect("the run's store");
     let mut folded = None;

@@ -198,6 +198,9 @@ fn encode_record(enc: &mut DescriptorEncoder, r: &UpdateRecord) -> fmt::Result {
         ("rollout_invalid_skipped", "Episodes left out as untrainable.", ro.invalid_skipped.into()),
         ("rollout_copies_skipped", "Second copies of episodes, not trained on.", ro.copies_skipped.into()),
         ("rollout_template_divergent_episodes", "Episodes the chat template renders otherwise than the ids the policy saw.", ro.template_divergent_episodes.into()),
+        ("rollout_folded_episodes", "Episodes that folded their context at least once.", ro.folded_episodes.into()),
+        ("rollout_folds", "Context folds of the scored episodes.", ro.folds.into()),
+        ("rollout_episode_tokens_mean", "Mean tokens of a scored episode over its segments.", ro.episode_tokens_mean.into()),
     ] {
         gauge(enc, name, help, v)?;
     }
@@ -324,7 +327,7 @@ fn registry(figures: Figures) -> Registry {
 /// |---|---|
 /// | `corvid_<name>` for each live gauge | |
 /// | `corvid_update_step`, `corvid_policy_version`, `corvid_update_seconds` | |
-/// | `corvid_rollout_{episodes, episodes_trained, reward_mean, success_rate, tokens, episodes_per_second, tokens_per_second, staleness_mean, staleness_max, stale_skipped, unscored_skipped, uninformative_groups, too_long_skipped, invalid_skipped, copies_skipped, template_divergent_episodes}` | |
+/// | `corvid_rollout_{episodes, episodes_trained, reward_mean, success_rate, tokens, episodes_per_second, tokens_per_second, staleness_mean, staleness_max, stale_skipped, unscored_skipped, uninformative_groups, too_long_skipped, invalid_skipped, copies_skipped, template_divergent_episodes, folded_episodes, folds, episode_tokens_mean}` | |
 /// | `corvid_rollout_task_success_rate`, `corvid_rollout_task_episodes` | `family`, `level` |
 /// | `corvid_loss_{policy, kl, entropy, balance, clip_frac_low, clip_frac_high, approx_kl, iw_mean, iw_max, iw_truncated_frac, grad_norm, lr, optimizer_steps, adv_mean, adv_abs_mean}` | |
 /// | `corvid_mismatch_{k3_kl, token_mult_prob_error, logp_abs_diff_mean, logp_abs_diff_max, ratio_above_2_frac, without_routes}` | |

@@ -72,6 +72,16 @@ pub struct RolloutFigures {
     /// the run's start-up note says how). Always 0 in Corvid's byte layout.
     #[serde(default)]
     pub template_divergent_episodes: u64,
+    /// Of the scored episodes, those that folded their context at least once (`[rollout.context]`;
+    /// absent in metrics written before folding existed).
+    #[serde(default)]
+    pub folded_episodes: u64,
+    /// Their context folds (new segments opened), summed.
+    #[serde(default)]
+    pub folds: u64,
+    /// Mean tokens of a scored episode over all its segments.
+    #[serde(default)]
+    pub episode_tokens_mean: f64,
 }
 
 /// The loss terms and their diagnostics (means over the generated tokens trained on).

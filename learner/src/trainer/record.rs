@@ -63,6 +63,13 @@ pub(super) fn update_record(
             .add(t.footer.success);
         r.episodes += 1;
         r.template_divergent_episodes += u64::from(t.footer.template_divergent);
+        let folds = t.segments().len().saturating_sub(1) as u64;
+        r.folded_episodes += u64::from(folds > 0);
+        r.folds += folds;
+        r.episode_tokens_mean += t.len() as f64;
+    }
+    if r.episodes > 0 {
+        r.episode_tokens_mean /= r.episodes as f64;
     }
     record
 }
