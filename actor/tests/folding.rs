@@ -194,18 +194,7 @@ fn an_oracle_folds_its_context_and_still_passes_under_each_fold() {
             }
         }
         // Every turn the oracle made is in the trajectory once, in order.
-        let generated: Vec<Vec<u32>> = t
-            .steps
-            .iter()
-            .map(|s| {
-                s.token_ids
-                    .iter()
-                    .zip(&s.loss_mask)
-                    .filter(|(_, m)| **m)
-                    .map(|(id, _)| *id)
-                    .collect()
-            })
-            .collect();
+        let generated: Vec<Vec<u32>> = t.steps.iter().map(|s| s.generated_ids()).collect();
         let want = if id == "drop" { &plain } else { &with_notes };
         assert_eq!(&generated, want, "{id}");
     }
@@ -252,13 +241,7 @@ fn a_summary_fold_asks_for_a_summary_turn_and_carries_it() {
         let text = format.decode(&last.token_ids);
         assert!(text.contains(SUMMARY_REQUEST), "{text}");
         assert!(last.tool_call.is_none());
-        let summary: Vec<u32> = last
-            .token_ids
-            .iter()
-            .zip(&last.loss_mask)
-            .filter(|(_, m)| **m)
-            .map(|(id, _)| *id)
-            .collect();
+        let summary = last.generated_ids();
         assert!(summary.len() <= 96);
         let opening = &openings(t)[segments.iter().position(|r| r == &pair[1]).unwrap()];
         let memory = format.turn_text(&summary);

@@ -477,6 +477,12 @@ impl Step {
         }
     }
 
+    /// The tokens the policy generated, in order.
+    pub fn generated_ids(&self) -> Vec<u32> {
+        let pairs = self.token_ids.iter().zip(&self.loss_mask);
+        pairs.filter(|(_, m)| **m).map(|(id, _)| *id).collect()
+    }
+
     /// Number of generated (trainable) tokens.
     pub fn generated_count(&self) -> usize {
         self.loss_mask.iter().filter(|m| **m).count()

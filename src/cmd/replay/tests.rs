@@ -55,14 +55,6 @@ fn fold_before_last(
 ) -> Vec<Step> {
     use corvid_episode::fold::{segment, FoldedTurn};
     let format = EpisodeFormat::default();
-    let generated = |s: &Step| -> Vec<u32> {
-        s.token_ids
-            .iter()
-            .zip(&s.loss_mask)
-            .filter(|(_, m)| **m)
-            .map(|(id, _)| *id)
-            .collect()
-    };
     let context = |s: &Step| -> Vec<u32> {
         s.token_ids
             .iter()
@@ -74,7 +66,7 @@ fn fold_before_last(
     let last = steps.len() - 1;
     let turns: Vec<FoldedTurn> = (0..last)
         .map(|t| FoldedTurn {
-            generated: generated(&steps[t]),
+            generated: steps[t].generated_ids(),
             result: format.tool_result_text(&context(&steps[t + 1]), steps[t].tool_call.as_ref()),
         })
         .collect();
@@ -90,7 +82,7 @@ fn fold_before_last(
     .ids;
     let mut steps = steps;
     let s = &mut steps[last];
-    let gen = generated(s);
+    let gen = s.generated_ids();
     let n = opening.len();
     s.token_ids = opening;
     s.token_ids.extend_from_slice(&gen);
@@ -840,24 +832,29 @@ fn rescore_counts_diverged_calls_and_exits_1_although_every_verdict_matches() {
     assert!(out.contains("0 call(s) diverged"), "{out}");
 }
 
-#[test]
-fn chat_export_writes_one_transcript_per_trajectory() {
-    let dir = tempfile::tempdir().expect("tmp");
-    let (store, _env) = store_group(dir.path());
+/// The lines of `store`'s chat export in the byte layout, which must hold `trajectories`.
+fn chat_lines(store: &TrajectoryStore, trajectories: u64) -> Vec<serde_json::Value> {
     let mut buf = Vec::new();
     let summary = export_chat(
-        &store,
+        store,
         &Filter::default(),
         &EpisodeFormat::default(),
         &mut buf,
     )
     .expect("export");
-    assert_eq!(summary.trajectories, 2);
-    let lines: Vec<serde_json::Value> = String::from_utf8(buf)
+    assert_eq!(summary.trajectories, trajectories);
+    String::from_utf8(buf)
         .expect("utf8")
         .lines()
         .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
+        .collect()
+}
+
+#[test]
+fn chat_export_writes_one_transcript_per_trajectory() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (store, _env) = store_group(dir.path());
+    let lines = chat_lines(&store, 2);
     assert_eq!(lines.len(), 2);
     for l in &lines {
         let msgs = l["messages"].as_array().expect("messages");
@@ -877,20 +874,7 @@ fn a_folded_episode_exports_one_conversation_per_segment_and_rescores_across_the
     use corvid_episode::fold::DROPPED_OUTPUT;
     let dir = tempfile::tempdir().expect("tmp");
     let (store, env) = store_episodes(dir.path(), &[("folded", Member::Folded)]);
-    let mut buf = Vec::new();
-    let summary = export_chat(
-        &store,
-        &Filter::default(),
-        &EpisodeFormat::default(),
-        &mut buf,
-    )
-    .expect("export");
-    assert_eq!(summary.trajectories, 1);
-    let lines: Vec<serde_json::Value> = String::from_utf8(buf)
-        .expect("utf8")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("json line"))
-        .collect();
+    let lines = chat_lines(&store, 1);
     assert_eq!(lines.len(), 2);
     assert_eq!(
         (lines[0]["segment"].clone(), lines[1]["segment"].clone()),
