@@ -42,15 +42,90 @@ pub struct LevelResult {
     pub excluded: usize,
     /// Episodes by termination.
     pub terminations: BTreeMap<String, usize>,
+    /// Scored episodes and successes by total episode tokens (over all segments of a folded
+    /// one), in power-of-two buckets.
+    pub by_tokens: Vec<TokenBucket>,
 }
 
-/// One family's levels.
+/// Scored episodes whose total tokens lie below `up_to` (and at or above the bucket before's),
+/// and how many succeeded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct TokenBucket {
+    /// Exclusive upper bound, a power of two from [`FIRST_BUCKET`].
+    pub up_to: u64,
+    /// Scored episodes.
+    pub scored: usize,
+    /// Of those, successes.
+    pub successes: usize,
+}
+
+/// The first token bucket's upper bound.
+pub const FIRST_BUCKET: u64 = 256;
+
+/// Fewest scored episodes a bucket needs to count towards the effective length.
+pub const MIN_BUCKET_EPISODES: usize = 10;
+
+/// Adds an episode of `tokens` tokens to `buckets`, kept in order of `up_to`.
+fn add_to_bucket(buckets: &mut Vec<TokenBucket>, tokens: u64, scored: usize, successes: usize) {
+    let up_to = (tokens + 1).next_power_of_two().max(FIRST_BUCKET);
+    match buckets.binary_search_by_key(&up_to, |b| b.up_to) {
+        Ok(i) => {
+            buckets[i].scored += scored;
+            buckets[i].successes += successes;
+        }
+        Err(i) => buckets.insert(
+            i,
+            TokenBucket {
+                up_to,
+                scored,
+                successes,
+            },
+        ),
+    }
+}
+
+/// One family's levels, and its success by episode length over all of them.
 #[derive(Debug, Clone, Serialize)]
 pub struct FamilyResult {
     /// Family name.
     pub family: String,
     /// Per level, in order.
     pub levels: Vec<LevelResult>,
+    /// The levels' token buckets summed.
+    pub by_tokens: Vec<TokenBucket>,
+    /// The effective length: the upper bound of the longest bucket (of at least
+    /// [`MIN_BUCKET_EPISODES`] scored episodes) whose success rate is at least 80% of the
+    /// shortest such bucket's; `None` when no bucket has enough episodes or the shortest
+    /// never succeeds.
+    pub effective_length: Option<u64>,
+}
+
+impl FamilyResult {
+    /// The family's result over `levels`, its buckets and effective length computed.
+    pub fn new(family: impl Into<String>, levels: Vec<LevelResult>) -> Self {
+        let mut by_tokens = Vec::new();
+        for b in levels.iter().flat_map(|l| &l.by_tokens) {
+            add_to_bucket(&mut by_tokens, b.up_to - 1, b.scored, b.successes);
+        }
+        let counted: Vec<&TokenBucket> = by_tokens
+            .iter()
+            .filter(|b| b.scored >= MIN_BUCKET_EPISODES)
+            .collect();
+        let rate = |b: &TokenBucket| b.successes as f64 / b.scored as f64;
+        let effective_length = counted.first().filter(|b| rate(b) > 0.0).and_then(|first| {
+            counted
+                .iter()
+                .filter(|b| rate(b) >= 0.8 * rate(first))
+                .map(|b| b.up_to)
+                .max()
+        });
+        Self {
+            family: family.into(),
+            levels,
+            by_tokens,
+            effective_length,
+        }
+    }
 }
 
 /// The whole evaluation.
@@ -127,11 +202,14 @@ pub fn level_result(
     let m = EvalMetrics::from_episodes(&evals);
     let mut per_task: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     let mut terminations: BTreeMap<String, usize> = BTreeMap::new();
+    let mut by_tokens = Vec::new();
     for t in trajectories {
         *terminations
             .entry(t.footer.termination.as_str().to_string())
             .or_default() += 1;
         if t.footer.termination.is_scored() {
+            let success = usize::from(t.footer.success);
+            add_to_bucket(&mut by_tokens, t.len() as u64, 1, success);
             let e = per_task.entry(t.header.task.seed).or_default();
             e.0 += 1;
             e.1 += t.footer.success as u64;
@@ -168,5 +246,66 @@ pub fn level_result(
             / n,
         excluded: m.excluded,
         terminations,
+        by_tokens,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn level(buckets: &[(u64, usize, usize)]) -> LevelResult {
+        let mut by_tokens = Vec::new();
+        for &(tokens, scored, successes) in buckets {
+            add_to_bucket(&mut by_tokens, tokens, scored, successes);
+        }
+        LevelResult {
+            level: 1,
+            episodes: 0,
+            success_rate: None,
+            tool_call_parse_rate: None,
+            tool_call_success_rate: None,
+            multi_step_completion: None,
+            failure_recovery_rate: None,
+            pass_at_k: None,
+            pass_hat_k: None,
+            mean_turns: 0.0,
+            mean_tokens: 0.0,
+            excluded: 0,
+            terminations: BTreeMap::new(),
+            by_tokens,
+        }
+    }
+
+    /// Episodes fall in power-of-two buckets summed over levels; the effective length is the
+    /// longest bucket within 80% of the shortest's success, among buckets with enough episodes.
+    #[test]
+    fn the_effective_length_is_the_longest_bucket_near_the_shortest_ones_success() {
+        let f = FamilyResult::new(
+            "hops",
+            vec![
+                // 100 and 300 tokens: buckets 256 and 512.
+                level(&[(100, 20, 18), (300, 10, 8)]),
+                // 300 more, 1,000 (bucket 1,024) and 5,000 (8,192, too few episodes).
+                level(&[(300, 10, 7), (1000, 20, 10), (5000, 3, 3)]),
+            ],
+        );
+        let buckets: Vec<(u64, usize, usize)> = f
+            .by_tokens
+            .iter()
+            .map(|b| (b.up_to, b.scored, b.successes))
+            .collect();
+        assert_eq!(
+            buckets,
+            [(256, 20, 18), (512, 20, 15), (1024, 20, 10), (8192, 3, 3)]
+        );
+        // 90% at 256; 75% at 512 is within 80% of it (72%); 50% at 1,024 is not; 8,192 has
+        // too few episodes.
+        assert_eq!(f.effective_length, Some(512));
+        assert_eq!(
+            FamilyResult::new("hops", vec![level(&[(100, 20, 0)])]).effective_length,
+            None
+        );
+        assert_eq!(FamilyResult::new("hops", Vec::new()).effective_length, None);
+    }
 }

@@ -71,10 +71,7 @@ impl Plan {
             seed: opts.seed,
             store: store.path().display().to_string(),
             label,
-            families: vec![FamilyResult {
-                family: family.name().to_string(),
-                levels,
-            }],
+            families: vec![FamilyResult::new(family.name(), levels)],
             wall_s,
             generated_tokens_per_s: generated as f64 / wall_s.max(1e-9),
         })

@@ -21,7 +21,7 @@ use corvid_store::TrajectoryStore;
 pub use corvid_eval::{open_store, EvalResult};
 /// The parts of an [`EvalResult`], which `corvid run`'s tests build by hand.
 #[cfg(test)]
-pub use corvid_eval::{FamilyResult, LevelResult};
+pub use corvid_eval::{FamilyResult, LevelResult, TokenBucket};
 
 /// Evaluate a checkpoint on held-out tasks.
 #[derive(Args, Debug, Clone)]
@@ -301,6 +301,22 @@ fn table(result: &EvalResult) -> String {
                 l.mean_tokens
             );
         }
+        // Success by total episode tokens over the levels, and the effective length.
+        let buckets: Vec<String> = f
+            .by_tokens
+            .iter()
+            .map(|b| {
+                let rate = b.successes as f64 / b.scored.max(1) as f64;
+                format!("<{} {:.0}% ({})", b.up_to, 100.0 * rate, b.scored)
+            })
+            .collect();
+        out += &format!(
+            "{} by episode tokens: {}; effective length {}\n",
+            f.family,
+            buckets.join(", "),
+            f.effective_length
+                .map_or_else(|| "-".into(), |n| format!("{n} tokens"))
+        );
     }
     out
 }

@@ -18,6 +18,7 @@ use corvid_store::TrajectoryStore;
 
 use super::config::{latest_checkpoint, Arm, RunPlan, RunSection};
 use crate::cmd::eval::{evaluate_into, open_store, EvalArgs, EvalResult};
+use corvid_eval::FamilyResult;
 
 /// The stage name of the random initial policy.
 pub(super) const RANDOM_STAGE: &str = "random";
@@ -274,11 +275,12 @@ pub(super) fn merge_stage(mut parts: Vec<EvalResult>) -> Result<EvalResult> {
     merged.wall_s = parts.iter().map(|p| p.wall_s).sum();
     merged.generated_tokens_per_s = generated / merged.wall_s.max(1e-9);
     for fam in &mut merged.families {
-        fam.levels = parts
+        let levels = parts
             .iter()
             .flat_map(|p| p.families.iter().filter(|f| f.family == fam.family))
             .flat_map(|f| f.levels.iter().cloned())
             .collect();
+        *fam = FamilyResult::new(fam.family.clone(), levels);
     }
     Ok(merged)
 }

@@ -315,7 +315,7 @@ mod evaluate {
 
     #[test]
     fn a_stage_evaluated_level_by_level_is_reported_as_one_result() {
-        use crate::cmd::eval::{FamilyResult, LevelResult};
+        use crate::cmd::eval::{FamilyResult, LevelResult, TokenBucket};
         let part = |level: u32, wall_s: f64, tok_s: f64| EvalResult {
             stage: "sft".into(),
             checkpoint: "runs/x/ref".into(),
@@ -326,9 +326,9 @@ mod evaluate {
             seed: 1 << 62,
             store: "runs/x/eval/store".into(),
             label: "sft".into(),
-            families: vec![FamilyResult {
-                family: "hops".into(),
-                levels: vec![LevelResult {
+            families: vec![FamilyResult::new(
+                "hops",
+                vec![LevelResult {
                     level,
                     episodes: 200,
                     success_rate: Some(level as f64 / 10.0),
@@ -342,8 +342,14 @@ mod evaluate {
                     mean_tokens: 100.0 * level as f64,
                     excluded: 0,
                     terminations: BTreeMap::new(),
+                    // 20 episodes of 100 × level tokens, 2 × level of them successes.
+                    by_tokens: vec![TokenBucket {
+                        up_to: (100 * level as u64 + 1).next_power_of_two().max(256),
+                        scored: 20,
+                        successes: 2 * level as usize,
+                    }],
                 }],
-            }],
+            )],
             wall_s,
             generated_tokens_per_s: tok_s,
         };
@@ -361,6 +367,15 @@ mod evaluate {
             .collect();
         assert_eq!(levels, vec![(1, Some(0.1)), (2, Some(0.2)), (3, Some(0.3))]);
         assert_eq!(m.families.len(), 1);
+        // The family's token buckets span the merged levels: levels 1 and 2 below 256 tokens
+        // (15% success), level 3 below 512 (30%), so the effective length is 512.
+        let buckets: Vec<(u64, usize, usize)> = m.families[0]
+            .by_tokens
+            .iter()
+            .map(|b| (b.up_to, b.scored, b.successes))
+            .collect();
+        assert_eq!(buckets, vec![(256, 40, 6), (512, 20, 6)]);
+        assert_eq!(m.families[0].effective_length, Some(512));
         assert!((m.wall_s - 60.0).abs() < 1e-9);
         // (30·1000 + 10·2000 + 20·1500) tokens over 60 s.
         assert!((m.generated_tokens_per_s - 80_000.0 / 60.0).abs() < 1e-9);
