@@ -64,7 +64,10 @@ mod sink;
 #[cfg(test)]
 mod testing;
 
-pub use metrics::{episode_eval, level_result, EvalResult, FamilyResult, LevelResult, TokenBucket};
+pub use metrics::{
+    episode_eval, level_result, EvalResult, FamilyResult, LevelResult, TokenBucket, FIRST_BUCKET,
+    MIN_BUCKET_EPISODES,
+};
 pub use plan::{EvalOptions, Plan};
 pub use policy::PolicySource;
 pub use reuse::open_store;
