@@ -44,18 +44,15 @@ impl Demonstration {
     /// [`flatten`](Self::flatten) per context segment: what the policy sees at once, one
     /// sequence for a demonstration that does not fold.
     pub fn flatten_segments(&self) -> Vec<(Vec<u32>, Vec<bool>)> {
-        let mut out: Vec<(Vec<u32>, Vec<bool>)> = Vec::new();
-        let mut segment = None;
-        for s in &self.steps {
-            if segment != Some(s.segment) {
-                out.push((Vec::new(), Vec::new()));
-                segment = Some(s.segment);
-            }
-            let (ids, mask) = out.last_mut().expect("a segment was opened");
-            ids.extend_from_slice(&s.token_ids);
-            mask.extend_from_slice(&s.loss_mask);
-        }
-        out
+        corvid_proto::step_segments(&self.steps)
+            .into_iter()
+            .map(|r| {
+                let steps = &self.steps[r];
+                let ids = steps.iter().flat_map(|s| s.token_ids.iter().copied());
+                let mask = steps.iter().flat_map(|s| s.loss_mask.iter().copied());
+                (ids.collect(), mask.collect())
+            })
+            .collect()
     }
 
     /// Total tokens.

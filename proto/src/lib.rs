@@ -60,7 +60,7 @@ pub use tonic_health::pb as health;
 pub use assignment::{Assignment, ContextFold, Fold};
 pub use checked::{CheckedStep, StepRules};
 pub use routes::RouteShape;
-pub use trajectory::{Trajectory, TurnTotals};
+pub use trajectory::{step_segments, Trajectory, TurnTotals};
 pub use types::{
     validate_trajectory_id, ProtoError, SamplingParams, Step, StepTimings, TaskRef, Termination,
     ToolCall, ToolResult, ToolStatus, TrajectoryFooter, TrajectoryHeader,

@@ -17,6 +17,20 @@ pub struct Trajectory {
     pub footer: TrajectoryFooter,
 }
 
+/// The steps of each context segment, in order, as ranges of `steps`: one for an episode that
+/// never folded, none for no steps. Each is one sequence the policy saw.
+pub fn step_segments(steps: &[Step]) -> Vec<std::ops::Range<usize>> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    for i in 1..=steps.len() {
+        if i == steps.len() || steps[i].segment != steps[start].segment {
+            out.push(start..i);
+            start = i;
+        }
+    }
+    out
+}
+
 /// One turn's totals over its steps ([`Trajectory::turns`]).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TurnTotals {
@@ -53,18 +67,9 @@ impl Trajectory {
         )
     }
 
-    /// The steps of each context segment, in order, as ranges of [`steps`](Self::steps): one
-    /// for an episode that never folded. Each is one sequence the policy saw.
+    /// The steps of each context segment ([`step_segments`] of [`steps`](Self::steps)).
     pub fn segments(&self) -> Vec<std::ops::Range<usize>> {
-        let mut out = Vec::new();
-        let mut start = 0;
-        for i in 1..=self.steps.len() {
-            if i == self.steps.len() || self.steps[i].segment != self.steps[start].segment {
-                out.push(start..i);
-                start = i;
-            }
-        }
-        out
+        step_segments(&self.steps)
     }
 
     /// Total tokens.

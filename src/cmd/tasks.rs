@@ -329,22 +329,17 @@ fn print_folds(
         Mistakes::NONE,
         (context, max_new_tokens as usize),
     )?;
-    let mut start = 0;
     let total = demo.len();
-    for (ids, _) in demo.flatten_segments() {
-        let segment = demo.steps[start].segment;
-        let turns = demo.steps[start..]
-            .iter()
-            .take_while(|s| s.segment == segment)
-            .count();
+    for r in corvid_proto::step_segments(&demo.steps) {
+        let steps = &demo.steps[r.clone()];
+        let tokens: usize = steps.iter().map(|s| s.token_ids.len()).sum();
         writeln!(
             out,
-            "segment {segment}: turns {}..{}, {} tokens",
-            start,
-            start + turns.saturating_sub(1),
-            ids.len()
+            "segment {}: turns {}..{}, {tokens} tokens",
+            steps[0].segment,
+            r.start,
+            r.end - 1
         )?;
-        start += turns;
     }
     writeln!(
         out,

@@ -145,10 +145,11 @@ pub(super) fn export_chat(
     for rec in store.list(filter) {
         let rec = rec?;
         let steps = stored_steps(store, &rec.header.trajectory_id)?;
-        let folds = steps
-            .windows(2)
-            .filter(|w| w[0].segment != w[1].segment)
-            .count();
+        let mut segments = corvid_proto::step_segments(&steps);
+        let folds = segments.len().saturating_sub(1);
+        if segments.is_empty() {
+            segments.push(0..0);
+        }
         if folds > 0 && format.chat_format().is_some() {
             // A folded segment's opening holds the memory and the kept turns, which a model's
             // own layout cannot read back out of its rendering.
@@ -176,11 +177,9 @@ pub(super) fn export_chat(
         };
         // One conversation per context segment: what the policy saw at once, a folded
         // segment opening with the prompt, the carried memory and the turns it kept.
-        let mut start = 0;
-        for end in segment_ends(&steps) {
-            let segment = steps.get(start).map_or(0, |s| s.segment);
-            let messages = format.to_messages(&steps[start..end], &conversation);
-            start = end;
+        for range in segments {
+            let segment = steps.get(range.start).map_or(0, |s| s.segment);
+            let messages = format.to_messages(&steps[range], &conversation);
             let mut line = serde_json::json!({
                 "trajectory_id": rec.header.trajectory_id,
                 "task": rec.header.task,
@@ -211,13 +210,4 @@ pub(super) fn export_chat(
         );
     }
     Ok(summary)
-}
-
-/// The end (exclusive) of each context segment's steps.
-fn segment_ends(steps: &[corvid_proto::Step]) -> Vec<usize> {
-    let mut ends: Vec<usize> = (1..steps.len())
-        .filter(|&i| steps[i].segment != steps[i - 1].segment)
-        .collect();
-    ends.push(steps.len());
-    ends
 }
