@@ -45,14 +45,14 @@ pub use env::{Episode, TaskEnv};
 pub use error::TasksError;
 pub use families::{
     builtin_families, builtin_family, builtin_names, shell, Hops, Keychain, Ledger, Needles,
-    Search, Shell, CHAIN_CALLS, RECOVERY_FROM,
+    Recall, Search, Shell, CHAIN_CALLS, RECOVERY_FROM,
 };
 pub use pack::{load_pack, PackDiagnostic, TaskPack};
-pub use process::{score_turns, ProcessRule, ScoredTurn};
+pub use process::{paths_read, score_turns, ProcessRule, ScoredTurn};
 pub use registry::Families;
 pub use rng::SplitMix64;
 pub use sim::Simulator;
 pub use task::{
-    CustomToolDecl, Document, OraclePlan, OracleStep, ReadOnlyData, TaskFamily, TaskInstance,
-    ToolLimits, ToolSpec, KNOWN_TOOLS,
+    CustomToolDecl, Document, FactLayout, OraclePlan, OracleStep, ReadOnlyData, TaskFamily,
+    TaskInstance, ToolLimits, ToolSpec, KNOWN_TOOLS,
 };

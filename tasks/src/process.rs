@@ -143,6 +143,18 @@ fn arg_str(call: &ToolCall, key: &str) -> Option<String> {
     v.get(key)?.as_str().map(str::to_string)
 }
 
+/// The workspace paths a call reads, as the process rules count them: `read_file`'s `path`,
+/// or every word of a `shell` command (its status is the caller's to check).
+pub fn paths_read(call: &ToolCall) -> Vec<String> {
+    match call.name.as_str() {
+        "read_file" => arg_str(call, "path").into_iter().collect(),
+        "shell" => arg_str(call, "command")
+            .map(|c| c.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// Scores each turn: `p_t = Σ_rules component_rule(t)` with the components of
 /// [`ProcessRule`]; infra-failed turns score 0 and are forgotten.
 pub fn score_turns(rules: &[ProcessRule], turns: &[ScoredTurn<'_>]) -> Vec<f64> {
@@ -164,13 +176,7 @@ pub fn score_turns(rules: &[ProcessRule], turns: &[ScoredTurn<'_>]) -> Vec<f64> 
                     if !turn.status.is_success() {
                         continue;
                     }
-                    let touched: Vec<String> = match turn.call.name.as_str() {
-                        "read_file" => arg_str(turn.call, "path").into_iter().collect(),
-                        "shell" => arg_str(turn.call, "command")
-                            .map(|c| c.split_whitespace().map(str::to_string).collect())
-                            .unwrap_or_default(),
-                        _ => Vec::new(),
-                    };
+                    let touched = paths_read(turn.call);
                     for path in paths {
                         if touched.contains(path) && read.insert(path.clone()) {
                             p += reward;

@@ -200,6 +200,17 @@ impl TaskInstance {
         self
     }
 
+    /// The files its process rules reward reading (`ReadsNeeded`), in rule order.
+    pub fn needed_files(&self) -> Vec<String> {
+        self.process_rules
+            .iter()
+            .flat_map(|r| match r {
+                ProcessRule::ReadsNeeded { paths, .. } => paths.clone(),
+                _ => Vec::new(),
+            })
+            .collect()
+    }
+
     /// The reference stored in trajectory headers.
     pub fn task_ref(&self) -> TaskRef {
         TaskRef {
@@ -240,6 +251,28 @@ pub trait TaskFamily: Send + Sync {
     fn levels(&self) -> u32;
     /// The instance for `level` and `seed`; deterministic.
     fn instance(&self, level: u32, seed: u64) -> Result<TaskInstance, TasksError>;
+    /// Where `instance`'s needed facts lie and how densely distractors surround them, for
+    /// the long-context evaluation. The default: the files its process rules reward reading,
+    /// density unmeasured.
+    fn fact_layout(&self, instance: &TaskInstance) -> FactLayout {
+        FactLayout {
+            fact_files: instance.needed_files(),
+            distractor_density: None,
+        }
+    }
+}
+
+/// Where an instance's needed facts lie and how densely distractors surround them: what a
+/// long-context evaluation breaks success down by (`corvid eval`'s `by_position` and
+/// `by_density`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FactLayout {
+    /// Workspace files holding the facts the answer needs; where an episode first reads one
+    /// of them places it at the beginning, middle or end of the episode.
+    pub fact_files: Vec<String>,
+    /// Distractor lines per fact line in the files the oracle reads (decoy values, other
+    /// chains' links, other accounts' entries); `None` where the family does not say.
+    pub distractor_density: Option<f64>,
 }
 
 /// Checks `1 <= level <= max`, naming the family otherwise.

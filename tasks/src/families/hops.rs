@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use super::{filler, reading_instance, CHAIN_CALLS};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
-use crate::task::{check_level, TaskFamily, TaskInstance};
+use crate::task::{check_level, FactLayout, TaskFamily, TaskInstance};
 
 /// Filler bytes per file, by level. Levels 1–3 hold only their marker line. A from-scratch
 /// policy learns to copy a path from `next: <path>` about 2.5× sooner without same-alphabet
@@ -109,5 +109,21 @@ impl TaskFamily for Hops {
             chain,
             value,
         ))
+    }
+
+    /// The fact is the `value:` line at the chain's end (the oracle's last read); the other
+    /// chain files only lead there.
+    fn fact_layout(&self, instance: &TaskInstance) -> FactLayout {
+        let last = instance
+            .oracle
+            .steps
+            .iter()
+            .rev()
+            .find(|s| s.name == "read_file")
+            .and_then(|s| s.arguments["path"].as_str());
+        FactLayout {
+            fact_files: last.map(str::to_string).into_iter().collect(),
+            distractor_density: None,
+        }
     }
 }

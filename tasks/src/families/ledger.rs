@@ -12,7 +12,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{part_path, part_paths, reading_instance, LOG_LINES, LOG_PARTS, NOTES_PATH};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
-use crate::task::{check_level, TaskFamily, TaskInstance};
+use crate::task::{check_level, FactLayout, TaskFamily, TaskInstance};
 
 /// The `ledger` family.
 #[derive(Debug, Clone, Copy, Default)]
@@ -130,6 +130,30 @@ impl TaskFamily for Ledger {
             answer,
         ))
     }
+
+    /// Every part holds some of the asked account's entries; the distractors are the other
+    /// accounts' entries, per asked entry.
+    fn fact_layout(&self, instance: &TaskInstance) -> FactLayout {
+        let asked = instance
+            .prompt
+            .split(|c: char| c.is_whitespace() || c == '\'' || c == '?')
+            .find(|w| w.starts_with("acct-"))
+            .unwrap_or_default();
+        let (mut own, mut other) = (0usize, 0usize);
+        for text in instance.files.values() {
+            for line in String::from_utf8_lossy(text).lines() {
+                if line.split(' ').next() == Some(asked) {
+                    own += 1;
+                } else {
+                    other += 1;
+                }
+            }
+        }
+        FactLayout {
+            fact_files: instance.needed_files(),
+            distractor_density: Some(other as f64 / own.max(1) as f64),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -206,6 +230,29 @@ mod tests {
             }
             assert!(t.tools.iter().any(|x| x.name == "write_file"));
             assert!((t.oracle_calls() as u32) < t.max_turns);
+        }
+    }
+
+    #[test]
+    fn the_density_is_other_entries_per_asked_entry() {
+        for (level, seed) in [(1, 2), (6, 4), (12, 6)] {
+            let t = Ledger.instance(level, seed).unwrap();
+            let lines: usize = t
+                .files
+                .values()
+                .map(|f| f.iter().filter(|&&b| b == b'\n').count())
+                .sum();
+            // Even seeds count: the answer is the number of the asked account's entries.
+            assert!(t.prompt.contains("How many"), "{}", t.id);
+            let own: usize = t.oracle.answer.parse().unwrap();
+            let layout = Ledger.fact_layout(&t);
+            assert_eq!(
+                layout.distractor_density,
+                Some((lines - own) as f64 / own as f64),
+                "{}",
+                t.id
+            );
+            assert_eq!(layout.fact_files.len(), t.files.len());
         }
     }
 

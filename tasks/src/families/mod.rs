@@ -1,15 +1,17 @@
 //! The built-in families: `hops`, `search`, `shell`, and the log-reading `keychain`,
-//! `ledger` and `needles`.
+//! `ledger`, `needles` and `recall`.
 //!
-//! All six share one length schedule for levels 1–8 (the log-reading ones go on to level
-//! 12): the main chain of level `L` needs [`CHAIN_CALLS`]`[L−1]` tool calls (1, 2, 3, 4, 6,
-//! 8, 11, 16 — roughly ×1.5 per level), and from [`RECOVERY_FROM`] up the oracle adds one
-//! recoverable failure (a call that fails, then the fix), so demonstrations teach recovery.
+//! The first six share one length schedule for levels 1–8 (the log-reading ones go on to
+//! level 12): the main chain of level `L` needs [`CHAIN_CALLS`]`[L−1]` tool calls (1, 2, 3,
+//! 4, 6, 8, 11, 16 — roughly ×1.5 per level); `recall` reads one file more and writes one
+//! note. From [`RECOVERY_FROM`] up every oracle adds one recoverable failure (a call that
+//! fails, then the fix), so demonstrations teach recovery.
 
 mod hops;
 mod keychain;
 mod ledger;
 mod needles;
+mod recall;
 mod search;
 pub mod shell;
 
@@ -17,6 +19,7 @@ pub use hops::Hops;
 pub use keychain::Keychain;
 pub use ledger::Ledger;
 pub use needles::Needles;
+pub use recall::Recall;
 pub use search::Search;
 pub use shell::Shell;
 
@@ -49,6 +52,7 @@ pub fn builtin_families() -> Vec<Box<dyn TaskFamily>> {
         Box::new(Keychain),
         Box::new(Ledger),
         Box::new(Needles),
+        Box::new(Recall),
     ]
 }
 

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use super::{part_path, part_paths, reading_instance, LOG_LINES, LOG_PARTS};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
-use crate::task::{check_level, TaskFamily, TaskInstance};
+use crate::task::{check_level, FactLayout, TaskFamily, TaskInstance};
 
 /// Links in the asked chain, by level.
 const HOPS: [usize; 12] = [1, 1, 2, 2, 3, 3, 4, 4, 5, 6, 7, 8];
@@ -105,6 +105,21 @@ impl TaskFamily for Needles {
             needed,
             answer,
         ))
+    }
+
+    /// The facts are the parts holding the asked links (the process rules' files); the
+    /// distractors are the other chains' links, per asked link.
+    fn fact_layout(&self, instance: &TaskInstance) -> FactLayout {
+        let hops = HOPS[instance.level as usize - 1];
+        let links: usize = instance
+            .files
+            .values()
+            .map(|text| text.iter().filter(|&&b| b == b'\n').count())
+            .sum();
+        FactLayout {
+            distractor_density: Some(links.saturating_sub(hops) as f64 / hops as f64),
+            fact_files: instance.needed_files(),
+        }
     }
 }
 
