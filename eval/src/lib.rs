@@ -65,8 +65,8 @@ mod sink;
 mod testing;
 
 pub use metrics::{
-    episode_eval, level_result, EvalResult, FamilyResult, LevelResult, TokenBucket, FIRST_BUCKET,
-    MIN_BUCKET_EPISODES,
+    episode_eval, first_fact_read, level_result, DensityBucket, EvalResult, FamilyResult,
+    InstanceFacts, LevelResult, Position, Tally, TokenBucket, FIRST_BUCKET, MIN_BUCKET_EPISODES,
 };
 pub use plan::{EvalOptions, Plan};
 pub use policy::PolicySource;

@@ -11,6 +11,7 @@ use anyhow::Result;
 use corvid_episode::EpisodeFormat;
 use corvid_proto::Trajectory;
 use corvid_rewards::{mean_pass_at_k, mean_pass_hat_k, EpisodeEval, EvalMetrics};
+use corvid_tasks::{paths_read, FactLayout};
 use serde::Serialize;
 
 /// One level's figures (rates are `null` when their denominator is 0).
@@ -45,6 +46,112 @@ pub struct LevelResult {
     /// Scored episodes and successes by total episode tokens (over all segments of a folded
     /// one), in power-of-two buckets.
     pub by_tokens: Vec<TokenBucket>,
+    /// Scored episodes and successes by where in the episode a needed fact was first read
+    /// ([`Position`]).
+    pub by_position: BTreeMap<Position, Tally>,
+    /// Scored episodes and successes by the instance's distractor density, where the family
+    /// measures it ([`DensityBucket`]).
+    pub by_density: Vec<DensityBucket>,
+}
+
+/// Scored episodes and how many succeeded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Tally {
+    /// Scored episodes.
+    pub scored: usize,
+    /// Of those, successes.
+    pub successes: usize,
+}
+
+impl Tally {
+    fn add(&mut self, other: Tally) {
+        self.scored += other.scored;
+        self.successes += other.successes;
+    }
+}
+
+/// Where an episode first read one of its instance's fact files
+/// ([`corvid_tasks::FactLayout`]), by the tokens before that call over the episode's total
+/// (all segments of a folded one): the first third, the second or the last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Position {
+    /// In the first third.
+    Beginning,
+    /// In the second third.
+    Middle,
+    /// In the last third.
+    End,
+    /// Never (no successful read of a fact file).
+    NeverRead,
+}
+
+impl Position {
+    /// The position of a read after `before` of an episode's `total` tokens.
+    pub fn of(before: u64, total: u64) -> Self {
+        let at = before as f64 / total.max(1) as f64;
+        if at < 1.0 / 3.0 {
+            Self::Beginning
+        } else if at < 2.0 / 3.0 {
+            Self::Middle
+        } else {
+            Self::End
+        }
+    }
+}
+
+/// Scored episodes whose instance's distractor density lies below `up_to` (and at or above
+/// the bucket before's): `0` holds the instances without distractors, then `1`, `2`, `4`, …
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DensityBucket {
+    /// Exclusive upper bound (0: exactly none).
+    pub up_to: f64,
+    /// Scored episodes and successes.
+    #[serde(flatten)]
+    pub tally: Tally,
+}
+
+/// Adds `tally` to the bucket of `density` in `buckets`, kept in order of `up_to`.
+fn add_to_density(buckets: &mut Vec<DensityBucket>, density: f64, tally: Tally) {
+    let up_to = if density <= 0.0 {
+        0.0
+    } else {
+        // The smallest power of two above the density, at least 1.
+        let mut b = 1.0;
+        while b <= density {
+            b *= 2.0;
+        }
+        b
+    };
+    match buckets.iter().position(|b| b.up_to >= up_to) {
+        Some(i) if buckets[i].up_to == up_to => buckets[i].tally.add(tally),
+        Some(i) => buckets.insert(i, DensityBucket { up_to, tally }),
+        None => buckets.push(DensityBucket { up_to, tally }),
+    }
+}
+
+/// What the figures need from one evaluated instance besides its episodes.
+#[derive(Debug, Clone)]
+pub struct InstanceFacts {
+    /// The calls its oracle needs.
+    pub oracle_calls: u32,
+    /// Where its needed facts lie.
+    pub layout: FactLayout,
+}
+
+/// Where `t` first read one of `fact_files` (a successful call that reads it).
+pub fn first_fact_read(t: &Trajectory, fact_files: &[String]) -> Position {
+    let total = t.len() as u64;
+    let mut before = 0u64;
+    for s in &t.steps {
+        if let (Some(call), Some(r)) = (&s.tool_call, &s.tool_result) {
+            if r.status.is_success() && paths_read(call).iter().any(|p| fact_files.contains(p)) {
+                return Position::of(before, total);
+            }
+        }
+        before += s.token_ids.len() as u64;
+    }
+    Position::NeverRead
 }
 
 /// Scored episodes whose total tokens lie below `up_to` (and at or above the bucket before's),
@@ -98,6 +205,10 @@ pub struct FamilyResult {
     /// shortest such bucket's; `None` when no bucket has enough episodes or the shortest
     /// never succeeds.
     pub effective_length: Option<u64>,
+    /// The levels' fact positions summed.
+    pub by_position: BTreeMap<Position, Tally>,
+    /// The levels' density buckets summed.
+    pub by_density: Vec<DensityBucket>,
 }
 
 impl FamilyResult {
@@ -119,11 +230,23 @@ impl FamilyResult {
                 .map(|b| b.up_to)
                 .max()
         });
+        let mut by_position: BTreeMap<Position, Tally> = BTreeMap::new();
+        let mut by_density = Vec::new();
+        for l in &levels {
+            for (p, t) in &l.by_position {
+                by_position.entry(*p).or_default().add(*t);
+            }
+            for b in &l.by_density {
+                add_to_density(&mut by_density, b.up_to / 2.0, b.tally);
+            }
+        }
         Self {
             family: family.into(),
             levels,
             by_tokens,
             effective_length,
+            by_position,
+            by_density,
         }
     }
 }
@@ -180,13 +303,13 @@ pub fn episode_eval(format: &EpisodeFormat, t: &Trajectory, oracle_calls: u32) -
     }
 }
 
-/// Figures for one level from its trajectories (`k` samples per instance); `oracle_calls`
-/// maps an instance's seed to the calls its oracle needs.
+/// Figures for one level from its trajectories (`k` samples per instance); `instances` maps
+/// an instance's seed to what the figures need from it.
 pub fn level_result(
     format: &EpisodeFormat,
     level: u32,
     trajectories: &[Trajectory],
-    oracle_calls: &HashMap<u64, u32>,
+    instances: &HashMap<u64, InstanceFacts>,
     k: u32,
 ) -> Result<LevelResult> {
     let evals: Vec<EpisodeEval> = trajectories
@@ -195,7 +318,9 @@ pub fn level_result(
             episode_eval(
                 format,
                 t,
-                oracle_calls.get(&t.header.task.seed).copied().unwrap_or(0),
+                instances
+                    .get(&t.header.task.seed)
+                    .map_or(0, |i| i.oracle_calls),
             )
         })
         .collect();
@@ -203,6 +328,8 @@ pub fn level_result(
     let mut per_task: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
     let mut terminations: BTreeMap<String, usize> = BTreeMap::new();
     let mut by_tokens = Vec::new();
+    let mut by_position: BTreeMap<Position, Tally> = BTreeMap::new();
+    let mut by_density = Vec::new();
     for t in trajectories {
         *terminations
             .entry(t.footer.termination.as_str().to_string())
@@ -210,6 +337,20 @@ pub fn level_result(
         if t.footer.termination.is_scored() {
             let success = usize::from(t.footer.success);
             add_to_bucket(&mut by_tokens, t.len() as u64, 1, success);
+            let one = Tally {
+                scored: 1,
+                successes: success,
+            };
+            if let Some(i) = instances.get(&t.header.task.seed) {
+                // A family that names no fact files (`search`) has no positions to report.
+                if !i.layout.fact_files.is_empty() {
+                    let at = first_fact_read(t, &i.layout.fact_files);
+                    by_position.entry(at).or_default().add(one);
+                }
+                if let Some(d) = i.layout.distractor_density {
+                    add_to_density(&mut by_density, d, one);
+                }
+            }
             let e = per_task.entry(t.header.task.seed).or_default();
             e.0 += 1;
             e.1 += t.footer.success as u64;
@@ -247,6 +388,8 @@ pub fn level_result(
         excluded: m.excluded,
         terminations,
         by_tokens,
+        by_position,
+        by_density,
     })
 }
 
@@ -274,7 +417,88 @@ mod tests {
             excluded: 0,
             terminations: BTreeMap::new(),
             by_tokens,
+            by_position: BTreeMap::new(),
+            by_density: Vec::new(),
         }
+    }
+
+    /// Densities fall in buckets 0 (none), 1 (below one), 2, 4, …; a family's sum re-buckets
+    /// each level's bucket into itself.
+    #[test]
+    fn density_buckets_round_trip_through_the_family_sum() {
+        let one = Tally {
+            scored: 1,
+            successes: 1,
+        };
+        let mut buckets = Vec::new();
+        for d in [0.0, 0.5, 1.0, 1.5, 3.0, 4.0, 63.0] {
+            add_to_density(&mut buckets, d, one);
+        }
+        let bounds: Vec<(f64, usize)> = buckets.iter().map(|b| (b.up_to, b.tally.scored)).collect();
+        assert_eq!(
+            bounds,
+            [(0.0, 1), (1.0, 1), (2.0, 2), (4.0, 1), (8.0, 1), (64.0, 1)]
+        );
+        let mut lvl = level(&[]);
+        lvl.by_density = buckets.clone();
+        lvl.by_position = BTreeMap::from([(Position::Middle, one)]);
+        let f = FamilyResult::new("recall", vec![lvl.clone(), lvl]);
+        let summed: Vec<(f64, usize)> = f
+            .by_density
+            .iter()
+            .map(|b| (b.up_to, b.tally.scored))
+            .collect();
+        assert_eq!(
+            summed,
+            [(0.0, 2), (1.0, 2), (2.0, 4), (4.0, 2), (8.0, 2), (64.0, 2)]
+        );
+        assert_eq!(f.by_position[&Position::Middle].scored, 2);
+    }
+
+    /// A fact read after a third of the episode's tokens is in the middle; a failed read or
+    /// a read of another file does not count.
+    #[test]
+    fn the_first_successful_read_of_a_fact_file_places_the_episode() {
+        use corvid_proto::{synthetic, Step, ToolCall, ToolResult, ToolStatus, Trajectory};
+        let read = |path: &str, status: ToolStatus, tokens: usize| {
+            let mut s = Step::context(0, vec![1; tokens]);
+            s.tool_call = Some(ToolCall {
+                name: "read_file".into(),
+                arguments_json: format!("{{\"path\":\"{path}\"}}"),
+            });
+            s.tool_result = Some(ToolResult {
+                status,
+                exit_code: 0,
+                bytes_shown: 0,
+                bytes_total: 0,
+                fuel_used: 0,
+                wall_us: 0,
+            });
+            s
+        };
+        let t = Trajectory {
+            header: synthetic::header("t", "recall", 1, 0),
+            steps: vec![
+                read("a.txt", ToolStatus::Ok, 30),
+                read("fact.txt", ToolStatus::NotFound, 10),
+                read("fact.txt", ToolStatus::Ok, 30),
+                read("b.txt", ToolStatus::Ok, 30),
+            ],
+            footer: synthetic::footer(
+                "t",
+                synthetic::Shape {
+                    steps: 4,
+                    tokens_per_step: 25,
+                },
+            ),
+        };
+        let facts = ["fact.txt".to_string()];
+        // 40 of 100 tokens come before the read that succeeded.
+        assert_eq!(first_fact_read(&t, &facts), Position::Middle);
+        assert_eq!(first_fact_read(&t, &["a.txt".into()]), Position::Beginning);
+        assert_eq!(first_fact_read(&t, &["b.txt".into()]), Position::End);
+        assert_eq!(first_fact_read(&t, &["c.txt".into()]), Position::NeverRead);
+        assert_eq!(Position::of(0, 0), Position::Beginning);
     }
 
     /// Episodes fall in power-of-two buckets summed over levels; the effective length is the

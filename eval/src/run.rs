@@ -13,7 +13,7 @@ use corvid_proto::{SamplingParams, Trajectory};
 use corvid_store::{TrajectoryRecord, TrajectoryStore};
 use corvid_tasks::{TaskEnv, TaskFamily};
 
-use crate::metrics::{level_result, EvalResult, FamilyResult, LevelResult};
+use crate::metrics::{level_result, EvalResult, FamilyResult, InstanceFacts, LevelResult};
 use crate::plan::{EvalOptions, Plan};
 use crate::policy::EvalPolicy;
 use crate::reuse::{reusable, stored_trajectory, LevelIds};
@@ -94,8 +94,8 @@ struct Levels<'a> {
 struct LevelEpisodes {
     /// `k` samples of each instance, in instance order.
     specs: Vec<EpisodeSpec>,
-    /// The calls each instance's oracle needs, by the instance's seed.
-    oracle_calls: HashMap<u64, u32>,
+    /// What the figures need from each instance, by its seed.
+    instances: HashMap<u64, InstanceFacts>,
 }
 
 impl Levels<'_> {
@@ -108,7 +108,7 @@ impl Levels<'_> {
         };
         let LevelEpisodes {
             mut specs,
-            oracle_calls,
+            instances,
         } = self.episodes(&ids)?;
         let reuse = reusable(self.store, &ids, &specs, policy.version())?;
         self.skip_reused(&mut specs, &reuse, level);
@@ -117,13 +117,7 @@ impl Levels<'_> {
             trajectories.push(stored_trajectory(self.store, r)?);
         }
         trajectories.sort_by(|a, b| a.header.trajectory_id.cmp(&b.header.trajectory_id));
-        let r = level_result(
-            &self.format,
-            level,
-            &trajectories,
-            &oracle_calls,
-            self.opts.k,
-        )?;
+        let r = level_result(&self.format, level, &trajectories, &instances, self.opts.k)?;
         if self.opts.progress {
             eprintln!(
                 "{} level {level}: success {} over {} episodes ({:.1} turns, {:.0} tokens on average)",
@@ -144,11 +138,17 @@ impl Levels<'_> {
     fn episodes(&self, ids: &LevelIds<'_>) -> Result<LevelEpisodes> {
         let opts = self.opts;
         let mut specs = Vec::new();
-        let mut oracle_calls = HashMap::new();
+        let mut instances = HashMap::new();
         for i in 0..opts.episodes as u64 {
             let seed = opts.seed.wrapping_add(i);
             let task = Arc::new(self.family.instance(ids.level, seed)?);
-            oracle_calls.insert(seed, task.oracle_calls() as u32);
+            instances.insert(
+                seed,
+                InstanceFacts {
+                    oracle_calls: task.oracle_calls() as u32,
+                    layout: self.family.fact_layout(&task),
+                },
+            );
             for j in 0..opts.k {
                 let mut spec = EpisodeSpec::new(
                     ids.sample(seed, j),
@@ -164,10 +164,7 @@ impl Levels<'_> {
                 specs.push(spec);
             }
         }
-        Ok(LevelEpisodes {
-            specs,
-            oracle_calls,
-        })
+        Ok(LevelEpisodes { specs, instances })
     }
 
     /// Drops from `specs` the episodes `reuse` already holds, saying so on stderr.

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use corvid_eval::{EvalOptions, Plan, PolicySource};
+use corvid_eval::{EvalOptions, Plan, PolicySource, Position, Tally};
 use corvid_proto::{ContextFold, Fold};
 use corvid_store::TrajectoryStore;
 
@@ -317,8 +317,46 @@ fn table(result: &EvalResult) -> String {
             f.effective_length
                 .map_or_else(|| "-".into(), |n| format!("{n} tokens"))
         );
+        // Success by where a needed fact was first read, and by distractor density.
+        let tally = |t: &Tally| {
+            let rate = t.successes as f64 / t.scored.max(1) as f64;
+            format!("{:.0}% ({})", 100.0 * rate, t.scored)
+        };
+        let positions: Vec<String> = f
+            .by_position
+            .iter()
+            .map(|(p, t)| format!("{} {}", position_name(*p), tally(t)))
+            .collect();
+        if !positions.is_empty() {
+            out += &format!("{} by fact position: {}\n", f.family, positions.join(", "));
+        }
+        let densities: Vec<String> = f
+            .by_density
+            .iter()
+            .map(|b| match b.up_to {
+                0.0 => format!("none {}", tally(&b.tally)),
+                up_to => format!("<{up_to} {}", tally(&b.tally)),
+            })
+            .collect();
+        if !densities.is_empty() {
+            out += &format!(
+                "{} by distractors per fact: {}\n",
+                f.family,
+                densities.join(", ")
+            );
+        }
     }
     out
+}
+
+/// How the table names a fact position (as the JSON does).
+fn position_name(p: Position) -> &'static str {
+    match p {
+        Position::Beginning => "beginning",
+        Position::Middle => "middle",
+        Position::End => "end",
+        Position::NeverRead => "never read",
+    }
 }
 
 #[cfg(test)]

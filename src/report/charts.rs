@@ -10,6 +10,7 @@
 //! | `expert_load.png` | a heat map of the expert load per layer over the last updates |
 //! | `routing_entropy.png` | router entropy per MoE layer per update |
 //! | `sft_loss.png` | SFT training and held-out loss per step |
+//! | `long_context.png` | held-out success per stage by total episode tokens, by where a needed fact was first read, and by distractor density |
 //!
 //! A chart without data is not drawn: the report lists it in `missing` and removes a file an
 //! earlier report left under its name.
@@ -20,7 +21,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 use corvid_learner::metrics::UpdateRecord;
 
-use super::inputs::{Inputs, SftStep, Update};
+use super::inputs::{EvalBucket, Inputs, SftStep, Update};
 use super::plots::{self, HeatMap, Panel, Series};
 use super::{Plot, Report, Training};
 
@@ -108,6 +109,7 @@ fn charts(inputs: &Inputs, training: &Training) -> Vec<Chart> {
         expert_load(training, u.is_empty()),
         routing_entropy(u, &xs),
         sft_loss(&inputs.sft),
+        long_context(inputs),
     ]
 }
 
@@ -425,6 +427,80 @@ fn sft_loss(s: &[SftStep]) -> Chart {
                 )
             }],
             "no SFT step recorded",
+        ),
+    }
+}
+
+/// The fact positions in the order the chart draws them, at x = 0, 1, 2, 3.
+const POSITIONS: [&str; 4] = ["beginning", "middle", "end", "never_read"];
+
+/// Held-out success of every evaluated stage (its first family) by total episode tokens
+/// (x: log2 of the bucket's bound), by fact position and by distractor density (x: log2 of
+/// the bucket's bound; −1 for none).
+fn long_context(inputs: &Inputs) -> Chart {
+    let mut tokens = Vec::new();
+    let mut position = Vec::new();
+    let mut density = Vec::new();
+    let stages = inputs
+        .eval
+        .iter()
+        .map(|(stage, file)| (stage.label(), file))
+        .chain(inputs.arm_evals.iter().map(|(s, f)| (s.as_str(), f)));
+    for (label, file) in stages {
+        let Some(f) = file.families.first() else {
+            continue;
+        };
+        let log2 = |b: &EvalBucket| b.up_to.map(|u| if u > 0.0 { u.log2() } else { -1.0 });
+        let points = |buckets: &[EvalBucket]| -> Vec<(f64, Option<f64>)> {
+            buckets
+                .iter()
+                .filter_map(|b| Some((log2(b)?, b.rate())))
+                .collect()
+        };
+        tokens.push(Series {
+            label: label.into(),
+            points: points(&f.by_tokens),
+        });
+        density.push(Series {
+            label: label.into(),
+            points: points(&f.by_density),
+        });
+        position.push(Series {
+            label: label.into(),
+            points: POSITIONS
+                .iter()
+                .enumerate()
+                .filter_map(|(i, p)| Some((i as f64, f.by_position.get(*p)?.rate())))
+                .collect(),
+        });
+    }
+    let rate_panel = |title: &str, x_label: &str, series: Vec<Series>| Panel {
+        title: title.into(),
+        x_label: x_label.into(),
+        y_label: "success".into(),
+        series,
+        y_range: Some((0.0, 1.0)),
+        step: false,
+    };
+    Chart {
+        file: "long_context.png",
+        title: "Long-context breakdowns",
+        caption: "Held-out success per stage: by the episode's total tokens over its segments \
+                  (log2 of the bucket's upper bound), by where it first read a needed fact \
+                  (0 beginning, 1 middle, 2 end, 3 never; thirds of the episode's tokens), and \
+                  by distractor lines per fact line (log2 of the bucket's upper bound, -1 none)."
+            .into(),
+        content: lines_or_none(
+            vec![
+                rate_panel("Success by episode tokens", "log2 tokens", tokens),
+                rate_panel("Success by fact position", "position", position),
+                rate_panel(
+                    "Success by distractor density",
+                    "log2 distractors per fact",
+                    density,
+                ),
+            ],
+            "no evaluation file holds a breakdown",
         ),
     }
 }

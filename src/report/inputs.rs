@@ -163,6 +163,42 @@ pub struct EvalFamily {
     /// Levels evaluated.
     #[serde(deserialize_with = "lenient")]
     pub levels: Vec<EvalLevel>,
+    /// Success by total episode tokens, in power-of-two buckets.
+    #[serde(deserialize_with = "lenient")]
+    pub by_tokens: Vec<EvalBucket>,
+    /// Success by where a needed fact was first read (`beginning`, `middle`, `end`,
+    /// `never_read`).
+    #[serde(deserialize_with = "lenient")]
+    pub by_position: BTreeMap<String, EvalBucket>,
+    /// Success by distractors per fact line, in power-of-two buckets (`up_to` 0: none).
+    #[serde(deserialize_with = "lenient")]
+    pub by_density: Vec<EvalBucket>,
+    /// The longest token bucket within 80% of the shortest's success.
+    #[serde(deserialize_with = "lenient")]
+    pub effective_length: Option<u64>,
+}
+
+/// Scored episodes and successes of one bucket of an evaluation breakdown.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+#[serde(default)]
+pub struct EvalBucket {
+    /// Exclusive upper bound of the bucket (absent for positions).
+    #[serde(deserialize_with = "lenient")]
+    pub up_to: Option<f64>,
+    /// Scored episodes.
+    #[serde(deserialize_with = "lenient")]
+    pub scored: Option<u64>,
+    /// Of those, successes.
+    #[serde(deserialize_with = "lenient")]
+    pub successes: Option<u64>,
+}
+
+impl EvalBucket {
+    /// Successes over scored episodes; `None` for an empty bucket.
+    pub fn rate(&self) -> Option<f64> {
+        let n = self.scored.filter(|&n| n > 0)?;
+        Some(self.successes.unwrap_or(0) as f64 / n as f64)
+    }
 }
 
 /// `eval/<stage>.json`.
@@ -274,6 +310,10 @@ pub struct RunInfo {
     /// The ablation's figures.
     #[serde(deserialize_with = "lenient")]
     pub ablation: Ablation,
+    /// Success at the frontier of every evaluated stage (`sft`, `rl`, `ablation-<arm>`), each
+    /// in its own window and fold.
+    #[serde(deserialize_with = "lenient")]
+    pub arms: BTreeMap<String, Option<f64>>,
     /// Goal targets.
     #[serde(deserialize_with = "lenient")]
     pub goals: GoalTargets,
@@ -349,6 +389,8 @@ pub struct Inputs {
     pub sft: Vec<SftStep>,
     /// `eval/<stage>.json` by stage.
     pub eval: BTreeMap<Stage, EvalFile>,
+    /// `eval/ablation-<arm>.json` of the ablation arms other than `grpo`, by stage name.
+    pub arm_evals: BTreeMap<String, EvalFile>,
     /// Inputs that are absent, one sentence each.
     pub missing: Vec<String>,
     /// Inputs that are present but partly unreadable, one sentence each.
@@ -442,6 +484,29 @@ impl Inputs {
                 Loaded::Invalid(e) => inputs
                     .missing
                     .push(format!("eval/{}.json is not valid JSON ({e})", stage.key())),
+            }
+        }
+        // The other ablation arms (`[run] ablation` as a table), each in its own file.
+        let arm_files = std::fs::read_dir(run_dir.join("eval"))
+            .map(|rd| rd.flatten().map(|e| e.path()).collect::<Vec<_>>())
+            .unwrap_or_default();
+        for path in arm_files {
+            let Some(stem) = path
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(".json"))
+                .filter(|s| s.starts_with("ablation-") && *s != Stage::AblationGrpo.key())
+            else {
+                continue;
+            };
+            match load_json::<EvalFile>(&path)? {
+                Loaded::Present(e) => {
+                    inputs.arm_evals.insert(stem.to_string(), e);
+                }
+                Loaded::Absent => {}
+                Loaded::Invalid(e) => inputs
+                    .missing
+                    .push(format!("eval/{stem}.json is not valid JSON ({e})")),
             }
         }
         Ok(inputs)
