@@ -3,8 +3,8 @@
 # arm trains without routing replay, the ablation with R3 (`[rl] router_replay = "rollout"`) on
 # a copy of the same SFT result, same seeds and budget. Both configs are configs/demo.toml
 # with only those settings changed, written into runs/demo-bf16.configs/. Compare the arms'
-# `mismatch` figures (metrics/metrics.jsonl) and held-out success (report.json, where the
-# ablation arm is listed as `ablation_grpo` whatever the ablation changes).
+# `mismatch` figures (metrics/metrics.jsonl) and held-out success (report.json: the arm `r3`
+# is the stage `ablation-r3` in its `arms`).
 #
 #   scripts/demo-bf16.sh                         # SFT, then RL as the demo's budget allows
 #   scripts/demo-bf16.sh DIR MINUTES             # RL from the SFT policy in DIR (e.g. a copy
@@ -23,14 +23,14 @@ if [ -n "$from" ]; then
   esac
   [ -n "$rl_minutes" ] || { echo "give the RL minutes per arm after the policy folder" >&2; exit 2; }
 fi
-rm -rf runs/demo-bf16 runs/demo-bf16-ablation "$out"
+rm -rf runs/demo-bf16 runs/demo-bf16-ablation-r3 "$out"
 mkdir -p "$out"
 init=()
 if [ -n "$from" ]; then
   init=(-e "s|^# init = .*|init = \"$(realpath "$from")\"|" -e 's/^sft = true .*/sft = false/')
 fi
 sed "${init[@]}" -e 's/^run_name = "demo" .*/run_name = "demo-bf16"/' \
-    -e "s|^ablation = .*|ablation = \"$out/demo-bf16-r3.toml\"|" \
+    -e "s|^ablation = .*|ablation = { r3 = \"$out/demo-bf16-r3.toml\" }|" \
     -e 's/^\[run\].*/[run]\nactor_dtype = "bf16"/' \
     configs/demo.toml > "$out/demo-bf16.toml"
 sed -e 's/^run_name = .*/run_name = "demo-bf16-r3"/' \
@@ -44,8 +44,8 @@ if [ -n "$rl_minutes" ]; then
 else
   "$corvid" run --config "$out/demo-bf16.toml"
 fi
-# `corvid run` trains the ablation in a copy of the SFT run folder, runs/demo-bf16-ablation.
-for arm in demo-bf16 demo-bf16-ablation; do
+# `corvid run` trains the arm `r3` in a copy of the SFT run folder, runs/demo-bf16-ablation-r3.
+for arm in demo-bf16 demo-bf16-ablation-r3; do
   echo "== $arm: mean mismatch over its updates that trained"
   python3 - "runs/$arm/metrics/metrics.jsonl" <<'PY'
 import json, sys

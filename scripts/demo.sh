@@ -9,7 +9,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 corvid="$root/target/release/corvid"
 # The demo owns these folders; a previous demo's are replaced.
-rm -rf runs/demo runs/demo-ablation
+rm -rf runs/demo runs/demo-ablation-grpo
 # `corvid run` sets OMP_WAIT_POLICY per process (ACTIVE for SFT alone, PASSIVE while the
 # learner and actors share the cores; see BENCHMARKS.md, Model) unless it is set here.
 start=$(date +%s)

@@ -64,6 +64,14 @@ pub fn run(args: ReportArgs) -> Result<ExitCode> {
         pct(h.ablation.step_level),
         pct(h.ablation.trajectory_grpo)
     )?;
+    if !h.arms.is_empty() {
+        let arms: Vec<String> = h
+            .arms
+            .iter()
+            .map(|(stage, s)| format!("{stage} {}", pct(*s)))
+            .collect();
+        writeln!(out, "every arm at the frontier: {}", arms.join(", "))?;
+    }
     for g in &s.goals {
         let word = match (g.met, g.measured) {
             (true, _) => "MET",

@@ -4,6 +4,8 @@
 //! Where each comes from, and what it falls back to, is listed in the [`super`] overview. Each
 //! figure that cannot be read adds one sentence to the report's `missing`.
 
+use std::collections::BTreeMap;
+
 use serde::Serialize;
 
 use super::inputs::{Ablation, Inputs, RunInfo, Stage, Update};
@@ -32,6 +34,9 @@ pub struct Headline {
     pub success: StageSuccess,
     /// Success at the frontier of the two credit-assignment variants.
     pub ablation: Ablation,
+    /// Success at the frontier of every evaluated stage but the random policy's, ablation arms
+    /// included (`run.json`'s `arms`; empty without a frontier or in a run.json from before).
+    pub arms: BTreeMap<String, Option<f64>>,
 }
 
 /// The main family and its frontier level, when the inputs name them.
@@ -85,6 +90,7 @@ pub(super) fn headline(
         frontier_tokens_ratio_vs_level1: tokens_ratio,
         success,
         ablation,
+        arms: run.arms.clone(),
     }
 }
 

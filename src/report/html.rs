@@ -95,6 +95,21 @@ pub fn render(r: &Report) -> String {
         rate(hl.ablation.trajectory_grpo),
     );
 
+    let usual = ["sft", "rl", "ablation-grpo"];
+    if hl.arms.keys().any(|k| !usual.contains(&k.as_str())) {
+        // Arms beside SFT, RL and the GRPO ablation: each in its own window and fold.
+        let arms: Vec<String> = hl
+            .arms
+            .iter()
+            .map(|(stage, s)| format!("{} <b>{}</b>", esc(stage), rate(*s)))
+            .collect();
+        let _ = writeln!(
+            h,
+            "<p>Every arm at the frontier, each evaluated in its own window and fold: {}.</p>",
+            arms.join(", ")
+        );
+    }
+
     goals_table(&mut h, &r.goals);
 
     if !r.missing.is_empty() {

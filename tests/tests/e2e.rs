@@ -227,7 +227,7 @@ fn corvid_run_refuses_an_existing_ablation_folder_before_training() {
     let with_ablation = format!("{CONFIG}\n[run]\nablation = \"ablation.toml\"\n");
     std::fs::write(d.join("main.toml"), with_ablation).expect("config");
     std::fs::write(d.join("ablation.toml"), CONFIG).expect("ablation config");
-    std::fs::create_dir_all(d.join("runs/t-ablation")).expect("ablation folder");
+    std::fs::create_dir_all(d.join("runs/t-ablation-grpo")).expect("ablation folder");
     let out = Command::new(corvid())
         .args(["run", "--config", "main.toml", "--name", "t"])
         .current_dir(d)
@@ -236,7 +236,7 @@ fn corvid_run_refuses_an_existing_ablation_folder_before_training() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "corvid run went ahead: {stderr}");
     assert!(
-        stderr.contains("runs/t-ablation exists") && stderr.contains("--no-ablation"),
+        stderr.contains("runs/t-ablation-grpo exists") && stderr.contains("--no-ablation"),
         "{stderr}"
     );
     // Nothing ran: no SFT checkpoint, not even the run folder.

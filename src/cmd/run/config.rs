@@ -33,6 +33,9 @@ pub struct RunSection {
     pub run_minutes: f64,
     /// Minutes kept for evaluation and the report when `run_minutes` is set. Default 2.5.
     pub eval_reserve_minutes: f64,
+    /// The report's goal for the whole run's minutes (0: the report's default, 20, the
+    /// demo's). Default 0.
+    pub goal_minutes: f64,
     /// Family evaluated on held-out seeds. Default `hops`.
     pub eval_family: String,
     /// Levels evaluated, `A..B`; `corvid run` extends `B` up to the higher of the arms' final
@@ -46,9 +49,15 @@ pub struct RunSection {
     pub eval_max_new_tokens: u32,
     /// Stages evaluated at once (each on one libtorch thread). Default 2.
     pub eval_workers: usize,
-    /// Another learner config trained on a copy of the SFT result for the same budget, for
-    /// the ablation (empty = none). Default empty.
-    pub ablation: String,
+    /// Evaluate the random initial policy too (false: the report lists it as not
+    /// evaluated; its episodes run to the turn limit, the costliest stage). Default true.
+    pub eval_random: bool,
+    /// The ablation arms: other learner configs, each trained on a copy of the SFT result for
+    /// the same budget and evaluated as stage `ablation-<arm>`. One path is the arm `grpo`
+    /// (trajectory GRPO against the main arm's step-level credit); a table names each arm,
+    /// e.g. `{ grpo = "configs/long-grpo.toml", drop = "configs/long-drop.toml" }`. Default
+    /// none.
+    pub ablation: Ablations,
     /// Most minutes to wait for SFT before giving up. Default 30.
     pub sft_timeout_minutes: f64,
 }
@@ -62,14 +71,89 @@ impl Default for RunSection {
             rl_minutes: 8.0,
             run_minutes: 0.0,
             eval_reserve_minutes: 2.5,
+            goal_minutes: 0.0,
             eval_family: "hops".into(),
             eval_levels: "1..4".into(),
             eval_episodes: 200,
             eval_concurrency: 64,
             eval_max_new_tokens: 160,
             eval_workers: 2,
-            ablation: String::new(),
+            eval_random: true,
+            ablation: Ablations::default(),
             sft_timeout_minutes: 30.0,
+        }
+    }
+}
+
+/// `[run] ablation`: one learner config (the arm `grpo`) or a table of named arms.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Ablations {
+    /// One config: the trajectory-GRPO arm; empty means no ablation.
+    One(String),
+    /// Arm name → what the arm trains with.
+    Named(std::collections::BTreeMap<String, ArmSpec>),
+}
+
+/// What an ablation arm trains with.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum ArmSpec {
+    /// Another learner config file.
+    Config(String),
+    /// The main config with these fields changed, e.g. `{ rl = { advantage = "grpo" } }`:
+    /// tables merge field by field, anything else replaces.
+    Overrides(toml::Table),
+}
+
+impl Default for Ablations {
+    fn default() -> Self {
+        Self::One(String::new())
+    }
+}
+
+/// The arm name a single `[run] ablation` path gets.
+pub const GRPO_ARM: &str = "grpo";
+
+impl Ablations {
+    /// The arms, (name, spec), in name order.
+    pub fn arms(&self) -> Vec<(String, ArmSpec)> {
+        match self {
+            Self::One(p) if p.is_empty() => Vec::new(),
+            Self::One(p) => vec![(GRPO_ARM.to_string(), ArmSpec::Config(p.clone()))],
+            Self::Named(m) => m.iter().map(|(n, a)| (n.clone(), a.clone())).collect(),
+        }
+    }
+
+    /// Refuses an arm whose name cannot name a stage and a run folder, or with no config.
+    fn validate(&self) -> Result<()> {
+        for (name, spec) in self.arms() {
+            let ok = !name.is_empty()
+                && name.len() <= 32
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+            if !ok {
+                bail!(
+                    "[run] ablation: arm name {name:?} must be 1-32 lowercase letters, digits or '-'"
+                );
+            }
+            if matches!(&spec, ArmSpec::Config(p) if p.is_empty()) {
+                bail!("[run] ablation: arm {name:?} names no config file");
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Merges `over` into `base`: a table merges field by field, any other value replaces.
+pub(super) fn merge_toml(base: &mut toml::Table, over: &toml::Table) {
+    for (k, v) in over {
+        match (base.get_mut(k), v) {
+            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge_toml(b, o),
+            _ => {
+                base.insert(k.clone(), v.clone());
+            }
         }
     }
 }
@@ -93,6 +177,7 @@ impl RunSection {
         for (field, minutes) in [
             ("run_minutes", self.run_minutes),
             ("eval_reserve_minutes", self.eval_reserve_minutes),
+            ("goal_minutes", self.goal_minutes),
         ] {
             if !(minutes.is_finite() && (0.0..=MAX_PHASE_MINUTES).contains(&minutes)) {
                 bail!("[run] {field} = {minutes}: must be a number of minutes in [0, {MAX_PHASE_MINUTES}]");
@@ -112,6 +197,7 @@ impl RunSection {
         }
         crate::cmd::eval::parse_levels(&self.eval_levels)
             .map_err(|e| anyhow::anyhow!("[run] eval_levels: {e}"))?;
+        self.ablation.validate()?;
         if !["", "fp32", "bf16"].contains(&self.actor_dtype.as_str()) {
             bail!(
                 "[run] actor_dtype = {:?}: must be \"fp32\", \"bf16\" or left out",
@@ -226,30 +312,42 @@ pub(super) fn write_learner_config(
     Ok((path, cfg))
 }
 
-/// The learner part of the ablation config, read once before anything runs and checked:
-/// the ablation resumes a copy of the SFT run, whose curriculum has the main config's task
-/// levels; its learner would refuse other levels, and an arm that never trains would be
-/// evaluated as the SFT policy under the ablation's name.
+/// The learner part of an ablation arm, read once before anything runs and checked: another
+/// config file, or the main config's table (`main`) with the arm's fields changed. The arm
+/// resumes a copy of the SFT run, whose curriculum has the main config's task levels; its
+/// learner would refuse other levels, and an arm that never trains would be evaluated as the
+/// SFT policy under the arm's name.
 pub(super) fn read_ablation_config(
     main: &LearnerConfig,
-    main_path: &Path,
-    ablation: &Path,
-) -> Result<toml::Table> {
-    let (table, _) = split_config(ablation)
-        .with_context(|| format!("[run] ablation = {:?}", ablation.display().to_string()))?;
+    (main_path, main_table): (&Path, &toml::Table),
+    spec: &ArmSpec,
+) -> Result<(toml::Table, corvid_learner::config::ContextSection)> {
+    let (table, source) = match spec {
+        ArmSpec::Config(path) => {
+            let (table, _) = split_config(Path::new(path))?;
+            (table, path.clone())
+        }
+        ArmSpec::Overrides(over) => {
+            let mut table = main_table.clone();
+            merge_toml(&mut table, over);
+            (
+                table,
+                format!("{} with the arm's fields", main_path.display()),
+            )
+        }
+    };
     let text = toml::to_string_pretty(&table).context("reading the ablation config")?;
-    let other = LearnerConfig::from_toml(&text)
-        .with_context(|| format!("{}: the learner part", ablation.display()))?;
+    let other =
+        LearnerConfig::from_toml(&text).with_context(|| format!("{source}: the learner part"))?;
     let (a, b) = (main.family_levels()?, other.family_levels()?);
     if a != b {
         bail!(
-            "the ablation config {} trains task levels {b:?} but {} trains {a:?}; the two arms \
-             must share [tasks]",
-            ablation.display(),
+            "the ablation config {source} trains task levels {b:?} but {} trains {a:?}; the \
+             arms must share [tasks]",
             main_path.display()
         );
     }
-    Ok(table)
+    Ok((table, other.rollout.context))
 }
 
 /// Whether the run folder holds a run checkpoint (`ckpt/<update>/`).
@@ -278,8 +376,9 @@ pub(super) fn latest_checkpoint(run_dir: &Path) -> Option<PathBuf> {
 /// One RL arm: a learner on its own run folder and loopback port, with its actors.
 #[derive(Debug, Clone)]
 pub(super) struct Arm {
-    /// `rl` or `ablation`: the prefix of its progress lines and log files.
-    pub label: &'static str,
+    /// `rl`, or `ablation-<arm>`: the prefix of its progress lines and log files, and the
+    /// stage its policy is evaluated as.
+    pub label: String,
     /// The learner config written into `dir`.
     pub learner_cfg: PathBuf,
     pub port: u16,
@@ -288,6 +387,18 @@ pub(super) struct Arm {
     /// The tokenizer folder its actors read (`--tokenizer`): the `[model] hf` folder of a
     /// run in the model's own format; none for the byte layout.
     pub tokenizer: Option<PathBuf>,
+    /// Its `[rollout.context]`: the window and fold its policy is evaluated in, as its actors
+    /// ran.
+    pub context: corvid_learner::config::ContextSection,
+}
+
+/// An ablation arm before it runs: its name, its learner table, and its folder
+/// `runs/<name>-ablation-<arm>` (not yet made).
+pub(super) struct PlannedArm {
+    pub name: String,
+    pub table: toml::Table,
+    pub dir: PathBuf,
+    pub context: corvid_learner::config::ContextSection,
 }
 
 /// Everything read and checked before the first phase; the main arm's run folder exists and
@@ -300,9 +411,8 @@ pub(super) struct RunPlan {
     pub cfg: LearnerConfig,
     pub run: RunSection,
     pub model: ModelConfig,
-    /// The ablation's learner table and its folder `runs/<name>-ablation` (not yet made),
-    /// when the ablation runs.
-    pub ablation: Option<(toml::Table, PathBuf)>,
+    /// The ablation arms that run, in name order.
+    pub ablation: Vec<PlannedArm>,
 }
 
 impl RunPlan {
@@ -335,20 +445,27 @@ impl RunPlan {
                 run_dir.display()
             );
         }
-        // The ablation arm copies the SFT run into its own folder; an existing one is refused
+        // Each ablation arm copies the SFT run into its own folder; an existing one is refused
         // now, not after SFT has run.
-        let with_ablation = !args.no_ablation && !run.ablation.is_empty();
-        let ablation_dir = PathBuf::from("runs").join(format!("{name}-ablation"));
-        if with_ablation && ablation_dir.exists() {
-            bail!(
-                "{} exists; remove it or run with --no-ablation",
-                ablation_dir.display()
-            );
+        let arms = if args.no_ablation {
+            Vec::new()
+        } else {
+            run.ablation.arms()
+        };
+        for (arm, _) in &arms {
+            let dir = ablation_dir(&name, arm);
+            if dir.exists() {
+                bail!(
+                    "{} exists; remove it or run with --no-ablation",
+                    dir.display()
+                );
+            }
         }
         check_model_init(&table, &run_dir, &args.config)?;
         std::fs::create_dir_all(&run_dir)
             .with_context(|| format!("creating {}", run_dir.display()))?;
         let port = free_port()?;
+        let main_table = table.clone();
         let (learner_cfg, cfg) = write_learner_config(table, &run_dir, port, &name)?;
         run.validate_family(&cfg.families()?)
             .with_context(|| format!("{}", args.config.display()))?;
@@ -365,12 +482,31 @@ impl RunPlan {
                 run.eval_max_new_tokens
             );
         }
-        let ablation = if with_ablation {
-            let table = read_ablation_config(&cfg, &args.config, Path::new(&run.ablation))?;
-            Some((table, ablation_dir))
-        } else {
-            None
-        };
+        let mut ablation = Vec::with_capacity(arms.len());
+        for (arm, spec) in arms {
+            let (table, context) = read_ablation_config(&cfg, (&args.config, &main_table), &spec)
+                .with_context(|| format!("[run] ablation arm {arm:?}"))?;
+            let path = match &spec {
+                ArmSpec::Config(p) => PathBuf::from(p),
+                ArmSpec::Overrides(_) => args.config.clone(),
+            };
+            if let Some((field, value, why)) = context
+                .assignment()
+                .and_then(|c| c.unfit(run.eval_max_new_tokens))
+            {
+                bail!(
+                    "{}: [rollout.context] {field} = {value}: with [run] eval_max_new_tokens = {}, expected {why}",
+                    path.display(),
+                    run.eval_max_new_tokens
+                );
+            }
+            ablation.push(PlannedArm {
+                dir: ablation_dir(&name, &arm),
+                name: arm,
+                table,
+                context,
+            });
+        }
         let model = cfg.model.resolve()?;
         let model_json = run_dir.join("model.json");
         std::fs::write(&model_json, serde_json::to_string_pretty(&model)?)
@@ -382,11 +518,12 @@ impl RunPlan {
         }
         let tokenizer = format.chat_format().and(cfg.model.hf.clone());
         let main = Arm {
-            label: "rl",
+            label: "rl".into(),
             learner_cfg,
             port,
             dir: run_dir,
             tokenizer,
+            context: cfg.rollout.context.clone(),
         };
         Ok(Self {
             name,
@@ -402,6 +539,11 @@ impl RunPlan {
     pub(super) fn run_dir(&self) -> &Path {
         &self.main.dir
     }
+}
+
+/// The folder of ablation arm `arm` of run `name`: `runs/<name>-ablation-<arm>`.
+pub(super) fn ablation_dir(name: &str, arm: &str) -> PathBuf {
+    PathBuf::from("runs").join(format!("{name}-ablation-{arm}"))
 }
 
 /// Refuses a `[model] init` that is not a policy folder. A fresh run starts from it; one that

@@ -1,5 +1,5 @@
 //! Phase 4 of `corvid run`: every stage's policy (the random initialisation, the SFT
-//! reference, the RL result and the ablation's) on held-out seeds, in this process, and the
+//! reference, the RL result and each ablation arm's) on held-out seeds, in this process, and the
 //! headline figures `run.json` takes from the results.
 //!
 //! The work is one job per stage and level, taken from a queue by `eval_workers` threads,
@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
+use corvid_learner::config::ContextSection;
 use corvid_learner::trainer::build_model;
 use corvid_model::{checkpoint, ModelConfig};
 use corvid_store::TrajectoryStore;
@@ -45,7 +46,7 @@ pub(super) fn eval_levels(
 /// earlier evaluation's store is moved to.
 pub(super) fn evaluate(
     plan: &RunPlan,
-    ablation: Option<&Arm>,
+    ablation: &[Arm],
     (first, last): (u32, u32),
     started_unix_ms: u64,
 ) -> Result<BTreeMap<String, EvalResult>> {
@@ -58,7 +59,7 @@ pub(super) fn evaluate(
         })
     });
     let stages = stages(plan, ablation)?;
-    for (stage, _) in &stages {
+    for (stage, _, _) in &stages {
         eprintln!(
             "[eval] {stage}: {} held-out episodes per level of {} {first}..{last}",
             run.eval_episodes, run.eval_family
@@ -67,7 +68,15 @@ pub(super) fn evaluate(
     let store_dir = run_dir.join("eval").join("store");
     move_earlier_store_aside(&store_dir, started_unix_ms)?;
     let store = open_store(&store_dir)?;
-    let queue = Mutex::new(eval_jobs(&stages, (first, last)).into_iter());
+    let plain: Vec<(String, PathBuf)> = stages
+        .iter()
+        .map(|(stage, ck, _)| (stage.clone(), ck.clone()))
+        .collect();
+    let contexts: BTreeMap<&str, &ContextSection> = stages
+        .iter()
+        .map(|(stage, _, context)| (stage.as_str(), *context))
+        .collect();
+    let queue = Mutex::new(eval_jobs(&plain, (first, last)).into_iter());
     let results = Mutex::new(Vec::new());
     std::thread::scope(|scope| {
         for _ in 0..run.eval_workers.max(1) {
@@ -80,7 +89,7 @@ pub(super) fn evaluate(
                     (run_dir, run),
                     eval_pack.cloned(),
                     plan.cfg.model.tool_call_format.clone(),
-                    &plan.cfg.rollout.context,
+                    contexts[job.stage.as_str()],
                     store.clone(),
                 );
                 results.lock().expect("eval results").push((job.stage, r));
@@ -103,25 +112,35 @@ pub(super) fn evaluate(
     Ok(evals)
 }
 
-/// The stages to evaluate, (name, checkpoint): the random initialisation (saved now to
-/// `eval/random-init/`), the SFT reference, and each arm's newest checkpoint if it has one.
-fn stages(plan: &RunPlan, ablation: Option<&Arm>) -> Result<Vec<(String, PathBuf)>> {
+/// The stages to evaluate, (name, checkpoint, window and fold): the random initialisation
+/// (saved now to `eval/random-init/`, unless `[run] eval_random` is false), the SFT reference, and each arm's newest checkpoint if
+/// it has one. An ablation arm is evaluated in its own `[rollout.context]`, the others in the
+/// main config's.
+fn stages<'a>(
+    plan: &'a RunPlan,
+    ablation: &'a [Arm],
+) -> Result<Vec<(String, PathBuf, &'a ContextSection)>> {
     let run_dir = plan.run_dir();
     let random_dir = run_dir.join("eval").join("random-init");
     match &plan.cfg.model.hf {
+        _ if !plan.run.eval_random => {}
         // A run from a Hugging Face model starts from its weights: they are the baseline.
         Some(hf) => save_starting_weights(hf, &random_dir)?,
         None => save_random_init(&plan.model, plan.cfg.seed, &random_dir)?,
     }
-    let mut stages: Vec<(String, PathBuf)> = vec![
-        (RANDOM_STAGE.into(), random_dir),
-        ("sft".into(), run_dir.join("ref")),
-    ];
-    if let Some(ck) = latest_checkpoint(run_dir) {
-        stages.push(("rl".into(), ck));
+    let main = &plan.main.context;
+    let mut stages = Vec::new();
+    if plan.run.eval_random {
+        stages.push((RANDOM_STAGE.to_string(), random_dir, main));
     }
-    if let Some(ck) = ablation.and_then(|arm| latest_checkpoint(&arm.dir)) {
-        stages.push(("ablation-grpo".into(), ck));
+    stages.push(("sft".to_string(), run_dir.join("ref"), main));
+    if let Some(ck) = latest_checkpoint(run_dir) {
+        stages.push(("rl".into(), ck, main));
+    }
+    for arm in ablation {
+        if let Some(ck) = latest_checkpoint(&arm.dir) {
+            stages.push((arm.label.clone(), ck, &arm.context));
+        }
     }
     Ok(stages)
 }
@@ -184,7 +203,7 @@ fn eval_job(
     (run_dir, run): (&Path, &RunSection),
     pack: Option<PathBuf>,
     run_tool_call_format: Option<String>,
-    context: &corvid_learner::config::ContextSection,
+    context: &ContextSection,
     store: Arc<TrajectoryStore>,
 ) -> Result<EvalResult> {
     let args = EvalArgs {
@@ -316,6 +335,22 @@ pub(super) fn ablation_figures(
                 .and_then(|r| success_at(r, level)),
         ),
     ])
+}
+
+/// Success at the main run's final `frontier` level of every evaluated stage but the random
+/// policy's (`sft`, `rl`, `ablation-<arm>`); empty without a frontier.
+pub(super) fn arm_figures(
+    evals: &BTreeMap<String, EvalResult>,
+    frontier: Option<u32>,
+) -> BTreeMap<String, Option<f64>> {
+    let Some(level) = frontier else {
+        return BTreeMap::new();
+    };
+    evals
+        .iter()
+        .filter(|(stage, _)| stage.as_str() != RANDOM_STAGE)
+        .map(|(stage, r)| (stage.clone(), success_at(r, level)))
+        .collect()
 }
 
 /// The oracle's tokens per level of `family` (the instance of seed 0), for the report.

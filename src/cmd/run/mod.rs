@@ -5,17 +5,18 @@
 //!
 //! 1. **SFT**: `corvid learner` on the run folder with no actors; once the SFT reference
 //!    (`ref/`) and its checkpoint exist, it is stopped with SIGTERM (it checkpoints and exits).
-//! 2. **Ablation copy**: when the config names an ablation config, the stopped run folder is
-//!    copied to `runs/<name>-ablation/`, so both RL runs start from the same SFT weights.
+//! 2. **Ablation copies**: for each ablation arm the config names, the stopped run folder is
+//!    copied to `runs/<name>-ablation-<arm>/`, so every RL arm starts from the same SFT weights.
 //! 3. **RL**: `corvid learner --resume` and K `corvid actor`s, for `rl_minutes` of wall time
 //!    (or until the learner reaches `schedule.max_updates`); one progress line per update.
 //!    With `run_minutes` set, each arm instead gets what is left of that budget after SFT,
 //!    less `eval_reserve_minutes`, shared between the arms and capped at `rl_minutes`
 //!    ([`config::rl_minutes_within`]): a slower machine's longer SFT leaves RL less, a faster one's more.
 //!    Then the actors get SIGTERM (they finish or abandon their episodes, nothing is lost),
-//!    then the learner (it checkpoints). The ablation runs the same way on its copy.
+//!    then the learner (it checkpoints). Each ablation arm runs the same way on its copy.
 //! 4. **Evaluation** in this process on held-out seeds: the random initial policy, the SFT
-//!    reference, the RL result (and the ablation's), `eval/<stage>.json`, episodes stored
+//!    reference, the RL result (and each ablation arm's, in its own window and fold),
+//!    `eval/<stage>.json`, episodes stored
 //!    in `eval/store`. The random policy is one initialisation drawn with the config's
 //!    `seed` and saved to `eval/random-init/`, so every level evaluates the same weights.
 //!    `eval_workers` threads take one job per stage and level from a queue (the random
@@ -59,10 +60,11 @@ mod tests;
   corvid report --run-dir runs/demo          rebuild the report of a finished or interrupted run
 
 The config is a learner config (see configs/demo.toml) plus a [run] table:
-  actors, actor_concurrency, rl_minutes, run_minutes, eval_reserve_minutes, sft_timeout_minutes,
-  eval_family, eval_levels, eval_episodes, eval_concurrency, eval_max_new_tokens, eval_workers,
+  actors, actor_concurrency, rl_minutes, run_minutes, eval_reserve_minutes, goal_minutes,
+  sft_timeout_minutes,
+  eval_family, eval_levels, eval_episodes, eval_concurrency, eval_max_new_tokens, eval_workers, eval_random,
   ablation (another learner config, e.g. configs/demo-grpo.toml, trained on a copy of the SFT
-  result for the same budget).
+  result for the same budget; or a table of named arms, as configs/long.toml).
 Output: runs/<name>/ with learner.log, actor-<i>.log, store/, ckpt/, ref/, metrics/, eval/,
 run.json, report.json, report.html and PNG plots. Ctrl-C stops training cleanly (with a
 checkpoint) and still evaluates and reports; a second Ctrl-C skips evaluation.")]
@@ -98,8 +100,22 @@ struct RunRecord {
     level_tokens: BTreeMap<String, BTreeMap<String, usize>>,
     ablation: BTreeMap<String, Option<f64>>,
     ablation_frontier_level: BTreeMap<String, u32>,
+    /// Success at the main arm's frontier of every evaluated stage (`sft`, `rl`,
+    /// `ablation-<arm>`), each in its own window and fold.
+    arms: BTreeMap<String, Option<f64>>,
+    /// Each ablation arm's final frontier (label → family → level).
+    arm_frontier_level: BTreeMap<String, BTreeMap<String, u32>>,
+    /// Goal targets the report checks instead of its defaults.
+    goals: Goals,
     /// `[sft] heldout_loss_target`, so the report can say whether SFT reached it.
     sft_heldout_loss_target: Option<f64>,
+}
+
+/// `run.json`'s `goals`: the whole run's minutes, when `[run] goal_minutes` sets them.
+#[derive(Debug, Clone, Serialize)]
+struct Goals {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    max_minutes: Option<f64>,
 }
 
 impl RunRecord {
@@ -123,30 +139,37 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     let sft_s = phases::sft(&plan, &stop)?;
     stages.insert("sft_s".to_string(), sft_s);
 
-    // 2. Ablation copy
+    // 2. Ablation copies
     let ablation = phases::copy_for_ablation(&plan)?;
 
-    // 3. RL, the main arm then the ablation's
-    let arms = 1 + u32::from(ablation.is_some());
+    // 3. RL, the main arm then the ablation arms
+    let arms = 1 + ablation.len() as u32;
     plan.run
         .fit_rl_budget(started.elapsed().as_secs_f64() / 60.0, arms);
-    let rl = phases::rl(&plan, ablation.as_ref(), &stop)?;
+    let rl = phases::rl(&plan, &ablation, &stop)?;
     stages.insert("rl_s".to_string(), rl.main.seconds);
-    if let Some(a) = &rl.ablation {
-        stages.insert("ablation_rl_s".to_string(), a.seconds);
+    for (label, a) in &rl.ablation {
+        stages.insert(format!("{label}_rl_s"), a.seconds);
     }
-    let ablation_frontier = rl.ablation.map(|a| a.frontier).unwrap_or_default();
+    let arm_frontiers: BTreeMap<String, BTreeMap<String, u32>> = rl
+        .ablation
+        .iter()
+        .map(|(label, a)| (label.clone(), a.frontier.clone()))
+        .collect();
 
     // 4. Evaluation, skipped after a second interrupt
     let t_eval = Instant::now();
     let family = &plan.run.eval_family;
-    let levels = evaluate::eval_levels(
-        &plan.run.eval_levels,
-        family,
-        &[&rl.main.frontier, &ablation_frontier],
-    )?;
+    let mut frontiers = vec![&rl.main.frontier];
+    frontiers.extend(arm_frontiers.values());
+    let levels = evaluate::eval_levels(&plan.run.eval_levels, family, &frontiers)?;
+    // Only the arms that trained: an arm an interrupt skipped holds just the SFT checkpoint.
+    let trained: Vec<config::Arm> = ablation
+        .into_iter()
+        .filter(|a| arm_frontiers.contains_key(&a.label))
+        .collect();
     let evals = if stop.load(Ordering::SeqCst) < 2 {
-        evaluate::evaluate(&plan, ablation.as_ref(), levels, started_unix_ms)?
+        evaluate::evaluate(&plan, &trained, levels, started_unix_ms)?
     } else {
         BTreeMap::new()
     };
@@ -166,7 +189,15 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         level_tokens,
         ablation: evaluate::ablation_figures(&evals, frontier),
         frontier_level: rl.main.frontier,
-        ablation_frontier_level: ablation_frontier,
+        ablation_frontier_level: arm_frontiers
+            .get(&format!("ablation-{}", config::GRPO_ARM))
+            .cloned()
+            .unwrap_or_default(),
+        arms: evaluate::arm_figures(&evals, frontier),
+        arm_frontier_level: arm_frontiers,
+        goals: Goals {
+            max_minutes: (plan.run.goal_minutes > 0.0).then_some(plan.run.goal_minutes),
+        },
         sft_heldout_loss_target: plan.cfg.sft.heldout_loss_target,
     };
     record.write(plan.run_dir())?;

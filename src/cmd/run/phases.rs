@@ -130,24 +130,31 @@ pub(super) fn sft_progress_line(
     )
 }
 
-/// Phase 2: when the ablation runs, copies the stopped SFT run into the ablation's folder,
-/// so both RL arms start from the same SFT weights, and writes the ablation's learner config
-/// there. Returns the ablation arm.
-pub(super) fn copy_for_ablation(plan: &RunPlan) -> Result<Option<Arm>> {
-    let Some((table, dir)) = &plan.ablation else {
-        return Ok(None);
-    };
-    copy_dir(plan.run_dir(), dir)?;
-    let port = free_port()?;
-    let (learner_cfg, _) =
-        write_learner_config(table.clone(), dir, port, &format!("{}-ablation", plan.name))?;
-    Ok(Some(Arm {
-        label: "ablation",
-        learner_cfg,
-        port,
-        dir: dir.clone(),
-        tokenizer: plan.main.tokenizer.clone(),
-    }))
+/// Phase 2: copies the stopped SFT run into each ablation arm's folder, so every RL arm
+/// starts from the same SFT weights, and writes the arm's learner config there. Returns the
+/// arms, in name order.
+pub(super) fn copy_for_ablation(plan: &RunPlan) -> Result<Vec<Arm>> {
+    let mut arms = Vec::with_capacity(plan.ablation.len());
+    for planned in &plan.ablation {
+        copy_dir(plan.run_dir(), &planned.dir)?;
+        let port = free_port()?;
+        let label = format!("ablation-{}", planned.name);
+        let (learner_cfg, _) = write_learner_config(
+            planned.table.clone(),
+            &planned.dir,
+            port,
+            &format!("{}-{label}", plan.name),
+        )?;
+        arms.push(Arm {
+            label,
+            learner_cfg,
+            port,
+            dir: planned.dir.clone(),
+            tokenizer: plan.main.tokenizer.clone(),
+            context: planned.context.clone(),
+        });
+    }
+    Ok(arms)
 }
 
 fn copy_dir(from: &Path, to: &Path) -> Result<()> {
@@ -174,30 +181,35 @@ pub(super) struct RlOutcome {
     pub frontier: BTreeMap<String, u32>,
 }
 
-/// What phase 3 left behind: the main arm's outcome, and the ablation's when it ran.
+/// What phase 3 left behind: the main arm's outcome, and each ablation arm's that ran, by
+/// label.
 pub(super) struct RlOutcomes {
     pub main: RlOutcome,
-    pub ablation: Option<RlOutcome>,
+    pub ablation: Vec<(String, RlOutcome)>,
 }
 
-/// Phase 3: the main RL arm, then the ablation arm (unless interrupted), for the RL budget
+/// Phase 3: the main RL arm, then each ablation arm (until interrupted), for the RL budget
 /// each.
-pub(super) fn rl(plan: &RunPlan, ablation: Option<&Arm>, stop: &AtomicU32) -> Result<RlOutcomes> {
+pub(super) fn rl(plan: &RunPlan, ablation: &[Arm], stop: &AtomicU32) -> Result<RlOutcomes> {
     let packs = &plan.cfg.tasks.packs;
     let main = rl_phase(&plan.main, &plan.run, packs, stop)?;
-    let ablation = match ablation {
-        Some(arm) if stop.load(Ordering::SeqCst) == 0 => {
-            Some(rl_phase(arm, &plan.run, packs, stop)?)
+    let mut outcomes = Vec::with_capacity(ablation.len());
+    for arm in ablation {
+        if stop.load(Ordering::SeqCst) != 0 {
+            break;
         }
-        _ => None,
-    };
-    Ok(RlOutcomes { main, ablation })
+        outcomes.push((arm.label.clone(), rl_phase(arm, &plan.run, packs, stop)?));
+    }
+    Ok(RlOutcomes {
+        main,
+        ablation: outcomes,
+    })
 }
 
 /// One RL arm: the learner resumes after SFT, K actors roll out, for the RL budget.
 fn rl_phase(arm: &Arm, run: &RunSection, packs: &[PathBuf], stop: &AtomicU32) -> Result<RlOutcome> {
     let t = Instant::now();
-    let (label, run_dir) = (arm.label, &arm.dir);
+    let (label, run_dir) = (arm.label.as_str(), &arm.dir);
     eprintln!(
         "[{label}] learner + {} actors x {} episodes, {} minutes (logs in {})",
         run.actors,
@@ -269,7 +281,7 @@ fn rl_phase(arm: &Arm, run: &RunSection, packs: &[PathBuf], stop: &AtomicU32) ->
 /// learner for the first time in RL); the actors need it.
 fn wait_for_token(arm: &Arm, learner: &mut ChildProcess, learner_log: &Path) -> Result<PathBuf> {
     let token = arm.dir.join("token");
-    let label = arm.label;
+    let label = &arm.label;
     let waiting = Instant::now();
     while !token.exists() {
         if let Some(status) = learner.exit_status() {
@@ -296,7 +308,7 @@ fn spawn_actors(
     packs: &[PathBuf],
     token: &Path,
 ) -> Result<Vec<ChildProcess>> {
-    let (label, run_dir) = (arm.label, &arm.dir);
+    let (label, run_dir) = (arm.label.as_str(), &arm.dir);
     let url = format!("http://127.0.0.1:{}", arm.port);
     let mut actors = Vec::new();
     for i in 0..run.actors {

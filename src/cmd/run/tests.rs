@@ -5,6 +5,7 @@ mod config {
     use std::path::Path;
 
     use corvid_learner::config::LearnerConfig;
+    use corvid_proto::Fold;
 
     use super::super::config::*;
 
@@ -96,12 +97,64 @@ mod config {
         std::fs::write(&same, config(3)).unwrap();
         std::fs::write(&other, config(5)).unwrap();
         let main_path = Path::new("demo.toml");
-        read_ablation_config(&main, main_path, &same).unwrap();
-        let err = read_ablation_config(&main, main_path, &other)
+        let main_table: toml::Table = config(3).parse().unwrap();
+        let file = |p: &Path| ArmSpec::Config(p.display().to_string());
+        read_ablation_config(&main, (main_path, &main_table), &file(&same)).unwrap();
+        let err = read_ablation_config(&main, (main_path, &main_table), &file(&other))
             .unwrap_err()
             .to_string();
         assert!(
             err.contains("other.toml") && err.contains("must share [tasks]"),
+            "{err}"
+        );
+        // An arm of overrides that changes the levels is refused the same way.
+        let over: toml::Table = "tasks = { max_levels = { hops = 5 } }".parse().unwrap();
+        let err = read_ablation_config(&main, (main_path, &main_table), &ArmSpec::Overrides(over))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("demo.toml with the arm's fields") && err.contains("must share [tasks]"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_arm_of_overrides_is_the_main_config_with_those_fields_changed() {
+        let text = "[tasks]\nfamilies = [\"hops\"]\n[rl]\nadvantage = \"step\"\nkl_coef = 0.05\n\
+                    [rollout.context]\nwindow_tokens = 768\nfold = \"notes\"\nmemory_tokens = 64\n";
+        let main = LearnerConfig::from_toml(text).unwrap();
+        let main_table: toml::Table = text.parse().unwrap();
+        let run: RunSection = toml::from_str(
+            "ablation = { grpo = { rl = { advantage = \"grpo\" } }, \
+             drop = { rollout = { context = { fold = \"drop_tool_output\" } } }, \
+             other = \"configs/demo-grpo.toml\" }",
+        )
+        .unwrap();
+        run.validate().unwrap();
+        let arms = run.ablation.arms();
+        let names: Vec<&str> = arms.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["drop", "grpo", "other"]);
+        assert_eq!(arms[2].1, ArmSpec::Config("configs/demo-grpo.toml".into()));
+        let main_path = Path::new("long.toml");
+        let (grpo, context) =
+            read_ablation_config(&main, (main_path, &main_table), &arms[1].1).unwrap();
+        assert_eq!(grpo["rl"]["advantage"].as_str(), Some("grpo"));
+        // Fields the arm leaves alone stay the main config's, the window and fold included.
+        assert_eq!(grpo["rl"]["kl_coef"].as_float(), Some(0.05));
+        assert_eq!((context.window_tokens, context.fold), (768, Fold::Notes));
+        let (_, context) =
+            read_ablation_config(&main, (main_path, &main_table), &arms[0].1).unwrap();
+        assert_eq!(
+            (context.window_tokens, context.fold, context.memory_tokens),
+            (768, Fold::DropToolOutput, 64)
+        );
+        // One path is the arm `grpo`, as before; a name that cannot name a folder is refused.
+        let one: RunSection = toml::from_str("ablation = \"configs/demo-grpo.toml\"").unwrap();
+        assert_eq!(one.ablation.arms()[0].0, GRPO_ARM);
+        let bad: RunSection = toml::from_str("ablation = { \"Drop Arm\" = \"x.toml\" }").unwrap();
+        let err = bad.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("\"Drop Arm\"") && err.contains("lowercase"),
             "{err}"
         );
     }
@@ -348,6 +401,8 @@ mod evaluate {
                         scored: 20,
                         successes: 2 * level as usize,
                     }],
+                    by_position: BTreeMap::new(),
+                    by_density: Vec::new(),
                 }],
             )],
             wall_s,
