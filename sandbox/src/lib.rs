@@ -81,6 +81,7 @@ mod engine;
 mod error;
 pub mod limits;
 mod output;
+pub mod python;
 mod sandbox;
 mod search;
 mod tools;
@@ -90,6 +91,7 @@ mod workspace;
 pub use corvid_proto::{ToolCall, ToolResult, ToolStatus};
 pub use error::SandboxError;
 pub use limits::{Limits, Quota};
+pub use python::PythonRuntime;
 pub use sandbox::{
     CustomTool, EpisodeTool, Sandbox, SandboxBuilder, ToolOutput, EXIT_CRASHED, EXIT_KILLED,
 };

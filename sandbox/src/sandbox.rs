@@ -9,9 +9,10 @@ use corvid_proto::{ToolCall, ToolResult, ToolStatus};
 use serde_json::Value;
 use wasmtime::InstancePre;
 
-use crate::engine::{RawRun, RunEnd, ToolState, WasmHost, TOOLBOX_WASM};
+use crate::engine::{RawRun, RunEnd, RunSetup, ToolState, WasmHost, TOOLBOX_WASM};
 use crate::limits::{Limits, DEFAULT_POOL_SLOTS, MAX_CUSTOM_MODULE_BYTES, MAX_STDIN_BYTES};
 use crate::output::{inert, redact, truncate};
+use crate::python::{precompiled, PythonRuntime, PRELUDE, PYTHON_ENV, PYTHON_MODULE_SHA256};
 use crate::search::SearchIndex;
 use crate::tools::{self, builtin_specs, custom_params, refuse, Refusal, ToolKind, ToolSpec};
 use crate::watch::Watcher;
@@ -117,6 +118,7 @@ pub struct SandboxBuilder {
     custom: Vec<CustomTool>,
     pool_slots: Option<u32>,
     search_tool: bool,
+    python: Option<PythonRuntime>,
 }
 
 impl SandboxBuilder {
@@ -146,6 +148,13 @@ impl SandboxBuilder {
         self
     }
 
+    /// Enables the `python` tool with this interpreter (its module is checked and compiled,
+    /// or loaded precompiled, when the sandbox is built).
+    pub fn python(mut self, runtime: PythonRuntime) -> Self {
+        self.python = Some(runtime);
+        self
+    }
+
     /// Wasm instances alive at once (default [`DEFAULT_POOL_SLOTS`]); more
     /// concurrent calls wait for a slot.
     pub fn pool_slots(mut self, n: u32) -> Self {
@@ -161,6 +170,22 @@ impl SandboxBuilder {
         let host = WasmHost::new(slots)?;
         let toolbox = host.prepare("toolbox", TOOLBOX_WASM)?;
         let mut specs = builtin_specs(self.search.is_some() || self.search_tool);
+        let python = match self.python {
+            Some(rt) => {
+                rt.limits.validate()?;
+                let module = precompiled(&host.engine, &rt.path, PYTHON_MODULE_SHA256)?;
+                let pre = host.prepare_module("python", &module)?;
+                // Before `answer`, which stays last.
+                specs.insert(specs.len() - 1, tools::python_spec());
+                Some(PreparedTool {
+                    name: "python".into(),
+                    pre,
+                    limits: rt.limits,
+                    writable: true,
+                })
+            }
+            None => None,
+        };
         let mut custom = Vec::new();
         for t in self.custom {
             check_custom(&t, |n| specs.iter().any(|s| s.name == n))?;
@@ -187,6 +212,7 @@ impl SandboxBuilder {
             inner: Arc::new(Inner {
                 host,
                 toolbox,
+                python,
                 shell_limits,
                 custom,
                 specs,
@@ -208,6 +234,7 @@ struct PreparedTool {
 struct Inner {
     // `host` last: its Drop joins the ticker after the modules are gone.
     toolbox: InstancePre<ToolState>,
+    python: Option<PreparedTool>,
     custom: Vec<PreparedTool>,
     shell_limits: Limits,
     specs: Vec<ToolSpec>,
@@ -386,7 +413,7 @@ impl Sandbox {
                 ws.answer = Some(args.str("answer").unwrap_or_default().to_string());
                 Some(Ok("answer recorded".into()))
             }
-            ToolKind::Shell | ToolKind::Custom(_) | ToolKind::Episode => None,
+            ToolKind::Shell | ToolKind::Python | ToolKind::Custom(_) | ToolKind::Episode => None,
         };
         if let Some(r) = host {
             let mut o = match r {
@@ -420,7 +447,51 @@ impl Sandbox {
             }
             return o;
         }
+        let mut env: &[(&str, &str)] = &[];
+        let mut tmp = None;
         let (pre, argv, stdin, limits, writable) = match spec.kind {
+            ToolKind::Python => {
+                let Some(py) = &self.inner.python else {
+                    return infra_output(name, "python is declared but not prepared".into(), start);
+                };
+                let (mode, target) = match (args.str("code"), args.str("path")) {
+                    (Some(code), None) => ("code", code),
+                    (None, Some(path)) => ("path", path),
+                    _ => {
+                        return refusal_output(
+                            name,
+                            refuse(
+                                ToolStatus::InvalidCall,
+                                "give exactly one of `code` (a program) or `path` (a script in the workspace)",
+                            ),
+                            start,
+                        )
+                    }
+                };
+                let mut argv = vec![
+                    "python".to_string(),
+                    "-c".into(),
+                    PRELUDE.into(),
+                    mode.into(),
+                    target.to_string(),
+                ];
+                argv.extend(args.list("args"));
+                if argv.iter().any(|a| a.contains('\0')) {
+                    return refusal_output(
+                        name,
+                        refuse(ToolStatus::InvalidCall, "an argument contains a NUL byte"),
+                        start,
+                    );
+                }
+                match ws.scratch_dir() {
+                    Ok(dir) => tmp = Some(dir.to_path_buf()),
+                    Err(e) => return infra_output(name, e.to_string(), start),
+                }
+                env = &PYTHON_ENV;
+                let stdin = args.str("stdin").unwrap_or_default().as_bytes();
+                let stdin = stdin[..stdin.len().min(MAX_STDIN_BYTES)].to_vec();
+                (&py.pre, argv, stdin, py.limits, py.writable)
+            }
             ToolKind::Shell => {
                 let cmd = args.str("command").unwrap_or_default();
                 if cmd.contains('\0') {
@@ -475,11 +546,13 @@ impl Sandbox {
             }
             _ => return infra_output(name, "a host tool reached the wasm path".into(), start),
         };
-        let raw = match self
-            .inner
-            .host
-            .run(pre, ws, &argv, stdin, &limits, writable)
-        {
+        let setup = RunSetup {
+            limits: &limits,
+            workspace_writable: writable,
+            env,
+            tmp: tmp.as_deref(),
+        };
+        let raw = match self.inner.host.run(pre, ws, &argv, stdin, &setup) {
             Ok(raw) => raw,
             Err(e) => return infra_output(name, e.to_string(), start),
         };
@@ -518,6 +591,12 @@ fn host_paths(ws: &Workspace) -> Vec<(String, String)> {
         ws.ws_host.to_string_lossy().into_owned(),
         "/workspace".to_string(),
     )];
+    if let Some(tmp) = &ws.scratch {
+        v.push((
+            tmp.path().to_string_lossy().into_owned(),
+            "/tmp".to_string(),
+        ));
+    }
     for m in &ws.mounts {
         v.push((
             m.host.to_string_lossy().into_owned(),

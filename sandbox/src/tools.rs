@@ -52,6 +52,8 @@ pub(crate) enum ToolKind {
     ListDir,
     Search,
     Answer,
+    /// CPython for WASI ([`crate::PythonRuntime`]).
+    Python,
     Custom(usize),
     /// A tool attached to the calling workspace ([`crate::EpisodeTool`]).
     Episode,
@@ -185,6 +187,25 @@ pub(crate) fn builtin_specs(with_search: bool) -> Vec<ToolSpec> {
         kind: ToolKind::Answer,
     });
     v
+}
+
+/// The `python` tool's declaration.
+pub(crate) fn python_spec() -> ToolSpec {
+    ToolSpec {
+        name: "python".into(),
+        description: "Run Python 3.12 in /workspace (the working directory, and on sys.path): `code`, a \
+                      program, or `path`, a script in the workspace, with `args`. Standard library only; \
+                      /tmp is scratch space; no network, no subprocesses. Prints stdout, then stderr (a \
+                      traceback on an error)."
+            .into(),
+        params: vec![
+            p("code", Ty::Str, false, MAX_COMMAND_BYTES as u64 * 4, "The program to run."),
+            p("path", Ty::Str, false, MAX_PATH_BYTES as u64, "A script to run instead."),
+            p("args", Ty::StrList, false, MAX_TOOL_ARGS_BYTES as u64, "Its command-line arguments (sys.argv[1:])."),
+            p("stdin", Ty::Str, false, MAX_STDIN_BYTES as u64, "Text given on standard input."),
+        ],
+        kind: ToolKind::Python,
+    }
 }
 
 /// Parameters of every custom WASI tool.

@@ -172,6 +172,8 @@ pub struct Workspace {
     pub(crate) watch: Option<crate::watch::Registration>,
     /// Custom tools attached to this workspace only (a task pack's tools).
     pub(crate) tools: Vec<crate::sandbox::EpisodeTool>,
+    /// The `python` tool's `/tmp`, made at its first call and removed on drop.
+    pub(crate) scratch: Option<tempfile::TempDir>,
     /// The temp directory we created (removed on drop); `None` when attached.
     _root: Option<tempfile::TempDir>,
 }
@@ -240,6 +242,26 @@ fn materialise(dir: &Dir, files: &BTreeMap<String, Vec<u8>>) -> Result<(), Sandb
 }
 
 impl Workspace {
+    /// The host folder a guest sees as `/tmp`, made on first use: scratch space of this
+    /// episode's alone, outside the workspace (so outside its snapshot and quota), removed
+    /// with it.
+    pub(crate) fn scratch_dir(&mut self) -> Result<&Path, SandboxError> {
+        if self.scratch.is_none() {
+            let parent = self.ws_host.parent().filter(|_| self._root.is_some());
+            let dir = match parent {
+                Some(p) => tempfile::Builder::new().prefix("tmp-").tempdir_in(p),
+                None => tempfile::Builder::new().prefix("corvid-tmp-").tempdir(),
+            }
+            .map_err(|e| SandboxError::io("create_tempdir", "/tmp", e))?;
+            self.scratch = Some(dir);
+        }
+        Ok(self
+            .scratch
+            .as_ref()
+            .map(|d| d.path())
+            .unwrap_or(Path::new("")))
+    }
+
     /// Materialises a workspace (and its mounts) from a spec.
     pub fn create(spec: WorkspaceSpec) -> Result<Self, SandboxError> {
         let spec_bytes: u64 = spec.files.values().map(|b| b.len() as u64).sum();
@@ -307,6 +329,7 @@ impl Workspace {
             search: None,
             watch: None,
             tools: Vec::new(),
+            scratch: None,
             _root: Some(root),
         })
     }
@@ -359,6 +382,7 @@ impl Workspace {
             search: None,
             watch: None,
             tools: Vec::new(),
+            scratch: None,
             _root: None,
         })
     }

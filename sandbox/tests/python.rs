@@ -1,0 +1,354 @@
+//! The `python` tool: CPython 3.12 for WASI (the runtime `make` fetches) runs programs and
+//! scripts in the workspace, prints tracebacks as a user sees them, runs unittest, and stays
+//! contained: every hostile case ends in a tool result, and the next call still works.
+
+use std::sync::OnceLock;
+
+use corvid_proto::ToolStatus;
+use corvid_sandbox::python::bootstrap_module_path;
+use corvid_sandbox::{Entry, PythonRuntime, Sandbox, ToolOutput, Workspace, WorkspaceSpec};
+use serde_json::json;
+
+/// One sandbox with the `python` tool per test binary (compiling the interpreter is the
+/// expensive part; later builds load it precompiled).
+fn sandbox() -> &'static Sandbox {
+    static S: OnceLock<Sandbox> = OnceLock::new();
+    S.get_or_init(|| {
+        let path = bootstrap_module_path();
+        assert!(
+            path.is_file(),
+            "{} is missing: run `make` (scripts/bootstrap.sh, step 6: the sandbox's runtime files \
+             from PyPI) first",
+            path.display()
+        );
+        Sandbox::builder()
+            .python(PythonRuntime::open(path))
+            .build()
+            .expect("a sandbox with python builds")
+    })
+}
+
+fn ws(files: &[(&str, &str)]) -> Workspace {
+    Workspace::create(WorkspaceSpec::with_files(
+        files
+            .iter()
+            .map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())),
+    ))
+    .expect("workspace")
+}
+
+fn py(ws: &mut Workspace, args: serde_json::Value) -> ToolOutput {
+    sandbox().call(ws, "python", &args.to_string())
+}
+
+fn code(ws: &mut Workspace, src: &str) -> ToolOutput {
+    py(ws, json!({ "code": src }))
+}
+
+/// Every hostile case ends here: the same workspace runs a program again.
+fn assert_alive(ws: &mut Workspace) {
+    let o = code(ws, "print('alive')");
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert_eq!(o.text, "alive\n");
+}
+
+#[test]
+fn a_program_runs_in_the_workspace_with_it_on_sys_path() {
+    let mut w = ws(&[
+        ("data.csv", "city,n\nOslo,3\nLima,4\nOslo,5\n"),
+        (
+            "helpers.py",
+            "def total(rows):\n    return sum(int(r[1]) for r in rows)\n",
+        ),
+    ]);
+    let o = code(
+        &mut w,
+        "import csv, os, helpers\n\
+         rows = [r for r in csv.reader(open('data.csv'))][1:]\n\
+         print(os.getcwd(), helpers.total([r for r in rows if r[0] == 'Oslo']))",
+    );
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert_eq!(o.text, "/workspace 8\n");
+    assert!(sandbox().tool_names().contains(&"python"));
+}
+
+#[test]
+fn a_script_runs_with_its_arguments_and_writes_the_workspace() {
+    let mut w = ws(&[(
+        "tools/count.py",
+        "import sys\nn = len(open(sys.argv[1]).read().split())\nopen('out.txt', 'w').write(str(n))\nprint(sys.argv)\n",
+    )]);
+    std::fs::write(w.host_path().join("words.txt"), "a b c d").expect("write");
+    let o = py(
+        &mut w,
+        json!({"path": "tools/count.py", "args": ["words.txt"]}),
+    );
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert_eq!(o.text, "['tools/count.py', 'words.txt']\n");
+    assert_eq!(w.read("out.txt").expect("written"), b"4");
+    // Standard input reaches the program.
+    let o = py(
+        &mut w,
+        json!({"code": "import sys; print(sys.stdin.read().upper())", "stdin": "hi"}),
+    );
+    assert_eq!(o.text, "HI\n", "{}", o.text);
+}
+
+#[test]
+fn an_error_prints_the_traceback_a_user_sees() {
+    let mut w = ws(&[("lib.py", "def half(x):\n    return x / 0\n")]);
+    let o = code(&mut w, "import lib\nprint('before')\nlib.half(3)");
+    assert_eq!(o.result.status, ToolStatus::ExitNonzero, "{}", o.text);
+    assert_eq!(o.result.exit_code, 1);
+    assert!(
+        o.text
+            .starts_with("before\nTraceback (most recent call last):\n"),
+        "{}",
+        o.text
+    );
+    assert!(
+        o.text.contains("File \"<code>\", line 3, in <module>"),
+        "{}",
+        o.text
+    );
+    assert!(
+        o.text.contains("/workspace/lib.py\", line 2, in half"),
+        "{}",
+        o.text
+    );
+    assert!(
+        o.text.contains("ZeroDivisionError: division by zero"),
+        "{}",
+        o.text
+    );
+    // The prelude that runs the caller's code is not part of it.
+    assert!(
+        !o.text.contains("<string>") && !o.text.contains("runpy"),
+        "{}",
+        o.text
+    );
+    // A syntax error is reported the same way, and sys.exit keeps its code.
+    let o = code(&mut w, "def f(:\n  pass");
+    assert!(o.text.contains("SyntaxError"), "{}", o.text);
+    let o = code(&mut w, "import sys; sys.exit(3)");
+    assert_eq!(
+        (o.result.status, o.result.exit_code),
+        (ToolStatus::ExitNonzero, 3)
+    );
+    assert_alive(&mut w);
+}
+
+#[test]
+fn unittest_runs_and_reports_a_failure() {
+    let mut w = ws(&[
+        ("calc.py", "def add(a, b):\n    return a - b\n"),
+        (
+            "test_calc.py",
+            "import unittest\nimport calc\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(calc.add(2, 2), 4)\n    def test_zero(self):\n        self.assertEqual(calc.add(0, 0), 0)\n\nif __name__ == '__main__':\n    unittest.main()\n",
+        ),
+    ]);
+    let o = py(&mut w, json!({"path": "test_calc.py"}));
+    assert_eq!(o.result.status, ToolStatus::ExitNonzero, "{}", o.text);
+    assert!(o.text.contains("FAILED (failures=1)"), "{}", o.text);
+    assert!(o.text.contains("AssertionError: 0 != 4"), "{}", o.text);
+    std::fs::write(
+        w.host_path().join("calc.py"),
+        "def add(a, b):\n    return a + b\n",
+    )
+    .expect("fix");
+    let o = code(
+        &mut w,
+        "import unittest; unittest.main(module='test_calc', argv=['t'])",
+    );
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert!(
+        o.text.contains("Ran 2 tests") && o.text.contains("\nOK\n"),
+        "{}",
+        o.text
+    );
+}
+
+#[test]
+fn tmp_is_scratch_space_outside_the_workspace() {
+    let mut w = ws(&[]);
+    let o = code(
+        &mut w,
+        "open('/tmp/s.txt', 'w').write('x' * 10)\nprint(len(open('/tmp/s.txt').read()))",
+    );
+    assert_eq!(o.text, "10\n", "{}", o.text);
+    // Kept for the episode's later calls, never part of its workspace.
+    assert_eq!(
+        code(&mut w, "print(open('/tmp/s.txt').read())").text,
+        "xxxxxxxxxx\n"
+    );
+    assert!(w.snapshot().expect("snapshot").entries.is_empty());
+}
+
+#[test]
+fn the_host_is_out_of_reach() {
+    let mut w = ws(&[]);
+    // Host files by absolute path and by traversal.
+    let o = code(
+        &mut w,
+        "import os\n\
+         for p in ['/etc/passwd', '../../etc/passwd', '/workspace/../etc/hostname', '/proc/self/environ']:\n\
+         \x20   try:\n\
+         \x20       open(p).read(); print('READ', p)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('refused', type(e).__name__)\n\
+         print(os.listdir('.'))",
+    );
+    assert!(!o.text.contains("READ"), "{}", o.text);
+    assert_eq!(o.text.matches("refused").count(), 4, "{}", o.text);
+    assert!(o.text.ends_with("\n[]\n"), "{}", o.text);
+    // The environment is the sandbox's own, nothing of the host's.
+    let o = code(&mut w, "import os; print(sorted(os.environ))");
+    assert_eq!(
+        o.text,
+        "['HOME', 'LANG', 'PWD', 'PYTHONDONTWRITEBYTECODE', 'PYTHONHASHSEED', 'PYTHONIOENCODING', 'PYTHONUTF8']\n"
+    );
+    // No sockets, no DNS, no processes, no threads.
+    let o = code(
+        &mut w,
+        "import os\n\
+         def attempt(name, f):\n\
+         \x20   try:\n\
+         \x20       f(); print('RAN', name)\n\
+         \x20   except Exception as e:\n\
+         \x20       print('refused', name)\n\
+         def sock():\n\
+         \x20   import socket; socket.create_connection(('93.184.216.34', 80), timeout=1)\n\
+         def dns():\n\
+         \x20   import socket; socket.gethostbyname('example.com')\n\
+         def sub():\n\
+         \x20   import subprocess; subprocess.run(['ls'])\n\
+         def system():\n\
+         \x20   assert os.system('ls') == 0\n\
+         def fork():\n\
+         \x20   os.fork()\n\
+         def thread():\n\
+         \x20   import threading; t = threading.Thread(target=print); t.start(); t.join()\n\
+         for n, f in [('socket', sock), ('dns', dns), ('subprocess', sub), ('system', system), ('fork', fork), ('thread', thread)]:\n\
+         \x20   attempt(n, f)",
+    );
+    assert!(!o.text.contains("RAN"), "{}", o.text);
+    assert_eq!(o.text.matches("refused").count(), 6, "{}", o.text);
+    assert_alive(&mut w);
+}
+
+#[test]
+fn a_symlink_the_guest_plants_is_never_followed_by_the_host() {
+    let mut w = ws(&[]);
+    let o = code(
+        &mut w,
+        "import os\n\
+         for name, target in [('abs', '/etc/passwd'), ('up', '../../../../etc/passwd')]:\n\
+         \x20   try:\n\
+         \x20       os.symlink(target, name); print('made', name)\n\
+         \x20   except OSError as e:\n\
+         \x20       print('refused', name)",
+    );
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    for name in ["abs", "up"] {
+        // Whether or not the guest could make it, the host reads nothing through it.
+        let r = sandbox().call(&mut w, "read_file", &json!({ "path": name }).to_string());
+        assert_ne!(r.result.status, ToolStatus::Ok, "{name}: {}", r.text);
+        assert!(!r.text.contains("root:"), "{}", r.text);
+        assert!(w.read(name).is_err(), "the host followed {name}");
+        // A snapshot lists it as a link, never as the file it points at.
+        let snap = w.snapshot().expect("snapshot");
+        assert!(
+            matches!(snap.entries.get(name), None | Some(Entry::Symlink(_))),
+            "{name}: {:?}",
+            snap.entries.get(name)
+        );
+    }
+    assert_alive(&mut w);
+}
+
+#[test]
+fn runaway_programs_end_as_tool_errors() {
+    let mut w = ws(&[]);
+    let cases = [
+        // An infinite loop: fuel or the deadline.
+        (
+            "while True: pass",
+            &[ToolStatus::ComputeBudget, ToolStatus::Timeout][..],
+        ),
+        // Past the memory cap: CPython's MemoryError, or the limiter.
+        (
+            "x = bytearray(1 << 30)\nprint(len(x))",
+            &[ToolStatus::ExitNonzero, ToolStatus::MemoryLimit][..],
+        ),
+        // Deep recursion: Python's RecursionError, or the wasm stack.
+        (
+            "import sys\nsys.setrecursionlimit(1000000)\ndef f(n): return f(n + 1)\nf(0)",
+            &[ToolStatus::ExitNonzero, ToolStatus::MemoryLimit][..],
+        ),
+        // An output flood: the capture cap.
+        (
+            "while True: print('x' * 4096)",
+            &[
+                ToolStatus::OutputTruncated,
+                ToolStatus::ComputeBudget,
+                ToolStatus::Timeout,
+            ][..],
+        ),
+    ];
+    for (src, allowed) in cases {
+        let o = code(&mut w, src);
+        assert!(
+            allowed.contains(&o.result.status),
+            "{src:?}: {:?}: {}",
+            o.result.status,
+            &o.text[o.text.len().saturating_sub(400)..]
+        );
+        assert!(
+            o.text.len() <= 20_000,
+            "{src:?}: {} bytes shown",
+            o.text.len()
+        );
+        assert_alive(&mut w);
+    }
+}
+
+#[test]
+fn bad_arguments_are_refused_before_anything_runs() {
+    let mut w = ws(&[]);
+    for args in [
+        json!({}),
+        json!({"code": "print(1)", "path": "a.py"}),
+        json!({"code": 3}),
+    ] {
+        let o = py(&mut w, args.clone());
+        assert_eq!(
+            o.result.status,
+            ToolStatus::InvalidCall,
+            "{args}: {}",
+            o.text
+        );
+    }
+    // A script that does not exist is Python's own error.
+    let o = py(&mut w, json!({"path": "missing.py"}));
+    assert_eq!(o.result.status, ToolStatus::ExitNonzero, "{}", o.text);
+    assert!(o.text.contains("missing.py"), "{}", o.text);
+}
+
+#[test]
+fn another_module_is_refused_by_its_checksum() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = dir.path().join(corvid_sandbox::python::PYTHON_MODULE_FILE);
+    std::fs::write(&fake, corvid_sandbox::toolbox_wasm()).expect("write");
+    let err = Sandbox::builder()
+        .python(PythonRuntime::open(&fake))
+        .build()
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("sha256") && err.contains("expected"), "{err}");
+    let err = Sandbox::builder()
+        .python(PythonRuntime::open(dir.path().join("absent.wasm")))
+        .build()
+        .expect_err("refused")
+        .to_string();
+    assert!(err.contains("make") && err.contains("step 6"), "{err}");
+}
