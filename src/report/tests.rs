@@ -39,7 +39,15 @@ fn eval(stage: &str, rates: &[(&str, &[Option<f64>])]) -> Value {
                        "mean_tokens": 100.0 * (i + 1) as f64, "excluded": 0})
                 })
                 .collect();
-            json!({"family": family, "levels": levels})
+            // The family's breakdowns, as `corvid eval` writes them.
+            let scored = 200 * levels.len();
+            let half = json!({"scored": scored / 2, "successes": scored / 4});
+            json!({"family": family, "levels": levels,
+                   "by_tokens": [{"up_to": 256, "scored": scored / 2, "successes": scored / 4},
+                                 {"up_to": 1024, "scored": scored / 2, "successes": 0}],
+                   "by_position": {"beginning": half, "end": half},
+                   "by_density": [{"up_to": 0.0, "scored": scored, "successes": scored / 2}],
+                   "effective_length": 256})
         })
         .collect();
     json!({"stage": stage, "checkpoint": format!("ckpt/{stage}.safetensors"),
@@ -203,7 +211,7 @@ fn close(v: &Value, want: f64) -> bool {
     v.as_f64().is_some_and(|x| (x - want).abs() < 1e-9)
 }
 
-const ALL_CHARTS: [&str; 8] = [
+const ALL_CHARTS: [&str; 9] = [
     "reward_success.png",
     "frontier.png",
     "kl_entropy.png",
@@ -212,6 +220,7 @@ const ALL_CHARTS: [&str; 8] = [
     "expert_load.png",
     "routing_entropy.png",
     "sft_loss.png",
+    "long_context.png",
 ];
 
 #[test]
@@ -595,7 +604,17 @@ fn the_learners_metrics_give_every_figure_and_chart() {
         "metrics/metrics.jsonl",
         &metrics_nested(6, START_MS),
     );
+    // An ablation arm other than `grpo` is read from its own file.
+    put(
+        dir.path(),
+        "eval/ablation-drop.json",
+        &eval("ablation-drop", &[("hops", &[Some(0.0)])]).to_string(),
+    );
     let inputs = Inputs::read(dir.path()).unwrap();
+    assert_eq!(
+        inputs.arm_evals.keys().collect::<Vec<_>>(),
+        ["ablation-drop"]
+    );
     let u = &inputs.updates[2];
     assert_eq!(u.wall_s, Some(90.0), "unix_ms against run.json's start");
     assert_eq!(u.success_by_family_level()["hops"]["2"], Some(0.75));

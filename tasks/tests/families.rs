@@ -378,20 +378,26 @@ fn hops_distractor_values_are_rejected() {
 #[test]
 fn oracle_episodes_lengthen_geometrically_to_16_calls_and_8k_tokens() {
     for fam in builtin_families() {
+        // `recall` reads one file more and notes once (3 calls, ~515 tokens at level 1), and
+        // its files are a line or two: its top level is ~7.5K tokens (docs/tasks.md).
+        let (first_calls, first_tokens, top_tokens) = match fam.name() {
+            "recall" => (3, 600, 7000),
+            _ => (1, 450, 8192),
+        };
         let mut prev_tokens = 0;
         for level in 1..=fam.levels() {
             let t = fam.instance(level, 1).unwrap();
             let tokens = t.oracle_tokens();
             if level == 1 {
-                assert_eq!(t.oracle_calls(), 1, "{}", t.id);
-                assert!(tokens <= 450, "{}: {tokens} tokens", t.id);
+                assert_eq!(t.oracle_calls(), first_calls, "{}", t.id);
+                assert!(tokens <= first_tokens, "{}: {tokens} tokens", t.id);
             } else {
                 assert!(tokens > prev_tokens, "{}: {tokens} <= {prev_tokens}", t.id);
             }
             prev_tokens = tokens;
             if level == fam.levels() {
                 assert!(t.oracle_calls() >= 16, "{}", t.id);
-                assert!(tokens >= 8192, "{}: {tokens} tokens", t.id);
+                assert!(tokens >= top_tokens, "{}: {tokens} tokens", t.id);
             }
             assert!(t.oracle_tokens() as u32 <= t.context_budget);
             assert!((t.oracle_calls() as u32) < t.max_turns, "{}", t.id);
