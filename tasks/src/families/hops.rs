@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{filler, reading_instance, CHAIN_CALLS};
+use super::{filler, random_path, reading_instance, CHAIN_CALLS};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
 use crate::task::{check_level, FactLayout, TaskFamily, TaskInstance};
@@ -22,14 +22,6 @@ const DISTRACTORS: [usize; 8] = [1, 2, 3, 4, 6, 8, 10, 12];
 /// The `hops` family.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Hops;
-
-/// A random path like `k4/yixz.txt`: a letter and a digit, then 3–5 characters.
-fn random_path(rng: &mut SplitMix64) -> String {
-    let letter = (b'a' + rng.below(26) as u8) as char;
-    let digit = rng.below(10);
-    let len = rng.range(3, 5) as usize;
-    format!("{letter}{digit}/{}.txt", rng.word(len))
-}
 
 /// File text: filler lines with the marker line inserted at a random position.
 fn file_text(rng: &mut SplitMix64, marker: &str, filler_bytes: usize) -> String {

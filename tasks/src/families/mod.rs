@@ -126,6 +126,15 @@ impl<'a> PlanBuilder<'a> {
     }
 }
 
+/// A random path like `k4/yixz.txt`: a letter and a digit, then 3–5 characters (`hops` and
+/// `recall` chain files).
+pub(crate) fn random_path(rng: &mut crate::rng::SplitMix64) -> String {
+    let letter = (b'a' + rng.below(26) as u8) as char;
+    let digit = rng.below(10);
+    let len = rng.range(3, 5) as usize;
+    format!("{letter}{digit}/{}.txt", rng.word(len))
+}
+
 /// Filler text of about `bytes` bytes, in lines of a few pseudo-words, none of which
 /// contains `next:`, `value:` or an upper-case word (so it never collides with a marker).
 pub(crate) fn filler(rng: &mut crate::rng::SplitMix64, bytes: usize) -> Vec<String> {

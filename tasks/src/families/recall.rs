@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{reading_instance, LOG_PARTS, NOTES_PATH};
+use super::{random_path, reading_instance, LOG_PARTS, NOTES_PATH};
 use crate::error::TasksError;
 use crate::rng::SplitMix64;
 use crate::task::{check_level, FactLayout, TaskFamily, TaskInstance};
@@ -28,14 +28,6 @@ pub(crate) const DECOY_SHARE: [f64; 12] = [
 /// The `recall` family.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Recall;
-
-/// A random path like `k4/yixz.txt`: a letter and a digit, then 3–5 letters.
-fn random_path(rng: &mut SplitMix64) -> String {
-    let letter = (b'a' + rng.below(26) as u8) as char;
-    let digit = rng.below(10);
-    let len = rng.range(3, 5) as usize;
-    format!("{letter}{digit}/{}.txt", rng.word(len))
-}
 
 impl TaskFamily for Recall {
     fn name(&self) -> &str {
