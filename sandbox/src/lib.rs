@@ -19,7 +19,8 @@
 //! Tools: `shell` (the toolbox in `sandbox/toolbox`, a multi-call Rust
 //! program for `wasm32-wasip1` with a small shell and ~30 commands),
 //! `read_file`, `write_file`, `list_dir` (host side, cap-std), `search`
-//! (BM25, tantivy; only when an index is given) and `answer`.
+//! (BM25, tantivy; only when an index is given), `python` (CPython 3.12 for
+//! WASI, only when a [`PythonRuntime`] is given) and `answer`.
 //!
 //! ```
 //! use corvid_sandbox::{Sandbox, Workspace, WorkspaceSpec};
@@ -42,7 +43,8 @@
 //! tool call. **Contained** (each has a test in `sandbox/tests/`):
 //!
 //! - *Filesystem*: a guest sees only `/workspace` (read-write) and its
-//!   read-only mounts. `..`, absolute paths, symlinks planted by the host or
+//!   read-only mounts (a `python` call also its own empty `/tmp`, removed
+//!   when it ends). `..`, absolute paths, symlinks planted by the host or
 //!   created by the guest, trailing-slash tricks, and read-only bypasses
 //!   (`O_TRUNC`, hard link, rename, set-times) are refused by WASI
 //!   preopens; host-side tools and snapshots use cap-std and never follow a

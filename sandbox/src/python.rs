@@ -1,7 +1,7 @@
 //! The `python` tool: CPython 3.12 compiled for WASI, run like every other wasm tool (a fresh
 //! store per call, the pooled memory limit, fuel, the epoch deadline, the output caps), with
-//! `/workspace` as its working directory and on `sys.path`, a scratch `/tmp` of the episode's
-//! own, and an environment of its own. The interpreter is a runtime file, not a library: the
+//! `/workspace` as its working directory and on `sys.path`, a scratch `/tmp` of the call's
+//! own (gone when it ends), and an environment of its own. The interpreter is a runtime file, not a library: the
 //! bootstrap fetches it (`scripts/runtime_files.py`), and [`PythonRuntime::open`] loads it
 //! from a path; the sandbox compiles it once into a serialized module kept beside it.
 //!
@@ -60,7 +60,9 @@ pub struct PythonRuntime {
 }
 
 impl PythonRuntime {
-    /// The module at `path`, checked when the sandbox is built, with [`default_limits`].
+    /// The module at `path`, checked when the sandbox is built, with [`default_limits`]. Its
+    /// folder holds the compiled module the sandbox loads without checking its code, so it
+    /// must be one only this user writes (the bootstrap's runtime cache is).
     pub fn open(path: impl Into<PathBuf>) -> Self {
         Self {
             path: path.into(),
@@ -75,32 +77,35 @@ impl PythonRuntime {
 }
 
 /// The program `python -c` runs before the caller's: the workspace becomes the working
-/// directory and the first entry of `sys.path`; then `argv[1]` says what to run (`code` or
-/// `path`), `argv[2]` is the code or the script, the rest its arguments. A traceback starts
-/// at the caller's frame, as `python` itself prints it.
-pub(crate) const PRELUDE: &str = r#"import os, sys
+/// directory and the first entry of `sys.path` (a script's own folder before it, as
+/// `python script.py` does); then `argv[1]` says what to run (`code`, in a fresh `__main__`
+/// module, or `path`), `argv[2]` is the code or the script, the rest its arguments. Its own
+/// imports come before the workspace is on `sys.path`, so a workspace file cannot replace
+/// them. A traceback starts at the caller's frame, as `python` itself prints it.
+pub(crate) const PRELUDE: &str = r#"import os, sys, runpy, traceback, types
+_mode, _target = sys.argv[1], sys.argv[2]
 os.chdir("/workspace")
 sys.path.insert(0, "/workspace")
-_mode, _target = sys.argv[1], sys.argv[2]
 def _run():
     if _mode == "code":
         sys.argv = ["-c"] + sys.argv[3:]
-        _code = compile(_target, "<code>", "exec")
-        exec(_code, {"__name__": "__main__", "__builtins__": __builtins__})
+        main = types.ModuleType("__main__")
+        main.__builtins__ = __builtins__
+        sys.modules["__main__"] = main
+        exec(compile(_target, "<code>", "exec"), main.__dict__)
     else:
-        import runpy
+        sys.path.insert(0, os.path.dirname(os.path.abspath(_target)))
         sys.argv = [_target] + sys.argv[3:]
         runpy.run_path(_target, run_name="__main__")
+def _ours(tb):
+    f = tb.tb_frame.f_code.co_filename
+    return f in ("<string>", "<frozen runpy>", runpy.__file__)
 try:
     _run()
 except SystemExit:
     raise
 except BaseException as _e:
-    import traceback
     _tb = _e.__traceback__
-    def _ours(tb):
-        f = tb.tb_frame.f_code.co_filename
-        return f == "<string>" or f.startswith("<frozen") or f.endswith("runpy.py")
     while _tb is not None and _ours(_tb):
         _tb = _tb.tb_next
     traceback.print_exception(type(_e), _e, _tb)
@@ -118,11 +123,11 @@ pub(crate) const PYTHON_ENV: [(&str, &str); 4] = [
 ];
 
 /// The compiled module for `engine`: the bytes at `path` must hash to `sha256`; they are
-/// compiled once into `<path>.<engine key>.cwasm` beside them and deserialized from there
-/// afterwards. The serialized file is trusted as wasmtime's own output (deserializing runs
-/// no check of the code), so it must live where no guest writes: the runtime cache, never a
-/// workspace. One that this wasmtime cannot load (another version, other settings) is
-/// compiled again.
+/// compiled once into `<path>.<engine key>.cwasm` beside them (with its own sha256 in
+/// `.cwasm.sha256`) and deserialized from there afterwards. The serialized file is trusted as
+/// wasmtime's own output (deserializing runs no check of the code), so it must live where no
+/// guest writes: the runtime cache, never a workspace. One whose checksum does not match, or
+/// that this wasmtime cannot load (another version, other settings), is compiled again.
 pub(crate) fn precompiled(
     engine: &Engine,
     path: &Path,
@@ -144,20 +149,37 @@ pub(crate) fn precompiled(
     let mut h = DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
     let cwasm = path.with_extension(format!("{}.{:016x}.cwasm", &got[..16], h.finish()));
-    if cwasm.is_file() {
-        // SAFETY: the file is this function's own serialization of a module whose bytes
-        // were checked above, in a cache directory no guest can write.
-        if let Ok(m) = unsafe { Module::deserialize_file(engine, &cwasm) } {
-            return Ok(m);
+    let digest = cwasm.with_extension("cwasm.sha256");
+    if let (Ok(serialized), Ok(expected)) =
+        (std::fs::read(&cwasm), std::fs::read_to_string(&digest))
+    {
+        // A torn or altered file is compiled again rather than loaded.
+        if hex::encode(Sha256::digest(&serialized)) == expected.trim() {
+            // SAFETY: these bytes are this function's own serialization (their sha256 is the
+            // one written beside them) of a module whose bytes were checked above, in the
+            // runtime cache, which no guest can write.
+            if let Ok(m) = unsafe { Module::deserialize(engine, &serialized) } {
+                return Ok(m);
+            }
         }
     }
     let module = Module::new(engine, &bytes).map_err(|e| bad(e.to_string()))?;
     // The cache is an optimisation: a read-only runtime folder only costs the next start.
     if let Ok(serialized) = module.serialize() {
-        let tmp = cwasm.with_extension("cwasm.part");
-        if std::fs::write(&tmp, serialized).is_ok() {
-            let _ = std::fs::rename(&tmp, &cwasm);
-        }
+        let _ = write_atomically(&cwasm, &serialized).and_then(|()| {
+            write_atomically(&digest, hex::encode(Sha256::digest(&serialized)).as_bytes())
+        });
     }
     Ok(module)
+}
+
+/// Writes `bytes` to `path` through a fresh temporary file in its folder, synced, then renamed
+/// over it: a concurrent writer or a crash never leaves a torn file under the name.
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let mut tmp = tempfile::NamedTempFile::new_in(dir)?;
+    tmp.write_all(bytes)?;
+    tmp.as_file().sync_all()?;
+    tmp.persist(path).map(|_| ()).map_err(|e| e.error)
 }

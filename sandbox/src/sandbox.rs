@@ -375,7 +375,7 @@ impl Sandbox {
         args_json: &str,
         start: Instant,
     ) -> ToolOutput {
-        let host_paths = host_paths(ws);
+        let mut host_paths = host_paths(ws);
         let episode_tool = match self.inner.by_name.get(name) {
             Some(_) => None,
             None => ws.tools.iter().find(|t| t.name() == name).cloned(),
@@ -475,21 +475,22 @@ impl Sandbox {
                     mode.into(),
                     target.to_string(),
                 ];
-                argv.extend(args.list("args"));
-                if argv.iter().any(|a| a.contains('\0')) {
-                    return refusal_output(
-                        name,
-                        refuse(ToolStatus::InvalidCall, "an argument contains a NUL byte"),
-                        start,
-                    );
-                }
+                let stdin = match command_input(&mut argv, &args) {
+                    Ok(stdin) => stdin,
+                    Err(r) => return refusal_output(name, r, start),
+                };
                 match ws.scratch_dir() {
-                    Ok(dir) => tmp = Some(dir.to_path_buf()),
+                    Ok(dir) => {
+                        // Before the workspace root's own mapping, which holds it.
+                        host_paths.insert(
+                            0,
+                            (dir.path().to_string_lossy().into_owned(), "/tmp".into()),
+                        );
+                        tmp = Some(dir);
+                    }
                     Err(e) => return infra_output(name, e.to_string(), start),
                 }
                 env = &PYTHON_ENV;
-                let stdin = args.str("stdin").unwrap_or_default().as_bytes();
-                let stdin = stdin[..stdin.len().min(MAX_STDIN_BYTES)].to_vec();
                 (&py.pre, argv, stdin, py.limits, py.writable)
             }
             ToolKind::Shell => {
@@ -532,16 +533,10 @@ impl Sandbox {
                     }
                 };
                 let mut argv = vec![t.name.clone()];
-                argv.extend(args.list("args"));
-                if argv.iter().any(|a| a.contains('\0')) {
-                    return refusal_output(
-                        name,
-                        refuse(ToolStatus::InvalidCall, "an argument contains a NUL byte"),
-                        start,
-                    );
-                }
-                let stdin = args.str("stdin").unwrap_or_default().as_bytes();
-                let stdin = stdin[..stdin.len().min(MAX_STDIN_BYTES)].to_vec();
+                let stdin = match command_input(&mut argv, &args) {
+                    Ok(stdin) => stdin,
+                    Err(r) => return refusal_output(name, r, start),
+                };
                 (&t.pre, argv, stdin, t.limits, t.writable)
             }
             _ => return infra_output(name, "a host tool reached the wasm path".into(), start),
@@ -550,7 +545,7 @@ impl Sandbox {
             limits: &limits,
             workspace_writable: writable,
             env,
-            tmp: tmp.as_deref(),
+            tmp: tmp.as_ref().map(tempfile::TempDir::path),
         };
         let raw = match self.inner.host.run(pre, ws, &argv, stdin, &setup) {
             Ok(raw) => raw,
@@ -586,17 +581,25 @@ impl Sandbox {
     }
 }
 
+/// A wasm command's `args` appended to `argv` (refused when one holds a NUL byte) and its
+/// `stdin`, cut to [`MAX_STDIN_BYTES`].
+fn command_input(argv: &mut Vec<String>, args: &tools::Args) -> Result<Vec<u8>, Refusal> {
+    argv.extend(args.list("args"));
+    if argv.iter().any(|a| a.contains('\0')) {
+        return Err(refuse(
+            ToolStatus::InvalidCall,
+            "an argument contains a NUL byte",
+        ));
+    }
+    let stdin = args.str("stdin").unwrap_or_default().as_bytes();
+    Ok(stdin[..stdin.len().min(MAX_STDIN_BYTES)].to_vec())
+}
+
 fn host_paths(ws: &Workspace) -> Vec<(String, String)> {
     let mut v = vec![(
         ws.ws_host.to_string_lossy().into_owned(),
         "/workspace".to_string(),
     )];
-    if let Some(tmp) = &ws.scratch {
-        v.push((
-            tmp.path().to_string_lossy().into_owned(),
-            "/tmp".to_string(),
-        ));
-    }
     for m in &ws.mounts {
         v.push((
             m.host.to_string_lossy().into_owned(),

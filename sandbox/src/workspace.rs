@@ -34,7 +34,7 @@ pub enum MountSource {
 /// A read-only mount at `/<name>` in the guest.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mount {
-    /// Guest name: `[a-z0-9_-]{1,32}`, not `workspace`. Mounted at `/<name>`.
+    /// Guest name: `[a-z0-9_-]{1,32}`, not `workspace` or `tmp`. Mounted at `/<name>`.
     pub name: String,
     /// The contents.
     pub source: MountSource,
@@ -172,8 +172,6 @@ pub struct Workspace {
     pub(crate) watch: Option<crate::watch::Registration>,
     /// Custom tools attached to this workspace only (a task pack's tools).
     pub(crate) tools: Vec<crate::sandbox::EpisodeTool>,
-    /// The `python` tool's `/tmp`, made at its first call and removed on drop.
-    pub(crate) scratch: Option<tempfile::TempDir>,
     /// The temp directory we created (removed on drop); `None` when attached.
     _root: Option<tempfile::TempDir>,
 }
@@ -213,8 +211,8 @@ pub fn forbidden_char(c: char) -> bool {
 }
 
 fn check_mount_name(n: &str) -> Result<(), &'static str> {
-    if n.is_empty() || n.len() > 32 || n == "workspace" {
-        return Err("mount names are 1..=32 chars and not `workspace`");
+    if n.is_empty() || n.len() > 32 || n == "workspace" || n == "tmp" {
+        return Err("mount names are 1..=32 chars and not `workspace` or `tmp`");
     }
     if !n
         .chars()
@@ -242,24 +240,16 @@ fn materialise(dir: &Dir, files: &BTreeMap<String, Vec<u8>>) -> Result<(), Sandb
 }
 
 impl Workspace {
-    /// The host folder a guest sees as `/tmp`, made on first use: scratch space of this
-    /// episode's alone, outside the workspace (so outside its snapshot and quota), removed
-    /// with it.
-    pub(crate) fn scratch_dir(&mut self) -> Result<&Path, SandboxError> {
-        if self.scratch.is_none() {
-            let parent = self.ws_host.parent().filter(|_| self._root.is_some());
-            let dir = match parent {
-                Some(p) => tempfile::Builder::new().prefix("tmp-").tempdir_in(p),
-                None => tempfile::Builder::new().prefix("corvid-tmp-").tempdir(),
-            }
-            .map_err(|e| SandboxError::io("create_tempdir", "/tmp", e))?;
-            self.scratch = Some(dir);
+    /// A fresh host folder for a call's `/tmp`: scratch space of that call alone, beside the
+    /// workspace (outside its snapshot), removed when the returned handle drops, so nothing a
+    /// guest leaves there outlives the call or counts against the next.
+    pub(crate) fn scratch_dir(&self) -> Result<tempfile::TempDir, SandboxError> {
+        let parent = self.ws_host.parent().filter(|_| self._root.is_some());
+        match parent {
+            Some(p) => tempfile::Builder::new().prefix("tmp-").tempdir_in(p),
+            None => tempfile::Builder::new().prefix("corvid-tmp-").tempdir(),
         }
-        Ok(self
-            .scratch
-            .as_ref()
-            .map(|d| d.path())
-            .unwrap_or(Path::new("")))
+        .map_err(|e| SandboxError::io("create_tempdir", "/tmp", e))
     }
 
     /// Materialises a workspace (and its mounts) from a spec.
@@ -329,7 +319,6 @@ impl Workspace {
             search: None,
             watch: None,
             tools: Vec::new(),
-            scratch: None,
             _root: Some(root),
         })
     }
@@ -382,7 +371,6 @@ impl Workspace {
             search: None,
             watch: None,
             tools: Vec::new(),
-            scratch: None,
             _root: None,
         })
     }

@@ -169,19 +169,60 @@ fn unittest_runs_and_reports_a_failure() {
 }
 
 #[test]
-fn tmp_is_scratch_space_outside_the_workspace() {
+fn tmp_is_scratch_space_of_the_call_alone() {
     let mut w = ws(&[]);
     let o = code(
         &mut w,
         "open('/tmp/s.txt', 'w').write('x' * 10)\nprint(len(open('/tmp/s.txt').read()))",
     );
     assert_eq!(o.text, "10\n", "{}", o.text);
-    // Kept for the episode's later calls, never part of its workspace.
-    assert_eq!(
-        code(&mut w, "print(open('/tmp/s.txt').read())").text,
-        "xxxxxxxxxx\n"
-    );
+    // Gone with the call (nothing there accumulates), never part of the workspace.
+    let o = code(&mut w, "import os; print(os.listdir('/tmp'))");
+    assert_eq!(o.text, "[]\n", "{}", o.text);
     assert!(w.snapshot().expect("snapshot").entries.is_empty());
+    // Its host path never shows: an error names it as /tmp.
+    let o = code(&mut w, "open('/tmp/missing/x')");
+    assert!(o.text.contains("'/tmp/missing/x'"), "{}", o.text);
+    let root = w
+        .host_path()
+        .parent()
+        .expect("root")
+        .to_string_lossy()
+        .into_owned();
+    assert!(!o.text.contains(&root), "{}", o.text);
+}
+
+#[test]
+fn code_runs_as_main_and_a_script_imports_its_neighbours() {
+    let mut w = ws(&[
+        ("pkg/helper.py", "X = 7\n"),
+        ("pkg/main.py", "import helper\nprint(__name__, helper.X)\n"),
+    ]);
+    let o = code(
+        &mut w,
+        "import unittest\nclass T(unittest.TestCase):\n    def test_a(self):\n        self.assertTrue(True)\nunittest.main()",
+    );
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert!(o.text.contains("Ran 1 test"), "{}", o.text);
+    let o = code(
+        &mut w,
+        "import __main__; print(sorted(k for k in vars(__main__) if not k.startswith('__')))",
+    );
+    assert_eq!(o.text, "[]\n", "the prelude's names leak: {}", o.text);
+    let o = py(&mut w, json!({"path": "pkg/main.py"}));
+    assert_eq!(o.text, "__main__ 7\n", "{}", o.text);
+    // A workspace file named like a module the prelude uses does not replace it.
+    std::fs::write(
+        w.host_path().join("traceback.py"),
+        "raise SystemExit('hijacked')",
+    )
+    .expect("write");
+    let o = code(&mut w, "1/0");
+    assert!(
+        o.text.contains("ZeroDivisionError") && !o.text.contains("hijacked"),
+        "{}",
+        o.text
+    );
 }
 
 #[test]
