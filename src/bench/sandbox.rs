@@ -23,9 +23,62 @@ pub struct SandboxBenchArgs {
     /// Native `/bin/cat` spawns to time.
     #[arg(long, default_value_t = 300)]
     native_iters: usize,
+    /// `python -c 'print(1)'` calls to time, and native `python3` spawns beside them (0: skip;
+    /// skipped too when `make` has not fetched the interpreter).
+    #[arg(long, default_value_t = 100)]
+    python_iters: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+}
+
+/// The `python` tool against the machine's own `python3` (its real executable, not a
+/// launcher shim): `print(1)` per call, p50/p99 in ms; `None` when the runtime is absent.
+fn python_figures(iters: usize) -> anyhow::Result<Option<serde_json::Value>> {
+    let runtime = corvid_sandbox::PythonRuntime::bootstrapped();
+    if iters == 0 || !runtime.path.is_file() {
+        return Ok(None);
+    }
+    let t0 = Instant::now();
+    let sb = Sandbox::builder()
+        .python(runtime)
+        .build()
+        .context("starting the sandbox with python")?;
+    let load_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let mut ws = Workspace::create(WorkspaceSpec::default()).context("creating the workspace")?;
+    let print1 = json!({"code": "print(1)"}).to_string();
+    time_calls(&sb, &mut ws, "python", &print1, 5)?; // warm-up
+    let sandboxed = stats(time_calls(&sb, &mut ws, "python", &print1, iters)?);
+    let exe = Command::new("python3")
+        .args(["-c", "import sys; print(sys.executable)"])
+        .output()
+        .context("finding the machine's python3")?;
+    let exe = String::from_utf8_lossy(&exe.stdout).trim().to_string();
+    let mut native = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        let out = Command::new(&exe)
+            .args(["-c", "print(1)"])
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("spawning {exe}"))?;
+        native.push(t.elapsed().as_secs_f64() * 1e6);
+        if !out.status.success() {
+            bail!("{exe} -c 'print(1)' failed");
+        }
+    }
+    let native = stats(native);
+    let ms = |us: f64| (us / 10.0).round() / 100.0;
+    Ok(Some(json!({
+        "python_load_ms": (load_ms * 10.0).round() / 10.0,
+        "python_p50_ms": ms(sandboxed.p50_us),
+        "python_p99_ms": ms(sandboxed.p99_us),
+        "native_python_p50_ms": ms(native.p50_us),
+        "native_python_p99_ms": ms(native.p99_us),
+        "python_ratio_vs_native": (sandboxed.p50_us / native.p50_us * 1000.0).round() / 1000.0,
+        "python_iters": iters,
+        "native_python": exe,
+    })))
 }
 
 struct Stats {
@@ -120,7 +173,8 @@ pub fn run(args: SandboxBenchArgs) -> anyhow::Result<ExitCode> {
     );
     let calls_per_s = n as f64 / cat_total_s;
     let ratio = cat_s.p50_us / native_s.p50_us;
-    let report = json!({
+    let python = python_figures(args.python_iters)?;
+    let mut report = json!({
         "cat_p50_us": round1(cat_s.p50_us),
         "cat_p99_us": round1(cat_s.p99_us),
         "cat_mean_us": round1(cat_s.mean_us),
@@ -145,6 +199,9 @@ pub fn run(args: SandboxBenchArgs) -> anyhow::Result<ExitCode> {
             "ratio_vs_native_spawn_le_0_1": ratio <= 0.1,
         },
     });
+    if let (Some(serde_json::Value::Object(py)), Some(r)) = (python, report.as_object_mut()) {
+        r.extend(py);
+    }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);
     } else {
