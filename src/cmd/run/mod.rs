@@ -178,6 +178,7 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
     // 5. Report; its headline numbers are at the main run's frontier of the evaluated family
     let level_tokens = evaluate::level_tokens(&plan, family)?;
     let frontier = rl.main.frontier.get(family).copied();
+    let arms = evaluate::arm_figures(&evals, frontier);
     let record = RunRecord {
         name: plan.name.clone(),
         main_family: family.clone(),
@@ -187,13 +188,13 @@ pub fn run(args: RunArgs) -> Result<ExitCode> {
         stages,
         interrupted: stop.load(Ordering::SeqCst) > 0,
         level_tokens,
-        ablation: evaluate::ablation_figures(&evals, frontier),
+        ablation: evaluate::ablation_figures(&arms),
         frontier_level: rl.main.frontier,
         ablation_frontier_level: arm_frontiers
             .get(&format!("ablation-{}", config::GRPO_ARM))
             .cloned()
             .unwrap_or_default(),
-        arms: evaluate::arm_figures(&evals, frontier),
+        arms,
         arm_frontier_level: arm_frontiers,
         goals: Goals {
             max_minutes: (plan.run.goal_minutes > 0.0).then_some(plan.run.goal_minutes),
