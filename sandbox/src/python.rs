@@ -39,7 +39,7 @@ pub fn bootstrap_module_path() -> PathBuf {
         .join(PYTHON_MODULE_FILE)
 }
 
-/// Per-call limits of the `python` tool: the interpreter's start-up alone runs ~1e8 wasm
+/// Per-call limits of the `python` tool: the interpreter's start-up alone runs ~3e8 wasm
 /// instructions and maps ~20 MiB, so it gets more fuel, memory and time than the shell.
 pub fn default_limits() -> Limits {
     Limits {
@@ -79,17 +79,25 @@ impl PythonRuntime {
 /// The program `python -c` runs before the caller's: the workspace becomes the working
 /// directory and the first entry of `sys.path` (a script's own folder before it, as
 /// `python script.py` does); then `argv[1]` says what to run (`code`, in a fresh `__main__`
-/// module, or `path`), `argv[2]` is the code or the script, the rest its arguments. Its own
-/// imports come before the workspace is on `sys.path`, so a workspace file cannot replace
-/// them. A traceback starts at the caller's frame, as `python` itself prints it.
-pub(crate) const PRELUDE: &str = r#"import os, sys, runpy, traceback, types
+/// module, or `path`), `argv[2]` is the code or the script, the rest its arguments.
+///
+/// It imports nothing the interpreter's start-up has not (`os` is frozen and loaded by
+/// `site`; `runpy` only for a script, before the workspace is on `sys.path`): importing
+/// `traceback` and `runpy` up front tripled the cost of `print(1)` (660M against 256M wasm
+/// instructions). A traceback goes through `sys.__excepthook__`, the interpreter's own C
+/// printer (no workspace module can replace it), starting at the caller's frame.
+pub(crate) const PRELUDE: &str = r#"import os, sys
 _mode, _target = sys.argv[1], sys.argv[2]
+_skip = {"<string>"}
+if _mode == "path":
+    import runpy
+    _skip |= {"<frozen runpy>", runpy.__file__}
 os.chdir("/workspace")
 sys.path.insert(0, "/workspace")
 def _run():
     if _mode == "code":
         sys.argv = ["-c"] + sys.argv[3:]
-        main = types.ModuleType("__main__")
+        main = type(sys)("__main__")
         main.__builtins__ = __builtins__
         sys.modules["__main__"] = main
         exec(compile(_target, "<code>", "exec"), main.__dict__)
@@ -97,18 +105,15 @@ def _run():
         sys.path.insert(0, os.path.dirname(os.path.abspath(_target)))
         sys.argv = [_target] + sys.argv[3:]
         runpy.run_path(_target, run_name="__main__")
-def _ours(tb):
-    f = tb.tb_frame.f_code.co_filename
-    return f in ("<string>", "<frozen runpy>", runpy.__file__)
 try:
     _run()
 except SystemExit:
     raise
 except BaseException as _e:
     _tb = _e.__traceback__
-    while _tb is not None and _ours(_tb):
+    while _tb is not None and _tb.tb_frame.f_code.co_filename in _skip:
         _tb = _tb.tb_next
-    traceback.print_exception(type(_e), _e, _tb)
+    sys.__excepthook__(type(_e), _e.with_traceback(_tb), _tb)
     sys.exit(1)
 "#;
 
