@@ -266,7 +266,7 @@ mod tests {
             ("--k", |o| o.k = 0),
             ("--concurrency", |o| o.concurrency = 0),
             (
-                "unknown task family `my-pack`; known: hops, search, shell, keychain, ledger, needles, recall",
+                "unknown task family `my-pack`; known: hops, search, shell, keychain, ledger, needles, recall, pyfix, pydata",
                 |o| o.family = "my-pack".into(),
             ),
             ("--pack FILE", |o| o.family = "my-pack".into()),

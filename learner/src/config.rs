@@ -1050,7 +1050,7 @@ mod tests {
             ),
             (
                 "[tasks]\nfamilies = [\"my-pack\"]",
-                "`tasks.families` = my-pack: unknown task family `my-pack`; known: hops, search, shell, keychain, ledger, needles, recall (a task pack is known by its [pack] name once its file is in [tasks] packs)",
+                "`tasks.families` = my-pack: unknown task family `my-pack`; known: hops, search, shell, keychain, ledger, needles, recall, pyfix, pydata (a task pack is known by its [pack] name once its file is in [tasks] packs)",
             ),
             (
                 "[sft]\nlevels = { mypack = [1] }",

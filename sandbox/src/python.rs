@@ -57,6 +57,9 @@ pub struct PythonRuntime {
     pub path: PathBuf,
     /// Per-call limits (default [`default_limits`]).
     pub limits: Limits,
+    /// Whether programs may write `/workspace` (default true; a checker reads the final
+    /// workspace and must not change it).
+    pub workspace_writable: bool,
 }
 
 impl PythonRuntime {
@@ -67,12 +70,19 @@ impl PythonRuntime {
         Self {
             path: path.into(),
             limits: default_limits(),
+            workspace_writable: true,
         }
     }
 
     /// The module the bootstrap fetched for this checkout ([`bootstrap_module_path`]).
     pub fn bootstrapped() -> Self {
         Self::open(bootstrap_module_path())
+    }
+
+    /// This runtime with `/workspace` mounted read-only.
+    pub fn read_only(mut self) -> Self {
+        self.workspace_writable = false;
+        self
     }
 }
 

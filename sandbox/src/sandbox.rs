@@ -181,7 +181,7 @@ impl SandboxBuilder {
                     name: "python".into(),
                     pre,
                     limits: rt.limits,
-                    writable: true,
+                    writable: rt.workspace_writable,
                 })
             }
             None => None,

@@ -3,7 +3,8 @@
 //! [`Checker::Exact`], [`Checker::Regex`], [`Checker::Numeric`] and [`Checker::FileState`]
 //! need no sandbox: they read the final answer and a map `path → bytes` of the final
 //! workspace, and are evaluated here by [`Checker::check`].
-//! [`Checker::CommandExit`] and [`Checker::Wasi`] must run code in the sandbox; they are
+//! [`Checker::CommandExit`], [`Checker::Wasi`] and [`Checker::Python`] must run code in
+//! the sandbox; they are
 //! declared here with their data and evaluated by the sandbox integration (the actor),
 //! so [`Checker::check`] answers [`Verdict::NeedsSandbox`] for them.
 
@@ -75,6 +76,21 @@ pub enum Checker {
         /// Path of the `.wasm` module, relative to the pack file.
         module: String,
         /// Arguments passed to it.
+        #[serde(default)]
+        args: Vec<String>,
+    },
+    /// Sandbox only: a Python program run with the `python` tool over the final workspace
+    /// (read-only, its working directory) exits 0 to accept. `sys.argv[1]` is the answer
+    /// (empty when none was given), then `args`.
+    Python {
+        /// The program. Packs put one with braces in `script`: `{name}` is a placeholder.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<String>,
+        /// Or a file holding it (a pack writes it relative to the pack file; the instance
+        /// holds it resolved). It is read when an episode is checked, and not templated.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        script: Option<String>,
+        /// Arguments after the answer.
         #[serde(default)]
         args: Vec<String>,
     },
@@ -194,6 +210,14 @@ impl Checker {
                     pattern: pattern.clone(),
                     message: e.to_string(),
                 }),
+            Checker::Python { code, script, .. } if code.is_some() == script.is_some() => {
+                Err(TasksError::InvalidConfig {
+                    field: "checker".into(),
+                    value: "kind = \"python\"".into(),
+                    expected: "exactly one of `code` (the program) or `script` (a file holding it)"
+                        .into(),
+                })
+            }
             Checker::Numeric {
                 expected,
                 tolerance,
@@ -277,7 +301,9 @@ impl Checker {
                 }
                 Verdict::Pass
             }
-            Checker::CommandExit { .. } | Checker::Wasi { .. } => Verdict::NeedsSandbox,
+            Checker::CommandExit { .. } | Checker::Wasi { .. } | Checker::Python { .. } => {
+                Verdict::NeedsSandbox
+            }
         }
     }
 }

@@ -3,7 +3,9 @@
 //!
 //! - [`TaskEnv`] wraps the process-wide [`Sandbox`] and caches per-instance search
 //!   indexes (a group of G episodes shares one instance, hence one index) and compiled
-//!   WASI checkers.
+//!   WASI checkers. Tasks that allow `python` run in a second sandbox with the interpreter
+//!   (the search tool on, default shell limits), built on the first such task, so that a
+//!   process that never runs one never loads the runtime.
 //! - [`Episode`] is one live episode: the workspace materialised from the instance's files,
 //!   the task's tool gate (only the tools the task allows, each within its call limit, its
 //!   output cut to the task's byte limit), the per-turn process reward, and the checker run
@@ -26,12 +28,12 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use corvid_proto::{ToolCall, ToolStatus};
 use corvid_sandbox::{
-    CustomTool, Entry, EpisodeTool, Limits, Sandbox, SearchIndex, ToolOutput, Workspace,
-    WorkspaceSpec,
+    CustomTool, Entry, EpisodeTool, Limits, PythonRuntime, Sandbox, SearchIndex, ToolOutput,
+    Workspace, WorkspaceSpec,
 };
 
 use crate::checker::{Checker, Verdict};
@@ -51,6 +53,11 @@ pub struct TaskEnv {
     /// Packs' custom tools compiled by `sandbox`, keyed by their declaration.
     custom_tools: Arc<Mutex<HashMap<String, EpisodeTool>>>,
     workspace_parent: Option<PathBuf>,
+    python_runtime: PythonRuntime,
+    /// The sandbox of tasks that allow `python`, and the one `python` checkers run in (the
+    /// workspace read-only); built on first use, an error naming why they cannot be.
+    python: Arc<OnceLock<Result<Sandbox, String>>>,
+    python_checker: Arc<OnceLock<Result<Sandbox, String>>>,
 }
 
 impl std::fmt::Debug for TaskEnv {
@@ -72,7 +79,19 @@ impl TaskEnv {
             checkers: Arc::default(),
             custom_tools: Arc::default(),
             workspace_parent: None,
+            python_runtime: PythonRuntime::bootstrapped(),
+            python: Arc::default(),
+            python_checker: Arc::default(),
         }
+    }
+
+    /// Runs `python` with `runtime` instead of the one the bootstrap fetched for this
+    /// checkout ([`PythonRuntime::bootstrapped`]).
+    pub fn with_python(mut self, runtime: PythonRuntime) -> Self {
+        self.python_runtime = runtime;
+        self.python = Arc::default();
+        self.python_checker = Arc::default();
+        self
     }
 
     /// Creates workspaces under `dir` (for example a per-actor tmpfs) instead of the
@@ -85,6 +104,35 @@ impl TaskEnv {
     /// The sandbox.
     pub fn sandbox(&self) -> &Sandbox {
         &self.sandbox
+    }
+
+    /// The sandbox `task`'s episodes run in: the one with the interpreter when the task
+    /// allows `python`, otherwise [`TaskEnv::sandbox`].
+    pub fn sandbox_for(&self, task: &TaskInstance) -> Result<Sandbox, TasksError> {
+        if !task.tools.iter().any(|t| t.name == "python") {
+            return Ok(self.sandbox.clone());
+        }
+        self.python_sandbox(&self.python, self.python_runtime.clone())
+            .map_err(|message| TasksError::Sandbox {
+                task: task.id.clone(),
+                message,
+            })
+    }
+
+    fn python_sandbox(
+        &self,
+        cell: &OnceLock<Result<Sandbox, String>>,
+        runtime: PythonRuntime,
+    ) -> Result<Sandbox, String> {
+        cell.get_or_init(|| {
+            let path = runtime.path.display().to_string();
+            Sandbox::builder()
+                .search_tool(true)
+                .python(runtime)
+                .build()
+                .map_err(|e| format!("the python runtime {path}: {e}"))
+        })
+        .clone()
     }
 
     fn search_index(&self, task: &TaskInstance) -> Result<Arc<SearchIndex>, TasksError> {
@@ -156,11 +204,12 @@ impl TaskEnv {
     /// system prompt should list.
     pub fn tool_declarations(&self, task: &TaskInstance) -> Result<serde_json::Value, TasksError> {
         let mut out = Vec::new();
+        let sandbox = self.sandbox_for(task)?;
         for t in &task.tools {
             match task.custom_tools.iter().find(|c| c.name == t.name) {
                 Some(decl) => out.push(self.custom_tool(task, decl)?.declaration()),
                 None => {
-                    let d = self.sandbox.tool_declarations(Some(&[t.name.as_str()]));
+                    let d = sandbox.tool_declarations(Some(&[t.name.as_str()]));
                     out.extend(d.as_array().into_iter().flatten().cloned());
                 }
             }
@@ -198,6 +247,8 @@ impl TaskEnv {
 pub struct Episode<'a> {
     env: &'a TaskEnv,
     task: &'a TaskInstance,
+    /// [`TaskEnv::sandbox_for`] the task.
+    sandbox: Sandbox,
     ws: Workspace,
     calls_by_tool: BTreeMap<String, u32>,
     /// Every call so far and its status, for process rewards.
@@ -217,6 +268,7 @@ impl<'a> Episode<'a> {
     /// Materialises the task's workspace (its initial files; its corpus as this
     /// workspace's search index; its pack's custom tools attached).
     pub fn start(env: &'a TaskEnv, task: &'a TaskInstance) -> Result<Self, TasksError> {
+        let sandbox = env.sandbox_for(task)?;
         let spec = WorkspaceSpec {
             files: task.files.clone(),
             seed: task.seed,
@@ -240,6 +292,7 @@ impl<'a> Episode<'a> {
         Ok(Self {
             env,
             task,
+            sandbox,
             ws,
             calls_by_tool: BTreeMap::new(),
             history: Vec::new(),
@@ -292,7 +345,7 @@ impl<'a> Episode<'a> {
             }
         }
         *used += 1;
-        let mut out = self.env.sandbox.call_tool(&mut self.ws, call);
+        let mut out = self.sandbox.call_tool(&mut self.ws, call);
         if let Some(max) = spec.limits.max_output_bytes {
             cut_output(&mut out, max as usize);
         }
@@ -348,13 +401,13 @@ impl<'a> Episode<'a> {
 
     /// Judges the episode with the task's checker on the answer and the final workspace.
     /// `command_exit` runs its command with the toolbox shell in this workspace; `wasi`
-    /// runs the pack's module over it read-only. A checker that cannot run at all is a
-    /// [`Verdict::Fail`] naming why.
+    /// runs the pack's module over it read-only, `python` its program. A checker that
+    /// cannot run at all is a [`Verdict::Fail`] naming why.
     pub fn check(&mut self) -> Verdict {
         match &self.task.checker {
             Checker::CommandExit { command, exit_code } => {
                 let args = serde_json::json!({ "command": command }).to_string();
-                let out = self.env.sandbox.call(&mut self.ws, "shell", &args);
+                let out = self.sandbox.call(&mut self.ws, "shell", &args);
                 if out.result.status == ToolStatus::InfraError {
                     return Verdict::Fail(format!("checker command could not run: {}", out.text));
                 }
@@ -386,11 +439,58 @@ impl<'a> Episode<'a> {
                     ))
                 }
             }
+            Checker::Python { code, script, args } => self.check_python(code, script, args),
             checker => match self.files() {
                 Ok(files) => checker.check(self.answer(), &files),
                 Err(e) => Verdict::Fail(e.to_string()),
             },
         }
+    }
+}
+
+impl Episode<'_> {
+    /// A `python` checker: its program (`code`, or the file `script`) run with the `python`
+    /// tool over the final workspace, read-only, with the answer (empty when none) and `args`
+    /// as its arguments; exit status 0 accepts.
+    fn check_python(
+        &mut self,
+        code: &Option<String>,
+        script: &Option<String>,
+        args: &[String],
+    ) -> Verdict {
+        let program = match (code, script) {
+            (Some(code), None) => code.clone(),
+            (None, Some(path)) => match std::fs::read_to_string(path) {
+                Ok(text) => text,
+                Err(e) => return Verdict::Fail(format!("cannot read checker script {path}: {e}")),
+            },
+            _ => return Verdict::Fail("a python checker needs one of `code` or `script`".into()),
+        };
+        let runtime = self.env.python_runtime.clone().read_only();
+        let sandbox = match self.env.python_sandbox(&self.env.python_checker, runtime) {
+            Ok(s) => s,
+            Err(e) => return Verdict::Fail(format!("python checker could not run: {e}")),
+        };
+        let argv: Vec<&str> = std::iter::once(self.answer().unwrap_or_default())
+            .chain(args.iter().map(String::as_str))
+            .collect();
+        let call = serde_json::json!({ "code": program, "args": argv }).to_string();
+        let out = sandbox.call(&mut self.ws, "python", &call);
+        if out.result.status.is_success() && out.result.exit_code == 0 {
+            return Verdict::Pass;
+        }
+        // The end of the output holds the verdict (a traceback's error, unittest's summary).
+        let text = out.text.trim();
+        let mut from = text.len().saturating_sub(600);
+        while !text.is_char_boundary(from) {
+            from += 1;
+        }
+        Verdict::Fail(format!(
+            "python checker exited {} ({}): {}",
+            out.result.exit_code,
+            out.result.status,
+            &text[from..]
+        ))
     }
 }
 

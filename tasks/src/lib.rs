@@ -6,7 +6,9 @@
 //! - [`TaskFamily`] generates a [`TaskInstance`] for a level and a seed, deterministically:
 //!   prompt, initial files, tools with limits, a [`Checker`], [`ProcessRule`]s and an
 //!   [`OraclePlan`] (the calls a correct agent makes). The built-in families are
-//!   [`Hops`], [`Search`] and [`Shell`]; a [`TaskPack`] is a family written in TOML.
+//!   [`Hops`], [`Search`], [`Shell`], the log-reading [`Keychain`], [`Ledger`], [`Needles`]
+//!   and [`Recall`], and the code families [`PyFix`] and [`PyData`] (their episodes run
+//!   Python in the sandbox); a [`TaskPack`] is a family written in TOML.
 //! - [`Checker::check`] judges an answer and a final workspace; [`score_turns`] gives each
 //!   turn its process reward.
 //! - [`Curriculum`] keeps each family's frontier level, promotes and demotes it, samples
@@ -45,7 +47,7 @@ pub use env::{Episode, TaskEnv};
 pub use error::TasksError;
 pub use families::{
     builtin_families, builtin_family, builtin_names, shell, Hops, Keychain, Ledger, Needles,
-    Recall, Search, Shell, CHAIN_CALLS, RECOVERY_FROM,
+    PyData, PyFix, Recall, Search, Shell, CHAIN_CALLS, RECOVERY_FROM,
 };
 pub use pack::{load_pack, PackDiagnostic, TaskPack};
 pub use process::{paths_read, score_turns, ProcessRule, ScoredTurn};

@@ -36,7 +36,8 @@ pub enum ProcessRule {
         /// Penalty (finite, `0..=`[`ProcessRule::MAX_WEIGHT`]; it is subtracted).
         penalty: f64,
     },
-    /// `−penalty` for a call identical (same name, same parsed arguments) to an earlier one.
+    /// `−penalty` for a call identical (same name, same parsed arguments) to an earlier one
+    /// made since the last successful `write_file`.
     RepeatCall {
         /// Penalty (finite, `0..=`[`ProcessRule::MAX_WEIGHT`]; it is subtracted).
         penalty: f64,
@@ -169,6 +170,11 @@ pub fn score_turns(rules: &[ProcessRule], turns: &[ScoredTurn<'_>]) -> Vec<f64> 
         }
         let key = call_key(turn.call);
         let repeat = !seen_calls.insert(key);
+        // Running the tests again after an edit is progress, not a loop: a written file
+        // starts the count afresh.
+        if turn.call.name == "write_file" && turn.status.is_success() {
+            seen_calls.clear();
+        }
         let mut p = 0.0;
         for rule in rules {
             match rule {

@@ -60,8 +60,9 @@ pub struct CustomToolDecl {
 }
 
 /// The tools every built-in and pack task may name.
-pub const KNOWN_TOOLS: [&str; 6] = [
+pub const KNOWN_TOOLS: [&str; 7] = [
     "shell",
+    "python",
     "read_file",
     "write_file",
     "list_dir",

@@ -67,3 +67,33 @@ fn searches_for_counts_each_term_once_and_unknown_tools_are_invalid() {
         .collect();
     assert_eq!(score_turns(&rules, &turns), vec![0.2, 0.0, -0.3]);
 }
+
+#[test]
+fn a_call_repeated_after_a_write_is_no_repeat() {
+    let rules = vec![ProcessRule::RepeatCall { penalty: 0.05 }];
+    let calls = [
+        call("python", r#"{"path":"test_calc.py"}"#),
+        call("python", r#"{"path":"test_calc.py"}"#), // nothing changed: -0.05
+        call("write_file", r#"{"path":"calc.py","content":"x"}"#),
+        call("python", r#"{"path":"test_calc.py"}"#), // after the fix: 0
+        call("write_file", r#"{"path":"/etc","content":"x"}"#),
+        call("python", r#"{"path":"test_calc.py"}"#), // the write failed: -0.05
+    ];
+    let st = [
+        ToolStatus::ExitNonzero,
+        ToolStatus::ExitNonzero,
+        ToolStatus::Ok,
+        ToolStatus::Ok,
+        ToolStatus::PermissionDenied,
+        ToolStatus::Ok,
+    ];
+    let turns: Vec<ScoredTurn> = calls
+        .iter()
+        .zip(st)
+        .map(|(c, s)| ScoredTurn { call: c, status: s })
+        .collect();
+    assert_eq!(
+        score_turns(&rules, &turns),
+        vec![0.0, -0.05, 0.0, 0.0, 0.0, -0.05]
+    );
+}

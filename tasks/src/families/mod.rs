@@ -1,5 +1,6 @@
-//! The built-in families: `hops`, `search`, `shell`, and the log-reading `keychain`,
-//! `ledger`, `needles` and `recall`.
+//! The built-in families: `hops`, `search`, `shell`, the log-reading `keychain`,
+//! `ledger`, `needles` and `recall`, and the code families `pyfix` and `pydata`, whose
+//! oracles only the real sandbox runs (the simulator has no Python).
 //!
 //! The first six share one length schedule for levels 1–8 (the log-reading ones go on to
 //! level 12): the main chain of level `L` needs [`CHAIN_CALLS`]`[L−1]` tool calls (1, 2, 3,
@@ -11,6 +12,8 @@ mod hops;
 mod keychain;
 mod ledger;
 mod needles;
+mod pydata;
+mod pyfix;
 mod recall;
 mod search;
 pub mod shell;
@@ -19,6 +22,8 @@ pub use hops::Hops;
 pub use keychain::Keychain;
 pub use ledger::Ledger;
 pub use needles::Needles;
+pub use pydata::PyData;
+pub use pyfix::PyFix;
 pub use recall::Recall;
 pub use search::Search;
 pub use shell::Shell;
@@ -53,6 +58,8 @@ pub fn builtin_families() -> Vec<Box<dyn TaskFamily>> {
         Box::new(Ledger),
         Box::new(Needles),
         Box::new(Recall),
+        Box::new(PyFix),
+        Box::new(PyData),
     ]
 }
 
@@ -102,15 +109,22 @@ impl<'a> PlanBuilder<'a> {
         output
     }
 
-    /// Adds a call to a tool the simulator cannot run (a pack's own WASI tool): it is
-    /// expected to succeed and its output is known only from the real sandbox. The
-    /// simulated workspace does not see anything the tool writes.
-    pub(crate) fn external(&mut self, name: &str, arguments: serde_json::Value) {
+    /// Adds a call to a tool the simulator cannot run (a pack's own WASI tool, `python`):
+    /// it is expected to end with `expect`, and `output` is what the family knows it prints
+    /// (empty where only the real sandbox knows). The simulated workspace does not see
+    /// anything the tool writes.
+    pub(crate) fn external(
+        &mut self,
+        name: &str,
+        arguments: serde_json::Value,
+        expect: ToolStatus,
+        output: String,
+    ) {
         self.steps.push(OracleStep {
             name: name.to_string(),
             arguments,
-            expect: ToolStatus::Ok,
-            output: String::new(),
+            expect,
+            output,
         });
     }
 

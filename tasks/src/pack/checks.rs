@@ -219,7 +219,7 @@ pub(super) fn checker(d: &mut Diags<'_>, raw: &RawPack) {
         Err(e) => d.push(
             raw.checker.span(),
             format!("invalid checker: {}", e.message().trim()),
-            "kind = \"exact\" | \"regex\" | \"numeric\" | \"file_state\" | \"command_exit\" | \"wasi\" with its fields (docs/tasks.md)",
+            "kind = \"exact\" | \"regex\" | \"numeric\" | \"file_state\" | \"command_exit\" | \"wasi\" | \"python\" with its fields (docs/tasks.md)",
         ),
         // A regex is compiled only when an episode is checked, where a pattern that does
         // not compile reads as the policy's failure: compile it for the values instances
@@ -235,6 +235,7 @@ pub(super) fn checker(d: &mut Diags<'_>, raw: &RawPack) {
         // that cannot run reads as the policy's failure.
         Ok(Checker::CommandExit { .. }) => command_renderings(d, raw, &declared),
         Ok(Checker::Wasi { .. }) => wasi_module(d, raw, &declared),
+        Ok(c @ Checker::Python { .. }) => python_checker(d, raw, &c),
         Ok(c) => {
             if let Err(e) = c.validate() {
                 d.push(
@@ -730,6 +731,48 @@ fn wasi_module(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str>) {
             ),
             format!("values of {} that name a module; {}", bad.names(), bad.reason.hint),
         );
+    }
+}
+
+/// A `python` checker names one program, and a `script` is a readable UTF-8 file beside the
+/// pack (it is not templated, so its path must not be either).
+fn python_checker(d: &mut Diags<'_>, raw: &RawPack, checker: &Checker) {
+    if let Err(e) = checker.validate() {
+        d.push(
+            raw.checker.span(),
+            e.to_string(),
+            "script = \"check.py\" (relative to the pack file), or code = \"...\" without braces",
+        );
+        return;
+    }
+    let Some(script) = raw.checker_field("script").and_then(|m| m.as_str()) else {
+        return;
+    };
+    let at = narrow_key(d.src, &raw.checker.span(), "script");
+    let hint = "script = \"check.py\": a Python program beside the pack that exits 0 to accept; sys.argv[1] is the answer";
+    if script.is_empty() || Path::new(script).is_absolute() || script.contains('{') {
+        d.push(
+            at,
+            format!(
+                "python checker script {script:?} must be a fixed path relative to the pack file"
+            ),
+            hint,
+        );
+        return;
+    }
+    let path = pack_dir(d.file).join(script);
+    match std::fs::read(&path) {
+        Err(e) => d.push(
+            at,
+            format!("cannot read python checker script {}: {e}", path.display()),
+            hint,
+        ),
+        Ok(bytes) if std::str::from_utf8(&bytes).is_err() => d.push(
+            at,
+            format!("python checker script {} is not UTF-8 text", path.display()),
+            hint,
+        ),
+        Ok(_) => {}
     }
 }
 

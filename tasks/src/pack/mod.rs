@@ -21,6 +21,7 @@ mod paths;
 mod schema;
 mod template;
 
+use corvid_proto::ToolStatus;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -222,6 +223,13 @@ impl TaskPack {
             // The module path is written relative to the pack file.
             *module = pack_dir(&self.file).join(&*module).display().to_string();
         }
+        if let Checker::Python {
+            script: Some(script),
+            ..
+        } = &mut checker
+        {
+            *script = pack_dir(&self.file).join(&*script).display().to_string();
+        }
         Ok(checker)
     }
 
@@ -256,8 +264,8 @@ impl TaskPack {
             let args = toml::Value::Table(c.get_ref().args.clone());
             let json = serde_json::to_value(render_value(&args, vars)).unwrap_or_default();
             let tool = c.get_ref().tool.get_ref();
-            if self.raw.custom_tools.contains_key(tool) {
-                plan.external(tool, json);
+            if self.raw.custom_tools.contains_key(tool) || tool == "python" {
+                plan.external(tool, json, ToolStatus::Ok, String::new());
             } else {
                 plan.call(tool, json);
             }
