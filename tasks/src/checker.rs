@@ -83,7 +83,8 @@ pub enum Checker {
     /// (read-only, its working directory) exits 0 to accept. `sys.argv[1]` is the answer
     /// (empty when none was given), then `args`.
     Python {
-        /// The program. Packs put one with braces in `script`: `{name}` is a placeholder.
+        /// The program. In a pack it is templated: `{name}` is a variable, `{{` and `}}`
+        /// are Python's braces.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         code: Option<String>,
         /// Or a file holding it (a pack writes it relative to the pack file; the instance

@@ -180,3 +180,58 @@ fn pyfix_levels_grow_the_module_and_move_the_bug_away_from_the_test() {
         assert_eq!(failing, want, "{}", t.id);
     }
 }
+
+#[test]
+fn a_python_pack_checks_the_file_a_script_wrote() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packs/order-totals.toml");
+    let pack = load_pack(&path).expect("the pack loads");
+    let env = env();
+    for level in 1..=pack.levels() {
+        let t = pack.instance(level, 2).expect("instance");
+        // The oracle's program wrote totals.json (its `{{`/`}}` are Python's braces).
+        let mut ep = Episode::start(&env, &t).expect("episode");
+        let out = ep.call(&t.oracle.steps[0].tool_call());
+        assert_eq!(out.result.status, ToolStatus::Ok, "{}", out.text);
+        assert_eq!(out.text, "3 cities\n");
+        ep.call(&answer_call("done"));
+        assert_eq!(ep.check(), Verdict::Pass, "{}", t.id);
+        // A wrong total fails, naming what it expected; the checker read the workspace only.
+        // (The pack allows no `write_file`: the python tool writes it.)
+        let out = ep.call(&corvid_proto::ToolCall {
+            name: "python".into(),
+            arguments_json: serde_json::json!({
+                "code": r#"open("totals.json", "w").write('{"Oslo": 0, "Lima": 0, "Quito": 0}')"#
+            })
+            .to_string(),
+        });
+        assert_eq!(out.result.status, ToolStatus::Ok, "{}", out.text);
+        match ep.check() {
+            Verdict::Fail(why) => assert!(why.contains("expected"), "{why}"),
+            v => panic!("{}: wrong totals judged {v:?}", t.id),
+        }
+        assert_eq!(
+            ep.read_file("totals.json").expect("still there"),
+            br#"{"Oslo": 0, "Lima": 0, "Quito": 0}"#
+        );
+        // No file at all.
+        let mut ep = Episode::start(&env, &t).expect("episode");
+        assert!(!ep.check().passed(), "{}", t.id);
+    }
+}
+
+#[test]
+fn a_python_checker_cannot_write_the_workspace() {
+    let env = env();
+    let mut t = PyData.instance(1, 0).expect("instance");
+    t.checker = Checker::Python {
+        code: Some("open('planted.txt', 'w').write('x')".into()),
+        script: None,
+        args: Vec::new(),
+    };
+    let mut ep = Episode::start(&env, &t).expect("episode");
+    match ep.check() {
+        Verdict::Fail(why) => assert!(why.contains("planted.txt"), "{why}"),
+        v => panic!("a writing checker judged {v:?}"),
+    }
+    assert!(ep.read_file("planted.txt").is_err());
+}

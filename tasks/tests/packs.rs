@@ -100,6 +100,10 @@ fn shipped_packs_validate_and_their_oracles_solve_every_level() {
         for level in 1..=p.levels() {
             for seed in 0..50 {
                 let t = p.instance(level, seed).unwrap();
+                if t.tools.iter().any(|t| t.name == "python") {
+                    // Only the sandbox runs Python: `tests/env.rs` runs this oracle there.
+                    continue;
+                }
                 let mut sim = Simulator::new(t.files.clone(), &[]);
                 for s in &t.oracle.steps {
                     assert!(sim.call(&s.name, &s.arguments).0.is_success(), "{}", t.id);
@@ -1279,4 +1283,59 @@ fn a_checker_that_only_a_pair_past_the_cap_breaks_is_an_instance_the_learner_ski
         p.instance(1, seed),
         Err(TasksError::PackInstance { message, .. }) if message.contains("does not compile")
     )));
+}
+
+#[test]
+fn python_checker_names_one_readable_script_beside_the_pack() {
+    let (dir, file) = module_dir();
+    std::fs::write(dir.path().join("check.py"), "import sys\n").unwrap();
+    std::fs::write(dir.path().join("latin1.py"), b"# caf\xe9\n").unwrap();
+    let refused = |checker: &str, key: &str| {
+        let src = with_checker(checker);
+        let d = match TaskPack::parse(&file, &src) {
+            Err(TasksError::Pack(d)) => d,
+            other => panic!("{checker}: {other:?}"),
+        };
+        assert_eq!(d.len(), 1, "{d:#?}");
+        assert_eq!(d[0].line, line_of(&src, key), "{}", d[0]);
+        d[0].to_string()
+    };
+    let d = refused("kind = \"python\"\nscript = \"nope.py\"", "script = ");
+    assert!(d.contains("cannot read python checker script"), "{d}");
+    assert!(d.contains("sys.argv[1] is the answer"), "{d}");
+    let d = refused("kind = \"python\"\nscript = \"latin1.py\"", "script = ");
+    assert!(d.contains("is not UTF-8 text"), "{d}");
+    let d = refused("kind = \"python\"\nscript = \"{f}.py\"", "script = ");
+    assert!(
+        d.contains("must be a fixed path relative to the pack file"),
+        "{d}"
+    );
+    let d = refused(
+        "kind = \"python\"\nscript = \"check.py\"\ncode = \"print(1)\"",
+        "[checker]",
+    );
+    assert!(d.contains("exactly one of `code`"), "{d}");
+    // A script that is there: instances name it next to the pack file, with the arguments
+    // rendered.
+    let p = TaskPack::parse(
+        &file,
+        &with_checker("kind = \"python\"\nscript = \"check.py\"\nargs = [\"{n}\"]"),
+    )
+    .unwrap();
+    let t = p.instance(1, 0).unwrap();
+    let Checker::Python { script, args, .. } = t.checker else {
+        panic!("not a python checker")
+    };
+    assert_eq!(
+        script,
+        Some(dir.path().join("check.py").display().to_string())
+    );
+    assert_eq!(
+        args,
+        vec![
+            String::from_utf8_lossy(&t.files.values().next().unwrap()[4..])
+                .trim()
+                .to_string()
+        ]
+    );
 }

@@ -741,7 +741,7 @@ fn python_checker(d: &mut Diags<'_>, raw: &RawPack, checker: &Checker) {
         d.push(
             raw.checker.span(),
             e.to_string(),
-            "script = \"check.py\" (relative to the pack file), or code = \"...\" without braces",
+            "script = \"check.py\" (relative to the pack file), or code = \"...\" (templated: `{{` and `}}` are Python's braces)",
         );
         return;
     }

@@ -11,30 +11,57 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use super::schema::{RawLevel, RawPack, RawVar};
 
-/// The `{name}` placeholders of a template, or the byte offset of an unclosed `{`.
+/// The `{name}` placeholders of a template, or the byte offset of an unclosed `{`. `{{`
+/// and `}}` are a literal brace, as in Python's `str.format` (Python code in a pack writes
+/// `{{}}` for an empty dict).
 pub(super) fn placeholders(t: &str) -> Result<Vec<String>, usize> {
     let mut out = Vec::new();
-    let mut rest = t;
-    let mut offset = 0;
-    while let Some(i) = rest.find('{') {
-        let after = &rest[i + 1..];
-        let Some(j) = after.find('}') else {
-            return Err(offset + i);
-        };
-        out.push(after[..j].to_string());
-        offset += i + 1 + j + 1;
-        rest = &after[j + 1..];
+    let mut i = 0;
+    let b = t.as_bytes();
+    while i < b.len() {
+        match b[i] {
+            b'{' if b.get(i + 1) == Some(&b'{') => i += 2,
+            b'}' if b.get(i + 1) == Some(&b'}') => i += 2,
+            b'{' => {
+                let Some(j) = t[i + 1..].find('}') else {
+                    return Err(i);
+                };
+                out.push(t[i + 1..i + 1 + j].to_string());
+                i += j + 2;
+            }
+            _ => i += 1,
+        }
     }
     Ok(out)
 }
 
-/// Replaces every `{name}` with its value (unknown names are left as they are; validation
-/// rejects them before an instance is ever built).
+/// Replaces every `{name}` with its value and `{{`, `}}` with one brace (unknown names are
+/// left as they are; validation rejects them before an instance is ever built).
 pub(super) fn render(t: &str, vars: &BTreeMap<String, String>) -> String {
-    let mut s = t.to_string();
-    for (k, v) in vars {
-        s = s.replace(&format!("{{{k}}}"), v);
+    let mut s = String::with_capacity(t.len());
+    let mut rest = t;
+    while let Some(i) = rest.find(['{', '}']) {
+        s.push_str(&rest[..i]);
+        let tail = &rest[i..];
+        if tail.starts_with("{{") || tail.starts_with("}}") {
+            s.push_str(&tail[..1]);
+            rest = &tail[2..];
+            continue;
+        }
+        if tail.starts_with('{') {
+            if let Some(j) = tail.find('}') {
+                match vars.get(&tail[1..j]) {
+                    Some(v) => s.push_str(v),
+                    None => s.push_str(&tail[..=j]),
+                }
+                rest = &tail[j + 1..];
+                continue;
+            }
+        }
+        s.push_str(&tail[..1]);
+        rest = &tail[1..];
     }
+    s.push_str(rest);
     s
 }
 
@@ -233,4 +260,23 @@ pub(super) fn sample(raw: &RawPack) -> BTreeMap<String, String> {
             (n.clone(), x.unwrap_or_default())
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn double_braces_are_literal_and_values_are_not_rendered_again() {
+        let vars = BTreeMap::from([
+            ("item".to_string(), "{n}".to_string()),
+            ("n".to_string(), "3".to_string()),
+        ]);
+        let t = "d = {{}}; print(f\"{{d}} {item}\") # {n}}}";
+        assert_eq!(placeholders(t), Ok(vec!["item".into(), "n".into()]));
+        assert_eq!(render(t, &vars), "d = {}; print(f\"{d} {n}\") # 3}");
+        assert_eq!(render("{other} {", &vars), "{other} {");
+        assert_eq!(placeholders("a {b"), Err(2));
+        assert_eq!(placeholders("{{b"), Ok(vec![]));
+    }
 }
