@@ -323,15 +323,16 @@ impl WasmHost {
         self.linker.instantiate_pre(module).map_err(module_err)
     }
 
-    /// Runs one command module to completion in a fresh store.
-    pub fn run(
+    /// A fresh store for one call: its WASI context (argv, stdin, captured streams, the
+    /// episode's clock and randomness, the workspace and scratch mounts), limiter, fuel and
+    /// epoch deadline. Calls beyond the pool wait in [`Slots`] before instantiating.
+    fn store(
         &self,
-        pre: &InstancePre<ToolState>,
         ws: &Workspace,
         argv: &[String],
         stdin: Vec<u8>,
         setup: &RunSetup<'_>,
-    ) -> Result<RawRun, SandboxError> {
+    ) -> Result<CallStore, SandboxError> {
         let RunSetup {
             limits,
             workspace_writable,
@@ -395,12 +396,30 @@ impl WasmHost {
             },
             exit: None,
         };
-        let _slot = self.slots.acquire();
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
         store.set_fuel(limits.fuel).map_err(engine_err)?;
         store.set_epoch_deadline(limits.deadline_ticks);
         store.epoch_deadline_trap();
+        Ok(CallStore { store, out, err })
+    }
+
+    /// Runs one command module to completion in a fresh store.
+    pub fn run(
+        &self,
+        pre: &InstancePre<ToolState>,
+        ws: &Workspace,
+        argv: &[String],
+        stdin: Vec<u8>,
+        setup: &RunSetup<'_>,
+    ) -> Result<RawRun, SandboxError> {
+        let limits = setup.limits;
+        let CallStore {
+            mut store,
+            out,
+            err,
+        } = self.store(ws, argv, stdin, setup)?;
+        let _slot = self.slots.acquire();
         let result = pre
             .instantiate(&mut store)
             .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
@@ -446,6 +465,52 @@ impl WasmHost {
             stdout_full,
             fuel_used,
         })
+    }
+}
+
+/// A call's store and its captured standard output and error.
+struct CallStore {
+    store: Store<ToolState>,
+    out: MemoryOutputPipe,
+    err: MemoryOutputPipe,
+}
+
+impl WasmHost {
+    /// Runs a command module as [`WasmHost::run`] does, and returns its linear memory as it
+    /// was when the guest exited with status 0 ([`crate::preinit`]'s snapshot). Any other end
+    /// is an error carrying the guest's standard error.
+    pub fn run_to_exit_memory(
+        &self,
+        pre: &InstancePre<ToolState>,
+        ws: &Workspace,
+        argv: &[String],
+        setup: &RunSetup<'_>,
+    ) -> Result<Vec<u8>, String> {
+        let CallStore { mut store, err, .. } = self
+            .store(ws, argv, Vec::new(), setup)
+            .map_err(|e| e.to_string())?;
+        let _slot = self.slots.acquire();
+        let instance = pre
+            .instantiate(&mut store)
+            .map_err(|e| format!("instantiating: {e}"))?;
+        let result = instance
+            .get_typed_func::<(), ()>(&mut store, "_start")
+            .and_then(|f| f.call(&mut store, ()));
+        let exited = match &result {
+            Ok(()) => store.data().exit.unwrap_or(0) == 0,
+            Err(e) => matches!(e.downcast_ref::<GuestExit>(), Some(GuestExit(0))),
+        };
+        if !exited {
+            return Err(format!(
+                "the run did not exit 0 ({}): {}",
+                result.err().map_or("status".into(), |e| e.to_string()),
+                String::from_utf8_lossy(&err.contents())
+            ));
+        }
+        let memory = instance
+            .get_memory(&mut store, "memory")
+            .ok_or("the module exports no `memory`")?;
+        Ok(memory.data(&store).to_vec())
     }
 }
 

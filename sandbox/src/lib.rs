@@ -83,6 +83,7 @@ mod engine;
 mod error;
 pub mod limits;
 mod output;
+mod preinit;
 pub mod python;
 mod sandbox;
 mod search;

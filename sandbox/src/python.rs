@@ -5,6 +5,16 @@
 //! bootstrap fetches it (`scripts/runtime_files.py`), and [`PythonRuntime::open`] loads it
 //! from a path; the sandbox compiles it once into a serialized module kept beside it.
 //!
+//! Calls start from a pre-initialised interpreter ([`crate::preinit`]): the sandbox runs the
+//! module once with [`PREINIT_SCRIPT`] (start-up, then the modules programs commonly import),
+//! keeps its memory at the guest's exit as a second module, also compiled once and kept
+//! beside the first, and each call's `_start` resumes from it: CPython finds its runtime
+//! initialised, re-reads its arguments and runs the call's program. The plain module stays
+//! the reference path (`PythonRuntime::preinit = false`, and workspaces with extra mounts,
+//! whose preopened folders the snapshot does not know); `sandbox/tests/python.rs` holds the
+//! two equal, output for output. One difference remains: a resumed program starts a frame
+//! deeper (the pre-initialisation run's own), so it meets the recursion limit one call sooner.
+//!
 //! The module is VMware Labs' `python-3.12.0.wasm` (webassembly-language-runtimes release
 //! `python/3.12.0+20231211-040d5a6`, the standard library embedded): [`open`] refuses any
 //! other bytes. WASI preview 1 has no sockets and no processes, so `socket`, `subprocess`,
@@ -19,7 +29,10 @@ use std::path::{Path, PathBuf};
 use sha2::{Digest, Sha256};
 use wasmtime::{Engine, Module};
 
+use crate::engine::{RunSetup, WasmHost, GUEST_ENV};
 use crate::limits::Limits;
+use crate::preinit;
+use crate::workspace::{Workspace, WorkspaceSpec};
 use crate::SandboxError;
 
 /// The module's file name where the bootstrap puts it.
@@ -60,6 +73,9 @@ pub struct PythonRuntime {
     /// Whether programs may write `/workspace` (default true; a checker reads the final
     /// workspace and must not change it).
     pub workspace_writable: bool,
+    /// Whether calls resume a pre-initialised interpreter (default true; false runs the
+    /// interpreter's whole start-up every call, the reference path).
+    pub preinit: bool,
 }
 
 impl PythonRuntime {
@@ -71,6 +87,7 @@ impl PythonRuntime {
             path: path.into(),
             limits: default_limits(),
             workspace_writable: true,
+            preinit: true,
         }
     }
 
@@ -96,6 +113,12 @@ impl PythonRuntime {
 /// `traceback` and `runpy` up front tripled the cost of `print(1)` (660M against 256M wasm
 /// instructions). A traceback goes through `sys.__excepthook__`, the interpreter's own C
 /// printer (no workspace module can replace it), starting at the caller's frame.
+///
+/// It ends the process as the interpreter's shutdown would for the program (its exit
+/// handlers run; files it left open are closed, and flushed, when its modules' names are
+/// dropped; the streams are flushed; `SystemExit` read as the interpreter reads it) and then
+/// exits at once: tearing the interpreter down cost more than the program, and the instance
+/// is discarded anyway.
 pub(crate) const PRELUDE: &str = r#"import os, sys
 _mode, _target = sys.argv[1], sys.argv[2]
 _skip = {"<string>"}
@@ -104,27 +127,70 @@ if _mode == "path":
     _skip |= {"<frozen runpy>", runpy.__file__}
 os.chdir("/workspace")
 sys.path.insert(0, "/workspace")
+_names = []
 def _run():
     if _mode == "code":
         sys.argv = ["-c"] + sys.argv[3:]
         main = type(sys)("__main__")
         main.__builtins__ = __builtins__
         sys.modules["__main__"] = main
+        _names.append(main.__dict__)
         exec(compile(_target, "<code>", "exec"), main.__dict__)
     else:
         sys.path.insert(0, os.path.dirname(os.path.abspath(_target)))
         sys.argv = [_target] + sys.argv[3:]
-        runpy.run_path(_target, run_name="__main__")
+        _names.append(runpy.run_path(_target, run_name="__main__"))
 try:
     _run()
-except SystemExit:
-    raise
+    _code = 0
+except SystemExit as _e:
+    _code = _e.code
+    if _code is None:
+        _code = 0
+    elif not isinstance(_code, int):
+        print(_code, file=sys.stderr)
+        _code = 1
 except BaseException as _e:
     _tb = _e.__traceback__
     while _tb is not None and _tb.tb_frame.f_code.co_filename in _skip:
         _tb = _tb.tb_next
     sys.__excepthook__(type(_e), _e.with_traceback(_tb), _tb)
-    sys.exit(1)
+    _code = 1
+import atexit, gc
+atexit._run_exitfuncs()
+for _m in list(sys.modules.values()):
+    if str(getattr(_m, "__file__", None)).startswith(("/workspace/", "/tmp/")):
+        _names.append(vars(_m))
+for _d in _names:
+    _d.clear()
+del _names, _d, _m
+gc.collect()
+for _s in (sys.stdout, sys.stderr):
+    try:
+        _s.flush()
+    except Exception:
+        pass
+os._exit(_code if -2**31 <= _code < 2**31 else 1)
+"#;
+
+/// What the pre-initialisation run executes before its memory is kept: the interpreter's
+/// start-up, then the standard modules programs and test suites commonly import. It leaves
+/// `sys.path` and the import caches as a fresh start has them (no folder a call mounts is
+/// scanned), and `random` unimported, so each call seeds it from its own entropy. Its objects
+/// are frozen out of the collector's generations: a call's `gc.collect()` walks only what
+/// the call made (36M wasm instructions a call otherwise).
+pub(crate) const PREINIT_SCRIPT: &str = r#"import os, sys
+import argparse, atexit, bisect, collections, copy, csv, dataclasses, datetime, decimal
+import difflib, enum, fnmatch, fractions, functools, gc, heapq, io, itertools, json, math
+import operator, pathlib, pprint, re, runpy, string, textwrap, traceback, types
+import typing, unittest, unittest.mock
+assert "random" not in sys.modules
+sys.path[:] = [p for p in sys.path if p]
+sys.path_importer_cache.clear()
+gc.collect()
+gc.freeze()
+sys.stdout.flush()
+os._exit(0)
 "#;
 
 /// Environment of a `python` call beside the sandbox's own (`HOME`, `PWD`, `LANG`): no
@@ -137,17 +203,27 @@ pub(crate) const PYTHON_ENV: [(&str, &str); 4] = [
     ("PYTHONUTF8", "1"),
 ];
 
-/// The compiled module for `engine`: the bytes at `path` must hash to `sha256`; they are
-/// compiled once into `<path>.<engine key>.cwasm` beside them (with its own sha256 in
-/// `.cwasm.sha256`) and deserialized from there afterwards. The serialized file is trusted as
-/// wasmtime's own output (deserializing runs no check of the code), so it must live where no
-/// guest writes: the runtime cache, never a workspace. One whose checksum does not match, or
-/// that this wasmtime cannot load (another version, other settings), is compiled again.
-pub(crate) fn precompiled(
-    engine: &Engine,
-    path: &Path,
+/// The interpreter compiled for one engine: the plain module, and the pre-initialised one
+/// when the runtime asks for it.
+pub(crate) struct Compiled {
+    pub plain: Module,
+    pub preinit: Option<Module>,
+}
+
+/// The runtime's modules for `host`'s engine. The bytes at `rt.path` must hash to `sha256`;
+/// each module is compiled once into a serialized file beside them, named by the module's
+/// hash (and, for the pre-initialised one, a hash of what its run executed and saw) and the
+/// engine's settings, with its own sha256 in `.cwasm.sha256`, and deserialized from there
+/// afterwards. The serialized file is trusted as wasmtime's own output (deserializing runs no
+/// check of the code), so it must live where no guest writes: the runtime cache, never a
+/// workspace. One whose checksum does not match, or that this wasmtime cannot load (another
+/// version, other settings), is built again.
+pub(crate) fn compile(
+    host: &WasmHost,
+    rt: &PythonRuntime,
     sha256: &str,
-) -> Result<Module, SandboxError> {
+) -> Result<Compiled, SandboxError> {
+    let path = rt.path.as_path();
     let bad = |reason: String| SandboxError::Module {
         name: path.display().to_string(),
         reason,
@@ -161,27 +237,96 @@ pub(crate) fn precompiled(
     if got != sha256 {
         return Err(bad(format!("sha256 {got}, expected {sha256}")));
     }
+    let engine = &host.engine;
     let mut h = DefaultHasher::new();
     engine.precompile_compatibility_hash().hash(&mut h);
-    let cwasm = path.with_extension(format!("{}.{:016x}.cwasm", &got[..16], h.finish()));
+    let compat = h.finish();
+    let plain_file = path.with_extension(format!("{}.{compat:016x}.cwasm", &got[..16]));
+    let plain = cached(engine, &plain_file, || {
+        Module::new(engine, &bytes).map_err(|e| bad(e.to_string()))
+    })?;
+    if !rt.preinit {
+        return Ok(Compiled {
+            plain,
+            preinit: None,
+        });
+    }
+    // What the snapshot depends on beside the module: the script it ran and the
+    // environment it read.
+    let mut key = Sha256::new();
+    key.update(got.as_bytes());
+    key.update(PREINIT_SCRIPT.as_bytes());
+    for (k, v) in GUEST_ENV.iter().chain(PYTHON_ENV.iter()) {
+        key.update(format!("{k}={v}\n").as_bytes());
+    }
+    let key = hex::encode(key.finalize());
+    let preinit_file = path.with_extension(format!(
+        "{}.preinit-{}.{compat:016x}.cwasm",
+        &got[..16],
+        &key[..16]
+    ));
+    let preinit = cached(engine, &preinit_file, || {
+        // Snapshots of an earlier script or environment are never read again.
+        let stale = format!("{}.preinit-", path.with_extension(&got[..16]).display());
+        if let Some(dir) = path.parent().and_then(|d| std::fs::read_dir(d).ok()) {
+            for entry in dir.flatten() {
+                let p = entry.path();
+                if p.display().to_string().starts_with(&stale) {
+                    let _ = std::fs::remove_file(p);
+                }
+            }
+        }
+        let fail = |e: String| {
+            bad(format!(
+                "pre-initialising it: {e} (PythonRuntime::preinit = false runs without it)"
+            ))
+        };
+        let pre = host.prepare_module("python", &plain)?;
+        let ws = Workspace::create(WorkspaceSpec::default())?;
+        let tmp = ws.scratch_dir()?;
+        let argv = ["python", "-c", PREINIT_SCRIPT].map(String::from);
+        let setup = RunSetup {
+            limits: &rt.limits,
+            workspace_writable: false,
+            env: &PYTHON_ENV,
+            tmp: Some(tmp.path()),
+        };
+        let memory = host
+            .run_to_exit_memory(&pre, &ws, &argv, &setup)
+            .map_err(fail)?;
+        let resumable = preinit::with_memory(&bytes, &memory).map_err(fail)?;
+        Module::new(engine, &resumable).map_err(|e| fail(e.to_string()))
+    })?;
+    Ok(Compiled {
+        plain,
+        preinit: Some(preinit),
+    })
+}
+
+/// The module serialized at `cwasm` (checked against its `.cwasm.sha256`), or `build`'s,
+/// serialized there for the next start.
+fn cached(
+    engine: &Engine,
+    cwasm: &Path,
+    build: impl FnOnce() -> Result<Module, SandboxError>,
+) -> Result<Module, SandboxError> {
     let digest = cwasm.with_extension("cwasm.sha256");
-    if let (Ok(serialized), Ok(expected)) =
-        (std::fs::read(&cwasm), std::fs::read_to_string(&digest))
+    if let (Ok(serialized), Ok(expected)) = (std::fs::read(cwasm), std::fs::read_to_string(&digest))
     {
-        // A torn or altered file is compiled again rather than loaded.
+        // A torn or altered file is built again rather than loaded.
         if hex::encode(Sha256::digest(&serialized)) == expected.trim() {
-            // SAFETY: these bytes are this function's own serialization (their sha256 is the
-            // one written beside them) of a module whose bytes were checked above, in the
-            // runtime cache, which no guest can write.
+            // SAFETY: these bytes are this module's own serialization (their sha256 is the
+            // one written beside them) of a module built from checked bytes, in the runtime
+            // cache, which no guest can write.
             if let Ok(m) = unsafe { Module::deserialize(engine, &serialized) } {
                 return Ok(m);
             }
         }
     }
-    let module = Module::new(engine, &bytes).map_err(|e| bad(e.to_string()))?;
+    let module = build()?;
     // The cache is an optimisation: a read-only runtime folder only costs the next start.
     if let Ok(serialized) = module.serialize() {
-        let _ = write_atomically(&cwasm, &serialized).and_then(|()| {
+        let _ = write_atomically(cwasm, &serialized).and_then(|()| {
             write_atomically(&digest, hex::encode(Sha256::digest(&serialized)).as_bytes())
         });
     }

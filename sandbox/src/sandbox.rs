@@ -12,7 +12,7 @@ use wasmtime::InstancePre;
 use crate::engine::{RawRun, RunEnd, RunSetup, ToolState, WasmHost, TOOLBOX_WASM};
 use crate::limits::{Limits, DEFAULT_POOL_SLOTS, MAX_CUSTOM_MODULE_BYTES, MAX_STDIN_BYTES};
 use crate::output::{inert, redact, truncate};
-use crate::python::{precompiled, PythonRuntime, PRELUDE, PYTHON_ENV, PYTHON_MODULE_SHA256};
+use crate::python::{PythonRuntime, PRELUDE, PYTHON_ENV, PYTHON_MODULE_SHA256};
 use crate::search::SearchIndex;
 use crate::tools::{self, builtin_specs, custom_params, refuse, Refusal, ToolKind, ToolSpec};
 use crate::watch::Watcher;
@@ -173,15 +173,22 @@ impl SandboxBuilder {
         let python = match self.python {
             Some(rt) => {
                 rt.limits.validate()?;
-                let module = precompiled(&host.engine, &rt.path, PYTHON_MODULE_SHA256)?;
-                let pre = host.prepare_module("python", &module)?;
+                let compiled = crate::python::compile(&host, &rt, PYTHON_MODULE_SHA256)?;
+                let plain = host.prepare_module("python", &compiled.plain)?;
+                let pre = match &compiled.preinit {
+                    Some(m) => host.prepare_module("python", m)?,
+                    None => plain.clone(),
+                };
                 // Before `answer`, which stays last.
                 specs.insert(specs.len() - 1, tools::python_spec());
-                Some(PreparedTool {
-                    name: "python".into(),
-                    pre,
-                    limits: rt.limits,
-                    writable: rt.workspace_writable,
+                Some(PythonTool {
+                    tool: PreparedTool {
+                        name: "python".into(),
+                        pre,
+                        limits: rt.limits,
+                        writable: rt.workspace_writable,
+                    },
+                    plain,
                 })
             }
             None => None,
@@ -231,10 +238,18 @@ struct PreparedTool {
     writable: bool,
 }
 
+/// The `python` tool: calls resume the pre-initialised interpreter (`tool.pre`), or run the
+/// plain one where the workspace has extra mounts, whose preopened folders the snapshot's
+/// C library does not know.
+struct PythonTool {
+    tool: PreparedTool,
+    plain: InstancePre<ToolState>,
+}
+
 struct Inner {
     // `host` last: its Drop joins the ticker after the modules are gone.
     toolbox: InstancePre<ToolState>,
-    python: Option<PreparedTool>,
+    python: Option<PythonTool>,
     custom: Vec<PreparedTool>,
     shell_limits: Limits,
     specs: Vec<ToolSpec>,
@@ -491,7 +506,12 @@ impl Sandbox {
                     Err(e) => return infra_output(name, e.to_string(), start),
                 }
                 env = &PYTHON_ENV;
-                (&py.pre, argv, stdin, py.limits, py.writable)
+                let pre = if ws.mounts.is_empty() {
+                    &py.tool.pre
+                } else {
+                    &py.plain
+                };
+                (pre, argv, stdin, py.tool.limits, py.tool.writable)
             }
             ToolKind::Shell => {
                 let cmd = args.str("command").unwrap_or_default();

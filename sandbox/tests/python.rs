@@ -28,6 +28,21 @@ fn sandbox() -> &'static Sandbox {
     })
 }
 
+/// The reference path: every call runs the interpreter's whole start-up.
+fn plain_sandbox() -> &'static Sandbox {
+    static S: OnceLock<Sandbox> = OnceLock::new();
+    S.get_or_init(|| {
+        let runtime = PythonRuntime {
+            preinit: false,
+            ..PythonRuntime::open(bootstrap_module_path())
+        };
+        Sandbox::builder()
+            .python(runtime)
+            .build()
+            .expect("a sandbox with python builds")
+    })
+}
+
 fn ws(files: &[(&str, &str)]) -> Workspace {
     Workspace::create(WorkspaceSpec::with_files(
         files
@@ -392,4 +407,63 @@ fn another_module_is_refused_by_its_checksum() {
         .expect_err("refused")
         .to_string();
     assert!(err.contains("make") && err.contains("step 6"), "{err}");
+}
+
+#[test]
+fn a_preinitialised_call_answers_as_the_full_start_up_does() {
+    let files = [
+        ("lib.py", "VALUE = 1\ndef half(x):\n    return x / 0\n"),
+        (
+            "test_lib.py",
+            "import unittest\nimport lib\n\nclass T(unittest.TestCase):\n    def test_value(self):\n        self.assertEqual(lib.VALUE, 2)\n\nunittest.main()\n",
+        ),
+        ("args.py", "import sys\nprint(sys.argv, sys.stdin.read())\n"),
+    ];
+    let calls: Vec<serde_json::Value> = vec![
+        json!({"code": "print(1)"}),
+        json!({"code": "import lib\nlib.half(3)"}),
+        json!({"code": "import sys\nsys.exit(3)"}),
+        json!({"code": "import sys\nsys.exit('bye')"}),
+        json!({"code": "raise SystemExit"}),
+        json!({"code": "x = (1,"}),
+        json!({"path": "test_lib.py"}),
+        json!({"path": "args.py", "args": ["a", "b"], "stdin": "in"}),
+        // A file left open is flushed as the interpreter's shutdown would flush it.
+        json!({"code": "f = open('left-open.txt', 'w')\nf.write('kept')"}),
+        json!({"code": "print(open('left-open.txt').read())"}),
+        json!({"code": "import atexit\natexit.register(print, 'at exit')\nprint('body')"}),
+        json!({"code": "import os, sys\nprint(sys.path, sys.argv, os.getcwd(), sorted(os.environ))"}),
+        // Each call draws its own randomness, the same on both paths.
+        json!({"code": "import random\nprint(random.random(), random.randrange(1000))"}),
+        json!({"code": "import time, hashlib\nprint(time.time(), hash('x'), hashlib.sha256(b'x').hexdigest()[:8])"}),
+        // A module edited between calls is read again.
+        json!({"code": "open('lib.py', 'w').write('VALUE = 2\\n')"}),
+        json!({"path": "test_lib.py"}),
+    ];
+    let mut fast = ws(&files);
+    let mut reference = ws(&files);
+    for call in &calls {
+        let a = sandbox().call(&mut fast, "python", &call.to_string());
+        let b = plain_sandbox().call(&mut reference, "python", &call.to_string());
+        assert_eq!(
+            (a.result.status, a.result.exit_code, &a.text),
+            (b.result.status, b.result.exit_code, &b.text),
+            "{call}"
+        );
+    }
+    assert_eq!(
+        fast.read("left-open.txt").expect("written"),
+        b"kept",
+        "the file left open was flushed"
+    );
+    // The one difference: a resumed program starts a frame deeper (the pre-initialisation
+    // run's own), so it reaches the recursion limit one call sooner.
+    let deep = json!({"code": "import sys\ndef f(n):\n    try:\n        return f(n + 1)\n    except RecursionError:\n        return n\nprint(f(0), sys.getrecursionlimit())"}).to_string();
+    let depth = |o: ToolOutput| -> (i64, String) {
+        let (n, limit) = o.text.trim().split_once(' ').expect("two numbers");
+        (n.parse().expect("a depth"), limit.to_string())
+    };
+    let (a, limit_a) = depth(sandbox().call(&mut fast, "python", &deep));
+    let (b, limit_b) = depth(plain_sandbox().call(&mut reference, "python", &deep));
+    assert_eq!((a + 1, limit_a), (b, limit_b));
 }

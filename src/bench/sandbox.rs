@@ -23,8 +23,9 @@ pub struct SandboxBenchArgs {
     /// Native `/bin/cat` spawns to time.
     #[arg(long, default_value_t = 300)]
     native_iters: usize,
-    /// `python -c 'print(1)'` calls to time, and native `python3` spawns beside them (0: skip;
-    /// skipped too when `make` has not fetched the interpreter).
+    /// `python -c 'print(1)'` calls to time, and native `python3` spawns beside them (a
+    /// quarter as many unittest and CSV runs, at least 10; 0: skip; skipped too when `make`
+    /// has not fetched the interpreter).
     #[arg(long, default_value_t = 100)]
     python_iters: usize,
     /// Print one JSON object instead of a table.
@@ -32,8 +33,35 @@ pub struct SandboxBenchArgs {
     json: bool,
 }
 
+/// A four-test unittest suite (`corvid bench sandbox`'s unittest workload).
+const UNITTEST_FILES: [(&str, &str); 2] = [
+    (
+        "calc.py",
+        "def add(a, b):\n    return a + b\n\n\ndef mean(xs):\n    return sum(xs) / len(xs)\n",
+    ),
+    (
+        "test_calc.py",
+        "import unittest\n\nimport calc\n\n\nclass T(unittest.TestCase):\n    def test_add(self):\n        self.assertEqual(calc.add(2, 3), 5)\n\n    def test_add_negative(self):\n        self.assertEqual(calc.add(-2, 3), 1)\n\n    def test_mean(self):\n        self.assertEqual(calc.mean([1, 2, 3]), 2)\n\n    def test_mean_one(self):\n        self.assertEqual(calc.mean([4]), 4)\n\n\nif __name__ == \"__main__\":\n    unittest.main()\n",
+    ),
+];
+
+/// The CSV workload's script: revenue per region over `sales.csv`, printed sorted.
+const CSV_SCRIPT: &str = "import csv\nfrom collections import defaultdict\n\nrevenue = defaultdict(int)\nfor row in csv.DictReader(open(\"sales.csv\")):\n    revenue[row[\"region\"]] += int(row[\"units\"]) * int(row[\"price\"])\nfor region, total in sorted(revenue.items()):\n    print(region, total)\n";
+
+/// 1,000 rows of `id,region,units,price`, fixed.
+fn sales_csv() -> String {
+    let regions = ["north", "south", "east", "west"];
+    let mut s = String::from("id,region,units,price\n");
+    for i in 0..1000u32 {
+        let (units, price) = (1 + i * 7 % 40, 2 + i * 13 % 97);
+        s += &format!("{i},{},{units},{price}\n", regions[i as usize % 4]);
+    }
+    s
+}
+
 /// The `python` tool against the machine's own `python3` (its real executable, not a
-/// launcher shim): `print(1)` per call, p50/p99 in ms; `None` when the runtime is absent.
+/// launcher shim), each in the same workspace folder: `print(1)`, a four-test unittest
+/// run and a 1,000-row CSV aggregation, p50/p99 in ms; `None` when the runtime is absent.
 fn python_figures(iters: usize) -> anyhow::Result<Option<serde_json::Value>> {
     let runtime = corvid_sandbox::PythonRuntime::bootstrapped();
     if iters == 0 || !runtime.path.is_file() {
@@ -45,40 +73,82 @@ fn python_figures(iters: usize) -> anyhow::Result<Option<serde_json::Value>> {
         .build()
         .context("starting the sandbox with python")?;
     let load_ms = t0.elapsed().as_secs_f64() * 1e3;
-    let mut ws = Workspace::create(WorkspaceSpec::default()).context("creating the workspace")?;
-    let print1 = json!({"code": "print(1)"}).to_string();
-    time_calls(&sb, &mut ws, "python", &print1, 5)?; // warm-up
-    let sandboxed = stats(time_calls(&sb, &mut ws, "python", &print1, iters)?);
+    let mut files: Vec<(String, Vec<u8>)> = UNITTEST_FILES
+        .iter()
+        .map(|(p, c)| (p.to_string(), c.as_bytes().to_vec()))
+        .collect();
+    files.push(("sales.csv".into(), sales_csv().into_bytes()));
+    files.push(("agg.py".into(), CSV_SCRIPT.as_bytes().to_vec()));
+    let mut ws =
+        Workspace::create(WorkspaceSpec::with_files(files)).context("creating the workspace")?;
     let exe = Command::new("python3")
         .args(["-c", "import sys; print(sys.executable)"])
         .output()
         .context("finding the machine's python3")?;
     let exe = String::from_utf8_lossy(&exe.stdout).trim().to_string();
-    let mut native = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t = Instant::now();
-        let out = Command::new(&exe)
-            .args(["-c", "print(1)"])
-            .stdin(Stdio::null())
-            .output()
-            .with_context(|| format!("spawning {exe}"))?;
-        native.push(t.elapsed().as_secs_f64() * 1e6);
-        if !out.status.success() {
-            bail!("{exe} -c 'print(1)' failed");
-        }
-    }
-    let native = stats(native);
+    let few = (iters / 4).max(10);
+    let workloads: [(&str, serde_json::Value, &[&str], usize); 3] = [
+        ("", json!({"code": "print(1)"}), &["-c", "print(1)"], iters),
+        (
+            "unittest_",
+            json!({"path": "test_calc.py"}),
+            &["test_calc.py"],
+            few,
+        ),
+        ("csv_", json!({"path": "agg.py"}), &["agg.py"], few),
+    ];
     let ms = |us: f64| (us / 10.0).round() / 100.0;
-    Ok(Some(json!({
-        "python_load_ms": (load_ms * 10.0).round() / 10.0,
-        "python_p50_ms": ms(sandboxed.p50_us),
-        "python_p99_ms": ms(sandboxed.p99_us),
-        "native_python_p50_ms": ms(native.p50_us),
-        "native_python_p99_ms": ms(native.p99_us),
-        "python_ratio_vs_native": (sandboxed.p50_us / native.p50_us * 1000.0).round() / 1000.0,
-        "python_iters": iters,
-        "native_python": exe,
-    })))
+    let mut out = serde_json::Map::new();
+    out.insert(
+        "python_load_ms".into(),
+        json!((load_ms * 10.0).round() / 10.0),
+    );
+    for (prefix, call, native_args, n) in workloads {
+        let call = call.to_string();
+        time_calls(&sb, &mut ws, "python", &call, 3)?; // warm-up
+        let sandboxed = stats(time_calls(&sb, &mut ws, "python", &call, n)?);
+        let mut native = Vec::with_capacity(n);
+        for _ in 0..n {
+            let t = Instant::now();
+            let run = Command::new(&exe)
+                .args(native_args)
+                .current_dir(ws.host_path())
+                .stdin(Stdio::null())
+                .output()
+                .with_context(|| format!("spawning {exe}"))?;
+            native.push(t.elapsed().as_secs_f64() * 1e6);
+            if !run.status.success() {
+                bail!(
+                    "{exe} {native_args:?} failed: {}",
+                    String::from_utf8_lossy(&run.stderr)
+                );
+            }
+        }
+        let native = stats(native);
+        out.insert(
+            format!("python_{prefix}p50_ms"),
+            json!(ms(sandboxed.p50_us)),
+        );
+        out.insert(
+            format!("python_{prefix}p99_ms"),
+            json!(ms(sandboxed.p99_us)),
+        );
+        out.insert(
+            format!("native_python_{prefix}p50_ms"),
+            json!(ms(native.p50_us)),
+        );
+        out.insert(
+            format!("native_python_{prefix}p99_ms"),
+            json!(ms(native.p99_us)),
+        );
+        out.insert(
+            format!("python_{prefix}ratio_vs_native"),
+            json!((sandboxed.p50_us / native.p50_us * 1000.0).round() / 1000.0),
+        );
+        out.insert(format!("python_{prefix}iters"), json!(n));
+    }
+    out.insert("native_python".into(), json!(exe));
+    Ok(Some(serde_json::Value::Object(out)))
 }
 
 struct Stats {
