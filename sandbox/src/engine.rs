@@ -19,7 +19,7 @@ use crate::limits::{
     Limits, EPOCH_TICK, MAX_RANDOM_BYTES, MAX_TABLE_ELEMENTS, MAX_WASM_STACK_BYTES,
     POOL_KEEP_RESIDENT_BYTES, POOL_MAX_MEMORY_BYTES,
 };
-use crate::workspace::{Workspace, WORKSPACE_GUEST_PATH};
+use crate::workspace::WORKSPACE_GUEST_PATH;
 use crate::SandboxError;
 
 /// The toolbox module, built from `sandbox/toolbox` by `build.rs`.
@@ -50,11 +50,38 @@ pub(crate) struct RunSetup<'a> {
     pub tmp: Option<&'a std::path::Path>,
 }
 
-/// Per-store state: the WASI context, the memory limiter and the exit code.
+/// What a call mounts and what seeds its clock and randomness: the workspace's host folder,
+/// its seed and call count, and its read-only data mounts (guest name, host folder).
+pub(crate) struct GuestDirs<'a> {
+    pub workspace: &'a std::path::Path,
+    pub seed: u64,
+    pub calls: u64,
+    pub mounts: Vec<(&'a str, &'a std::path::Path)>,
+}
+
+/// Runs `python ARGS` for the toolbox shell (the `corvid.python` import): the arguments
+/// after `python` and the stage's input in, the encoded result out ([`encode_nested`]).
+pub(crate) type NestedPython = Box<dyn FnMut(Vec<String>, Vec<u8>) -> Vec<u8> + Send>;
+
+/// A nested run's result as the toolbox reads it: the exit status and the stdout length as
+/// little-endian `u32`s, then stdout, then stderr.
+pub(crate) fn encode_nested(status: i32, stdout: &[u8], stderr: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + stdout.len() + stderr.len());
+    out.extend_from_slice(&status.to_le_bytes());
+    out.extend_from_slice(&(stdout.len() as u32).to_le_bytes());
+    out.extend_from_slice(stdout);
+    out.extend_from_slice(stderr);
+    out
+}
+
+/// Per-store state: the WASI context, the memory limiter, the exit code, and for a shell
+/// call in a sandbox with the interpreter, how to run `python` and its pending result.
 pub(crate) struct ToolState {
     wasi: WasiP1Ctx,
     limiter: Limiter,
     exit: Option<i32>,
+    python: Option<NestedPython>,
+    pending: Vec<u8>,
 }
 
 /// Denies growth past the call's limits and remembers that it did, so a
@@ -270,6 +297,61 @@ impl WasmHost {
                 },
             )
             .map_err(engine_err)?;
+        // The toolbox shell's `python`: -1 where the call has no interpreter, else the
+        // length of the result `python_result` then copies out.
+        linker
+            .func_wrap(
+                "corvid",
+                "python",
+                |mut c: Caller<'_, ToolState>,
+                 argv: u32,
+                 argv_len: u32,
+                 stdin: u32,
+                 stdin_len: u32|
+                 -> wasmtime::Result<i32> {
+                    let Some(mut run) = c.data_mut().python.take() else {
+                        return Ok(-1);
+                    };
+                    let memory = c
+                        .get_export("memory")
+                        .and_then(|e| e.into_memory())
+                        .ok_or_else(|| wasmtime::Error::msg("no exported memory"))?;
+                    let data = memory.data(&c);
+                    let slice = |at: u32, len: u32| {
+                        data.get(at as usize..at as usize + len as usize)
+                            .map(<[u8]>::to_vec)
+                            .ok_or_else(|| wasmtime::Error::msg("out of bounds"))
+                    };
+                    let (argv, input) = (slice(argv, argv_len)?, slice(stdin, stdin_len)?);
+                    let argv: Vec<String> = argv
+                        .split(|b| *b == 0)
+                        .filter(|a| !a.is_empty())
+                        .map(|a| String::from_utf8_lossy(a).into_owned())
+                        .collect();
+                    let result = run(argv, input);
+                    let state = c.data_mut();
+                    state.python = Some(run);
+                    state.pending = result;
+                    Ok(i32::try_from(state.pending.len()).unwrap_or(i32::MAX))
+                },
+            )
+            .map_err(engine_err)?;
+        linker
+            .func_wrap(
+                "corvid",
+                "python_result",
+                |mut c: Caller<'_, ToolState>, buf: u32, len: u32| -> wasmtime::Result<()> {
+                    let pending = std::mem::take(&mut c.data_mut().pending);
+                    let memory = c
+                        .get_export("memory")
+                        .and_then(|e| e.into_memory())
+                        .ok_or_else(|| wasmtime::Error::msg("no exported memory"))?;
+                    let n = pending.len().min(len as usize);
+                    memory.write(&mut c, buf as usize, &pending[..n])?;
+                    Ok(())
+                },
+            )
+            .map_err(engine_err)?;
         let stop = Arc::new(AtomicBool::new(false));
         let ticker = {
             let (engine, stop) = (engine.clone(), stop.clone());
@@ -328,10 +410,11 @@ impl WasmHost {
     /// epoch deadline. Calls beyond the pool wait in [`Slots`] before instantiating.
     fn store(
         &self,
-        ws: &Workspace,
+        ws: &GuestDirs<'_>,
         argv: &[String],
         stdin: Vec<u8>,
         setup: &RunSetup<'_>,
+        python: Option<NestedPython>,
     ) -> Result<CallStore, SandboxError> {
         let RunSetup {
             limits,
@@ -368,7 +451,7 @@ impl WasmHost {
         } else {
             FsPerms::ReadOnly
         };
-        b.preopened_dir(&ws.ws_host, WORKSPACE_GUEST_PATH, perms)
+        b.preopened_dir(ws.workspace, WORKSPACE_GUEST_PATH, perms)
             .map_err(|e| {
                 SandboxError::io(
                     "preopen",
@@ -382,10 +465,10 @@ impl WasmHost {
                     SandboxError::io("preopen", "/tmp", std::io::Error::other(e.to_string()))
                 })?;
         }
-        for m in &ws.mounts {
-            b.preopened_dir(&m.host, format!("/{}", m.name), FsPerms::ReadOnly)
+        for (name, host) in &ws.mounts {
+            b.preopened_dir(host, format!("/{name}"), FsPerms::ReadOnly)
                 .map_err(|e| {
-                    SandboxError::io("preopen", &m.name, std::io::Error::other(e.to_string()))
+                    SandboxError::io("preopen", name, std::io::Error::other(e.to_string()))
                 })?;
         }
         let state = ToolState {
@@ -395,6 +478,8 @@ impl WasmHost {
                 hit: false,
             },
             exit: None,
+            python,
+            pending: Vec::new(),
         };
         let mut store = Store::new(&self.engine, state);
         store.limiter(|s| &mut s.limiter);
@@ -405,21 +490,28 @@ impl WasmHost {
     }
 
     /// Runs one command module to completion in a fresh store.
+    /// `python` is how a shell call runs the toolbox's `python` (none: the command says it is
+    /// not available). A nested run (`nested`) takes no pool slot of its own: its caller
+    /// holds one, and waiting for another could deadlock a full pool; it fails instead when
+    /// the pool has no free instance.
+    #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
         pre: &InstancePre<ToolState>,
-        ws: &Workspace,
+        ws: &GuestDirs<'_>,
         argv: &[String],
         stdin: Vec<u8>,
         setup: &RunSetup<'_>,
+        python: Option<NestedPython>,
+        nested: bool,
     ) -> Result<RawRun, SandboxError> {
         let limits = setup.limits;
         let CallStore {
             mut store,
             out,
             err,
-        } = self.store(ws, argv, stdin, setup)?;
-        let _slot = self.slots.acquire();
+        } = self.store(ws, argv, stdin, setup, python)?;
+        let _slot = (!nested).then(|| self.slots.acquire());
         let result = pre
             .instantiate(&mut store)
             .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
@@ -482,12 +574,12 @@ impl WasmHost {
     pub fn run_to_exit_memory(
         &self,
         pre: &InstancePre<ToolState>,
-        ws: &Workspace,
+        ws: &GuestDirs<'_>,
         argv: &[String],
         setup: &RunSetup<'_>,
     ) -> Result<Vec<u8>, String> {
         let CallStore { mut store, err, .. } = self
-            .store(ws, argv, Vec::new(), setup)
+            .store(ws, argv, Vec::new(), setup, None)
             .map_err(|e| e.to_string())?;
         let _slot = self.slots.acquire();
         let instance = pre

@@ -106,10 +106,11 @@ impl PythonRuntime {
 /// The program `python -c` runs before the caller's: the workspace becomes the working
 /// directory and the first entry of `sys.path` (a script's own folder before it, as
 /// `python script.py` does); then `argv[1]` says what to run (`code`, in a fresh `__main__`
-/// module, or `path`), `argv[2]` is the code or the script, the rest its arguments.
+/// module, `path`, or `module`, as `python -m` runs one), `argv[2]` is the code, the script or
+/// the module, the rest its arguments.
 ///
 /// It imports nothing the interpreter's start-up has not (`os` is frozen and loaded by
-/// `site`; `runpy` only for a script, before the workspace is on `sys.path`): importing
+/// `site`; `runpy` only for a script or a module, before the workspace is on `sys.path`): importing
 /// `traceback` and `runpy` up front tripled the cost of `print(1)` (660M against 256M wasm
 /// instructions). A traceback goes through `sys.__excepthook__`, the interpreter's own C
 /// printer (no workspace module can replace it), starting at the caller's frame.
@@ -122,7 +123,7 @@ impl PythonRuntime {
 pub(crate) const PRELUDE: &str = r#"import os, sys
 _mode, _target = sys.argv[1], sys.argv[2]
 _skip = {"<string>"}
-if _mode == "path":
+if _mode != "code":
     import runpy
     _skip |= {"<frozen runpy>", runpy.__file__}
 os.chdir("/workspace")
@@ -136,10 +137,13 @@ def _run():
         sys.modules["__main__"] = main
         _names.append(main.__dict__)
         exec(compile(_target, "<code>", "exec"), main.__dict__)
-    else:
+    elif _mode == "path":
         sys.path.insert(0, os.path.dirname(os.path.abspath(_target)))
         sys.argv = [_target] + sys.argv[3:]
         _names.append(runpy.run_path(_target, run_name="__main__"))
+    else:
+        sys.argv = [_target] + sys.argv[3:]
+        _names.append(runpy.run_module(_target, run_name="__main__", alter_sys=True))
 try:
     _run()
     _code = 0
@@ -292,7 +296,7 @@ pub(crate) fn compile(
             tmp: Some(tmp.path()),
         };
         let memory = host
-            .run_to_exit_memory(&pre, &ws, &argv, &setup)
+            .run_to_exit_memory(&pre, &ws.guest_dirs(), &argv, &setup)
             .map_err(fail)?;
         let resumable = preinit::with_memory(&bytes, &memory).map_err(fail)?;
         Module::new(engine, &resumable).map_err(|e| fail(e.to_string()))
@@ -342,4 +346,52 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     tmp.write_all(bytes)?;
     tmp.as_file().sync_all()?;
     tmp.persist(path).map(|_| ()).map_err(|e| e.error)
+}
+
+/// What the toolbox shell's `python ARGS` runs, as the `python` tool's mode, target,
+/// arguments and standard input: `-c CODE`, `-m MODULE`, a script, or (no script, or `-`) the
+/// program on standard input. `-u`, `-B`, `-E`, `-s`, `-S`, `-I`, `-q` change nothing here
+/// and are skipped; another option is refused with the usage line.
+pub(crate) fn shell_invocation(
+    args: &[String],
+    input: Vec<u8>,
+) -> Result<(&'static str, String, Vec<String>, Vec<u8>), String> {
+    let mut i = 0;
+    while let Some(a) = args.get(i) {
+        match a.as_str() {
+            "-u" | "-B" | "-E" | "-s" | "-S" | "-I" | "-q" => i += 1,
+            "-c" | "-m" => {
+                let Some(target) = args.get(i + 1) else {
+                    return Err(format!("python: argument expected for the {a} option"));
+                };
+                let mode = if a == "-c" { "code" } else { "module" };
+                return Ok((mode, target.clone(), args[i + 2..].to_vec(), input));
+            }
+            "-" => {
+                let code = String::from_utf8_lossy(&input).into_owned();
+                return Ok(("code", code, args[i + 1..].to_vec(), Vec::new()));
+            }
+            s if s.starts_with('-') => {
+                return Err(format!(
+                    "python: option {s} is not supported here\nusage: python [-c CODE | -m MODULE | SCRIPT | -] [ARG...]"
+                ))
+            }
+            script => return Ok(("path", script.to_string(), args[i + 1..].to_vec(), input)),
+        }
+    }
+    let code = String::from_utf8_lossy(&input).into_owned();
+    Ok(("code", code, Vec::new(), Vec::new()))
+}
+
+/// The interpreter's argv for a call: `python -c PRELUDE MODE TARGET ARGS...`.
+pub(crate) fn argv(mode: &str, target: &str, args: &[String]) -> Vec<String> {
+    let mut argv = vec![
+        "python".to_string(),
+        "-c".into(),
+        PRELUDE.into(),
+        mode.into(),
+        target.to_string(),
+    ];
+    argv.extend_from_slice(args);
+    argv
 }

@@ -9,10 +9,13 @@ use corvid_proto::{ToolCall, ToolResult, ToolStatus};
 use serde_json::Value;
 use wasmtime::InstancePre;
 
-use crate::engine::{RawRun, RunEnd, RunSetup, ToolState, WasmHost, TOOLBOX_WASM};
+use crate::engine::{
+    encode_nested, GuestDirs, NestedPython, RawRun, RunEnd, RunSetup, ToolState, WasmHost,
+    TOOLBOX_WASM,
+};
 use crate::limits::{Limits, DEFAULT_POOL_SLOTS, MAX_CUSTOM_MODULE_BYTES, MAX_STDIN_BYTES};
 use crate::output::{inert, redact, truncate};
-use crate::python::{PythonRuntime, PRELUDE, PYTHON_ENV, PYTHON_MODULE_SHA256};
+use crate::python::{PythonRuntime, PYTHON_ENV, PYTHON_MODULE_SHA256};
 use crate::search::SearchIndex;
 use crate::tools::{self, builtin_specs, custom_params, refuse, Refusal, ToolKind, ToolSpec};
 use crate::watch::Watcher;
@@ -169,7 +172,10 @@ impl SandboxBuilder {
         let slots = self.pool_slots.unwrap_or(DEFAULT_POOL_SLOTS).clamp(1, 4096);
         let host = WasmHost::new(slots)?;
         let toolbox = host.prepare("toolbox", TOOLBOX_WASM)?;
-        let mut specs = builtin_specs(self.search.is_some() || self.search_tool);
+        let mut specs = builtin_specs(
+            self.search.is_some() || self.search_tool,
+            self.python.is_some(),
+        );
         let python = match self.python {
             Some(rt) => {
                 rt.limits.validate()?;
@@ -464,32 +470,29 @@ impl Sandbox {
         }
         let mut env: &[(&str, &str)] = &[];
         let mut tmp = None;
+        let mut nested = None;
         let (pre, argv, stdin, limits, writable) = match spec.kind {
             ToolKind::Python => {
                 let Some(py) = &self.inner.python else {
                     return infra_output(name, "python is declared but not prepared".into(), start);
                 };
-                let (mode, target) = match (args.str("code"), args.str("path")) {
-                    (Some(code), None) => ("code", code),
-                    (None, Some(path)) => ("path", path),
-                    _ => {
-                        return refusal_output(
-                            name,
-                            refuse(
-                                ToolStatus::InvalidCall,
-                                "give exactly one of `code` (a program) or `path` (a script in the workspace)",
-                            ),
-                            start,
-                        )
-                    }
-                };
-                let mut argv = vec![
-                    "python".to_string(),
-                    "-c".into(),
-                    PRELUDE.into(),
-                    mode.into(),
-                    target.to_string(),
-                ];
+                let (mode, target) =
+                    match (args.str("code"), args.str("path"), args.str("module")) {
+                        (Some(code), None, None) => ("code", code),
+                        (None, Some(path), None) => ("path", path),
+                        (None, None, Some(module)) => ("module", module),
+                        _ => {
+                            return refusal_output(
+                                name,
+                                refuse(
+                                    ToolStatus::InvalidCall,
+                                    "give exactly one of `code` (a program), `path` (a script in the workspace) or `module` (run like `python -m`)",
+                                ),
+                                start,
+                            )
+                        }
+                    };
+                let mut argv = crate::python::argv(mode, target, &[]);
                 let stdin = match command_input(&mut argv, &args) {
                     Ok(stdin) => stdin,
                     Err(r) => return refusal_output(name, r, start),
@@ -528,6 +531,7 @@ impl Sandbox {
                     "-c".into(),
                     cmd.to_string(),
                 ];
+                nested = self.nested_python(ws);
                 (
                     &self.inner.toolbox,
                     argv,
@@ -567,15 +571,94 @@ impl Sandbox {
             env,
             tmp: tmp.as_ref().map(tempfile::TempDir::path),
         };
-        let raw = match self.inner.host.run(pre, ws, &argv, stdin, &setup) {
-            Ok(raw) => raw,
-            Err(e) => return infra_output(name, e.to_string(), start),
-        };
+        let raw =
+            match self
+                .inner
+                .host
+                .run(pre, &ws.guest_dirs(), &argv, stdin, &setup, nested, false)
+            {
+                Ok(raw) => raw,
+                Err(e) => return infra_output(name, e.to_string(), start),
+            };
         let mut o = render_run(name, raw, &limits, &host_paths, start);
         if writable {
             self.check_quota(ws, &mut o);
         }
         o
+    }
+
+    /// How a shell call in `ws` runs the toolbox's `python`: as the `python` tool would (its
+    /// limits, the deadline no later than the shell's, a scratch `/tmp` of its own, the
+    /// workspace writable), its output handed back to the pipeline stage; a run that ends
+    /// other than by exiting reports why on standard error, with the status a killed process
+    /// gets. `None` where this sandbox has no interpreter.
+    fn nested_python(&self, ws: &Workspace) -> Option<NestedPython> {
+        self.inner.python.as_ref()?;
+        let inner = self.inner.clone();
+        let (workspace, seed, calls) = (ws.ws_host.clone(), ws.seed, ws.calls);
+        let mounts: Vec<(String, std::path::PathBuf)> = ws
+            .mounts
+            .iter()
+            .map(|m| (m.name.clone(), m.host.clone()))
+            .collect();
+        Some(Box::new(move |args: Vec<String>, input: Vec<u8>| {
+            let Some(py) = &inner.python else {
+                return encode_nested(127, b"", b"python: not available\n");
+            };
+            let (mode, target, rest, stdin) = match crate::python::shell_invocation(&args, input) {
+                Ok(call) => call,
+                Err(usage) => return encode_nested(2, b"", format!("{usage}\n").as_bytes()),
+            };
+            let Ok(tmp) = tempfile::Builder::new().prefix("corvid-tmp-").tempdir() else {
+                return encode_nested(1, b"", b"python: cannot create /tmp\n");
+            };
+            let limits = Limits {
+                deadline_ticks: py
+                    .tool
+                    .limits
+                    .deadline_ticks
+                    .min(inner.shell_limits.deadline_ticks),
+                ..py.tool.limits
+            };
+            let setup = RunSetup {
+                limits: &limits,
+                workspace_writable: true,
+                env: &PYTHON_ENV,
+                tmp: Some(tmp.path()),
+            };
+            let dirs = GuestDirs {
+                workspace: &workspace,
+                seed,
+                calls,
+                mounts: mounts
+                    .iter()
+                    .map(|(n, h)| (n.as_str(), h.as_path()))
+                    .collect(),
+            };
+            let pre = if mounts.is_empty() {
+                &py.tool.pre
+            } else {
+                &py.plain
+            };
+            let argv = crate::python::argv(mode, &target, &rest);
+            match inner.host.run(pre, &dirs, &argv, stdin, &setup, None, true) {
+                Err(e) => encode_nested(1, b"", format!("python: {e}\n").as_bytes()),
+                Ok(raw) => {
+                    let (status, why) = match raw.end {
+                        RunEnd::Exited(code) => (code, None),
+                        RunEnd::OutOfFuel => (124, Some("compute budget exhausted".to_string())),
+                        RunEnd::Timeout => (124, Some("timed out".to_string())),
+                        RunEnd::Memory(what) => (137, Some(format!("stopped at {what}"))),
+                        RunEnd::Crashed(_) => (134, Some("crashed".to_string())),
+                    };
+                    let mut stderr = raw.stderr;
+                    if let Some(why) = why {
+                        stderr.extend_from_slice(format!("python: {why}\n").as_bytes());
+                    }
+                    encode_nested(status, &raw.stdout, &stderr)
+                }
+            }
+        }))
     }
 
     /// After a call that can write: over quota turns the result into

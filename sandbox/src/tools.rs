@@ -117,15 +117,21 @@ fn p(name: &'static str, ty: Ty, required: bool, max: u64, desc: &'static str) -
 }
 
 /// The built-in tools, in declaration order.
-pub(crate) fn builtin_specs(with_search: bool) -> Vec<ToolSpec> {
+pub(crate) fn builtin_specs(with_search: bool, with_python: bool) -> Vec<ToolSpec> {
+    let commands = if with_python {
+        "true false calc help python python3"
+    } else {
+        "true false calc help"
+    };
     let mut v = vec![
         ToolSpec {
             name: "shell".into(),
-            description: "Run a command line in /workspace with a small POSIX-like shell: pipes |, ; && ||, \
-                          redirects > >> < 2> 2>&1, quotes, globs, $?. Commands: ls cat head tail wc grep sed sort \
-                          uniq cut tr find echo printf mkdir rm cp mv touch diff seq expr basename dirname pwd cd \
-                          true false calc help. No network, no other programs."
-                .into(),
+            description: format!(
+                "Run a command line in /workspace with a small POSIX-like shell: pipes |, ; && ||, \
+                 redirects > >> < 2> 2>&1, quotes, globs, $?. Commands: ls cat head tail wc grep sed sort \
+                 uniq cut tr find echo printf mkdir rm cp mv touch diff seq expr basename dirname pwd cd \
+                 {commands}. No network, no other programs."
+            ),
             params: vec![p("command", Ty::Str, true, MAX_COMMAND_BYTES as u64, "The command line to run.")],
             kind: ToolKind::Shell,
         },
@@ -194,13 +200,15 @@ pub(crate) fn python_spec() -> ToolSpec {
     ToolSpec {
         name: "python".into(),
         description: "Run Python 3.12 in /workspace (the working directory, and on sys.path): `code`, a \
-                      program, or `path`, a script in the workspace, with `args`. Standard library only; \
-                      /tmp is scratch space; no network, no subprocesses. Prints stdout, then stderr (a \
-                      traceback on an error)."
+                      program, `path`, a script in the workspace, or `module`, like `python -m` (e.g. \
+                      unittest), with `args`. Standard library only; /tmp is scratch space; no network, no \
+                      subprocesses. Prints stdout, then stderr (a traceback on an error). The shell tool \
+                      runs `python`/`python3` too."
             .into(),
         params: vec![
             p("code", Ty::Str, false, MAX_COMMAND_BYTES as u64 * 4, "The program to run."),
             p("path", Ty::Str, false, MAX_PATH_BYTES as u64, "A script to run instead."),
+            p("module", Ty::Str, false, MAX_PATH_BYTES as u64, "A module to run as __main__ instead."),
             p("args", Ty::StrList, false, MAX_TOOL_ARGS_BYTES as u64, "Its command-line arguments (sys.argv[1:])."),
             p("stdin", Ty::Str, false, MAX_STDIN_BYTES as u64, "Text given on standard input."),
         ],

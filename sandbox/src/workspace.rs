@@ -240,6 +240,20 @@ fn materialise(dir: &Dir, files: &BTreeMap<String, Vec<u8>>) -> Result<(), Sandb
 }
 
 impl Workspace {
+    /// What a call mounts from this workspace, and what seeds its clock and randomness.
+    pub(crate) fn guest_dirs(&self) -> crate::engine::GuestDirs<'_> {
+        crate::engine::GuestDirs {
+            workspace: &self.ws_host,
+            seed: self.seed,
+            calls: self.calls,
+            mounts: self
+                .mounts
+                .iter()
+                .map(|m| (m.name.as_str(), m.host.as_path()))
+                .collect(),
+        }
+    }
+
     /// A fresh host folder for a call's `/tmp`: scratch space of that call alone, beside the
     /// workspace (outside its snapshot), removed when the returned handle drops, so nothing a
     /// guest leaves there outlives the call or counts against the next.

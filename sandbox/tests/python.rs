@@ -467,3 +467,69 @@ fn a_preinitialised_call_answers_as_the_full_start_up_does() {
     let (b, limit_b) = depth(plain_sandbox().call(&mut reference, "python", &deep));
     assert_eq!((a + 1, limit_a), (b, limit_b));
 }
+
+fn shell(ws: &mut Workspace, command: &str) -> ToolOutput {
+    sandbox().call(ws, "shell", &json!({ "command": command }).to_string())
+}
+
+#[test]
+fn the_shell_runs_python_in_its_pipelines() {
+    let mut w = ws(&[
+        ("data.txt", "3\n4\n5\n"),
+        ("sum.py", "import sys\nprint(sum(int(x) for x in sys.stdin))\n"),
+        (
+            "test_sum.py",
+            "import unittest\n\nclass T(unittest.TestCase):\n    def test_one(self):\n        self.assertEqual(1 + 1, 2)\n",
+        ),
+    ]);
+    // A stage's input is the program's standard input, its output the next stage's.
+    let o = shell(&mut w, "cat data.txt | python sum.py");
+    assert_eq!((o.result.status, o.text.as_str()), (ToolStatus::Ok, "12\n"));
+    let o = shell(
+        &mut w,
+        "python3 -c 'print(\"a\"); print(\"b\")' | grep b > out.txt && cat out.txt",
+    );
+    assert_eq!(o.text, "b\n", "{}", o.text);
+    // The program on standard input, and `-m`.
+    let o = shell(&mut w, "echo 'print(6 * 7)' | python3");
+    assert_eq!(o.text, "42\n", "{}", o.text);
+    let o = shell(&mut w, "python -m unittest -q test_sum");
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert!(
+        o.text.contains("Ran 1 test") && o.text.contains("OK"),
+        "{}",
+        o.text
+    );
+    // A traceback is the stage's standard error, its status the shell's.
+    let o = shell(&mut w, "python -c '1/0'; echo after $?");
+    assert!(o.text.contains("ZeroDivisionError"), "{}", o.text);
+    assert!(o.text.contains("after 1"), "{}", o.text);
+    let o = shell(&mut w, "python -X dev -c 1");
+    assert_eq!(o.result.exit_code, 2, "{}", o.text);
+    assert!(o.text.contains("usage: python"), "{}", o.text);
+    // The shell's deadline covers its whole line, a runaway program included.
+    let o = shell(&mut w, "python -c 'while True: pass'; echo after");
+    assert_eq!(o.result.status, ToolStatus::Timeout, "{}", o.text);
+    assert!(!o.text.contains("after"), "{}", o.text);
+    // The same as the tool's `module` mode.
+    let o = py(
+        &mut w,
+        json!({"module": "unittest", "args": ["-q", "test_sum"]}),
+    );
+    assert_eq!(o.result.status, ToolStatus::Ok, "{}", o.text);
+    assert!(o.text.contains("Ran 1 test"), "{}", o.text);
+    assert_alive(&mut w);
+}
+
+#[test]
+fn a_shell_without_the_interpreter_says_so() {
+    let sb = Sandbox::new().expect("sandbox");
+    let mut w = ws(&[]);
+    let o = sb.call(
+        &mut w,
+        "shell",
+        &json!({"command": "python -c 1"}).to_string(),
+    );
+    assert_eq!(o.result.exit_code, 127, "{}", o.text);
+    assert!(o.text.contains("not available"), "{}", o.text);
+}

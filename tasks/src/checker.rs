@@ -155,6 +155,17 @@ fn shell_command_names(line: &str) -> Result<Vec<Option<String>>, String> {
         .collect())
 }
 
+/// Whether `line` runs `python` or `python3`, which the toolbox shell has only in a task that
+/// allows the `python` tool (its episodes run in the sandbox with the interpreter).
+pub(crate) fn shell_line_runs_python(line: &str) -> bool {
+    shell_command_names(line).is_ok_and(|names| {
+        names
+            .iter()
+            .flatten()
+            .any(|n| n == "python" || n == "python3")
+    })
+}
+
 /// Whether the `shell` tool can run `line` as written: the tool accepts it, the toolbox
 /// shell parses it and has every command it names (a name known only at run time, from a
 /// variable or a glob, is not checked).
@@ -186,8 +197,8 @@ impl Checker {
     /// `COMMANDS`). Any other command name exits 127, "command not found".
     pub const SHELL_COMMANDS: &'static [&'static str] = &[
         "basename", "calc", "cat", "cd", "cp", "cut", "diff", "dirname", "echo", "expr", "false",
-        "find", "grep", "head", "help", "ls", "mkdir", "mv", "printf", "pwd", "rm", "sed", "seq",
-        "sort", "tail", "touch", "tr", "true", "uniq", "wc",
+        "find", "grep", "head", "help", "ls", "mkdir", "mv", "printf", "pwd", "python", "python3",
+        "rm", "sed", "seq", "sort", "tail", "touch", "tr", "true", "uniq", "wc",
     ];
 
     /// Checks the checker's own data: a regex compiles; a tolerance is `>= 0`; a

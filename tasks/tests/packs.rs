@@ -1023,13 +1023,21 @@ fn command_exit_checker_names_only_commands_the_toolbox_shell_has() {
             Checker::SHELL_COMMANDS.join(" ")
         )
     );
+    // `python` runs only where the task allows the python tool.
+    let src = command_exit("cat a.txt | python3 check.py");
+    let d = only_diagnostic(&src);
+    assert!(
+        d.contains("runs python, which the shell has only in tasks that allow the python tool"),
+        "{d}"
+    );
+    assert!(d.contains("python = {} under [tools]"), "{d}");
     // Every command of the line is checked: after a pipe, a list operator, a redirect.
     for (command, unknown) in [
         ("grep -c ok a.txt | tally", "tally"),
         ("grep ok a.txt && test -s a.txt", "test"),
         ("[ -f a.txt ]", "["),
         ("cat a.txt; bash -c 'x'", "bash"),
-        ("> out.txt python3 x.py", "python3"),
+        ("> out.txt perl x.pl", "perl"),
         ("wc -l a.txt 2>&1 | awk -F, x", "awk"),
         ("cat a.txt && x=1 cat a.txt", "x=1"),
         ("'gerp' ok a.txt", "gerp"),

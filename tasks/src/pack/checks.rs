@@ -21,7 +21,7 @@ use super::paths::{
 };
 use super::schema::{RawCustomTool, RawLevel, RawPack, RawVar};
 use super::template::{first_bad_rendering, placeholders, render_value, sample, strings};
-use crate::checker::{check_shell_line, Checker, ShellLineProblem};
+use crate::checker::{check_shell_line, shell_line_runs_python, Checker, ShellLineProblem};
 use crate::error::TasksError;
 use crate::process::ProcessRule;
 use crate::task::KNOWN_TOOLS;
@@ -654,6 +654,15 @@ fn command_renderings(d: &mut Diags<'_>, raw: &RawPack, declared: &BTreeSet<&str
         return;
     };
     let Some(bad) = first_bad_rendering(raw, declared, &[t], |r| check_shell_line(&r[0])) else {
+        if shell_line_runs_python(t) && !raw.tools.get_ref().contains_key("python") {
+            d.push(
+                narrow_key(d.src, &raw.checker.span(), "command"),
+                format!(
+                    "checker command {t:?} runs python, which the shell has only in tasks that allow the python tool, so it would exit 127"
+                ),
+                "python = {} under [tools] (or a `python` checker)",
+            );
+        }
         return;
     };
     let at = narrow_key(d.src, &raw.checker.span(), "command");

@@ -13,12 +13,14 @@
 //! - `sed.rs`: sed (its script parser and its line runner)
 //! - `text.rs`: sort, uniq, cut, tr, echo, printf, seq
 //! - `arith.rs`: expr, calc
+//! - `python.rs`: python, python3 (run by the host)
 //!
 //! `true`, `false` and `help` are answered by the dispatch table itself.
 
 mod arith;
 mod files;
 mod grep;
+mod python;
 mod sed;
 mod text;
 
@@ -33,6 +35,7 @@ use files::{
     basename, cat, cd, cp, diff, dirname, find, head_tail, ls, mkdir, mv, pwd, rm, touch, wc,
 };
 use grep::grep;
+use python::python;
 use sed::sed;
 use text::{cut, echo, printf, seq, sort, tr, uniq};
 
@@ -42,8 +45,8 @@ pub const NOT_FOUND: i32 = 127;
 /// Every command the toolbox knows, for `help`.
 pub const COMMANDS: &[&str] = &[
     "basename", "calc", "cat", "cd", "cp", "cut", "diff", "dirname", "echo", "expr", "false",
-    "find", "grep", "head", "help", "ls", "mkdir", "mv", "printf", "pwd", "rm", "sed", "seq",
-    "sort", "tail", "touch", "tr", "true", "uniq", "wc",
+    "find", "grep", "head", "help", "ls", "mkdir", "mv", "printf", "pwd", "python", "python3",
+    "rm", "sed", "seq", "sort", "tail", "touch", "tr", "true", "uniq", "wc",
 ];
 
 /// Input, output and error sinks of one command.
@@ -135,6 +138,7 @@ pub fn dispatch<'a>(
         "mv" => mv(&mut io, args),
         "printf" => printf(&mut io, args),
         "pwd" => pwd(&mut io),
+        "python" | "python3" => python(&mut io, args),
         "rm" => rm(&mut io, args),
         "sed" => sed(&mut io, args),
         "seq" => seq(&mut io, args),
