@@ -18,7 +18,7 @@ pub(crate) fn with_memory(wasm: &[u8], memory: &[u8]) -> Result<Vec<u8>, String>
     if wasm.len() < 8 || &wasm[..4] != b"\0asm" || wasm[4..8] != [1, 0, 0, 0] {
         return Err("not a core wasm module".into());
     }
-    if memory.len() % PAGE != 0 {
+    if !memory.len().is_multiple_of(PAGE) {
         return Err(format!(
             "a memory of {} bytes is not whole pages",
             memory.len()

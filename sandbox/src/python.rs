@@ -5,8 +5,8 @@
 //! bootstrap fetches it (`scripts/runtime_files.py`), and [`PythonRuntime::open`] loads it
 //! from a path; the sandbox compiles it once into a serialized module kept beside it.
 //!
-//! Calls start from a pre-initialised interpreter ([`crate::preinit`]): the sandbox runs the
-//! module once with [`PREINIT_SCRIPT`] (start-up, then the modules programs commonly import),
+//! Calls start from a pre-initialised interpreter (`sandbox/src/preinit.rs`): the sandbox runs the
+//! module once with `PREINIT_SCRIPT` (start-up, then the modules programs commonly import),
 //! keeps its memory at the guest's exit as a second module, also compiled once and kept
 //! beside the first, and each call's `_start` resumes from it: CPython finds its runtime
 //! initialised, re-reads its arguments and runs the call's program. The plain module stays
@@ -348,14 +348,15 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     tmp.persist(path).map(|_| ()).map_err(|e| e.error)
 }
 
+/// A `python` call: the mode (`code`, `path`, `module`), its target, the arguments and the
+/// standard input.
+pub(crate) type Invocation = (&'static str, String, Vec<String>, Vec<u8>);
+
 /// What the toolbox shell's `python ARGS` runs, as the `python` tool's mode, target,
 /// arguments and standard input: `-c CODE`, `-m MODULE`, a script, or (no script, or `-`) the
 /// program on standard input. `-u`, `-B`, `-E`, `-s`, `-S`, `-I`, `-q` change nothing here
 /// and are skipped; another option is refused with the usage line.
-pub(crate) fn shell_invocation(
-    args: &[String],
-    input: Vec<u8>,
-) -> Result<(&'static str, String, Vec<String>, Vec<u8>), String> {
+pub(crate) fn shell_invocation(args: &[String], input: Vec<u8>) -> Result<Invocation, String> {
     let mut i = 0;
     while let Some(a) = args.get(i) {
         match a.as_str() {

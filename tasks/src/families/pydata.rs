@@ -75,17 +75,17 @@ impl Question {
     fn for_level(level: u32, rng: &mut SplitMix64) -> Self {
         match level {
             1 | 2 => Question::Count {
-                region: *rng.pick(&REGION_NAMES),
+                region: pick(rng, &REGION_NAMES),
             },
             3 | 4 => Question::Sum {
-                region: *rng.pick(&REGION_NAMES),
-                product: *rng.pick(&PRODUCTS),
+                region: pick(rng, &REGION_NAMES),
+                product: pick(rng, &PRODUCTS),
             },
             5 | 6 => Question::Join {
-                manager: *rng.pick(&MANAGERS),
+                manager: pick(rng, &MANAGERS),
             },
             _ => Question::Top {
-                manager: *rng.pick(&MANAGERS),
+                manager: pick(rng, &MANAGERS),
             },
         }
     }
@@ -138,6 +138,11 @@ impl Question {
     fn needs_regions(&self) -> bool {
         matches!(self, Question::Join { .. } | Question::Top { .. })
     }
+}
+
+/// One of `names`, uniformly.
+fn pick(rng: &mut SplitMix64, names: &[&'static str]) -> &'static str {
+    names[rng.below(names.len() as u64) as usize]
 }
 
 /// Revenue by product over `rows` in `regions`.
@@ -215,8 +220,8 @@ impl TaskFamily for PyData {
             .collect();
         let mut rows: Vec<Row> = (0..ROWS[level as usize - 1])
             .map(|_| Row {
-                region: *rng.pick(&REGION_NAMES),
-                product: *rng.pick(&PRODUCTS),
+                region: pick(&mut rng, &REGION_NAMES),
+                product: pick(&mut rng, &PRODUCTS),
                 units: rng.range(1, 40),
                 price: rng.range(2, 99),
             })

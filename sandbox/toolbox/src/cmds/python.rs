@@ -3,7 +3,7 @@
 //! with this stage's input as standard input. Where the call has no interpreter (a task that
 //! does not allow the `python` tool) the command is not found.
 
-use std::io::{self, Write};
+use std::io;
 
 use super::{Io, NOT_FOUND};
 
