@@ -59,8 +59,9 @@ pub(crate) struct GuestDirs<'a> {
     pub mounts: Vec<(&'a str, &'a std::path::Path)>,
 }
 
-/// Runs `python ARGS` for the toolbox shell (the `corvid.python` import): the arguments
-/// after `python` and the stage's input in, the encoded result out ([`encode_nested`]).
+/// Runs `python ARGS` for the toolbox shell (the `corvid.python` import): the shell's working
+/// directory, then the arguments after `python`, and the stage's input in, the encoded result
+/// out ([`encode_nested`]).
 pub(crate) type NestedPython = Box<dyn FnMut(Vec<String>, Vec<u8>) -> Vec<u8> + Send>;
 
 /// A nested run's result as the toolbox reads it: the exit status and the stdout length as
@@ -246,9 +247,11 @@ fn engine_err(e: impl std::fmt::Display) -> SandboxError {
 impl WasmHost {
     pub fn new(pool_slots: u32) -> Result<Self, SandboxError> {
         let mut pool = PoolingAllocationConfig::new();
-        pool.total_core_instances(pool_slots)
-            .total_memories(pool_slots)
-            .total_tables(pool_slots * 4)
+        // Twice the slots calls take: a shell call holding one can run a nested `python`
+        // without taking an instance another call's slot was promised.
+        pool.total_core_instances(pool_slots * 2)
+            .total_memories(pool_slots * 2)
+            .total_tables(pool_slots * 8)
             .total_stacks(0)
             .total_component_instances(0)
             .max_memory_size(POOL_MAX_MEMORY_BYTES as usize)
@@ -323,11 +326,15 @@ impl WasmHost {
                             .ok_or_else(|| wasmtime::Error::msg("out of bounds"))
                     };
                     let (argv, input) = (slice(argv, argv_len)?, slice(stdin, stdin_len)?);
-                    let argv: Vec<String> = argv
-                        .split(|b| *b == 0)
-                        .filter(|a| !a.is_empty())
-                        .map(|a| String::from_utf8_lossy(a).into_owned())
-                        .collect();
+                    // NUL-terminated entries: the shell's working directory, then the
+                    // arguments (empty ones kept).
+                    let argv: Vec<String> = match argv.split_last() {
+                        Some((0, entries)) => entries
+                            .split(|b| *b == 0)
+                            .map(|a| String::from_utf8_lossy(a).into_owned())
+                            .collect(),
+                        _ => Vec::new(),
+                    };
                     let result = run(argv, input);
                     let state = c.data_mut();
                     state.python = Some(run);
@@ -491,9 +498,9 @@ impl WasmHost {
 
     /// Runs one command module to completion in a fresh store.
     /// `python` is how a shell call runs the toolbox's `python` (none: the command says it is
-    /// not available). A nested run (`nested`) takes no pool slot of its own: its caller
-    /// holds one, and waiting for another could deadlock a full pool; it fails instead when
-    /// the pool has no free instance.
+    /// not available). A nested run (`nested`) takes no slot of its own: its caller holds
+    /// one, and waiting for another could deadlock a full pool; the pool has an instance for
+    /// each slot's nested run beside the slot's own.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,

@@ -35,13 +35,8 @@ pub(crate) fn with_memory(wasm: &[u8], memory: &[u8]) -> Result<Vec<u8>, String>
     let mut at = 8;
     let mut saw_data = false;
     while at < wasm.len() {
-        let id = wasm[at];
-        let (size, n) = read_leb(&wasm[at + 1..]).ok_or("a section size is malformed")?;
-        let start = at + 1 + n;
-        let body = wasm
-            .get(start..start + size as usize)
-            .ok_or("a section runs past the module's end")?;
-        at = start + size as usize;
+        let (id, body, next) = section(wasm, at)?;
+        at = next;
         match id {
             0 => {}
             5 => push_section(&mut out, 5, &memory_section(body, memory.len() / PAGE)?),
@@ -63,6 +58,19 @@ pub(crate) fn with_memory(wasm: &[u8], memory: &[u8]) -> Result<Vec<u8>, String>
     Ok(out)
 }
 
+/// The section at `at`: its id, its body and where the next one starts.
+fn section(wasm: &[u8], at: usize) -> Result<(u8, &[u8], usize), String> {
+    let id = wasm[at];
+    let (size, n) = read_leb(&wasm[at + 1..]).ok_or("a section size is malformed")?;
+    let start = at + 1 + n;
+    let end = usize::try_from(size)
+        .ok()
+        .and_then(|s| start.checked_add(s))
+        .filter(|&end| end <= wasm.len())
+        .ok_or("a section runs past the module's end")?;
+    Ok((id, &wasm[start..end], end))
+}
+
 /// The address of `_start`'s guard word: its body must begin
 /// `block; i32.const A; i32.load; i32.eqz; if`.
 fn start_guard(wasm: &[u8]) -> Result<u32, String> {
@@ -71,13 +79,8 @@ fn start_guard(wasm: &[u8]) -> Result<u32, String> {
     let mut code = None;
     let mut at = 8;
     while at < wasm.len() {
-        let id = wasm[at];
-        let (size, n) = read_leb(&wasm[at + 1..]).ok_or("a section size is malformed")?;
-        let start = at + 1 + n;
-        let body = wasm
-            .get(start..start + size as usize)
-            .ok_or("a section runs past the module's end")?;
-        at = start + size as usize;
+        let (id, body, next) = section(wasm, at)?;
+        at = next;
         match id {
             2 => imported_funcs = count_imported_funcs(body).ok_or("malformed import section")?,
             7 => start_func = find_export(body, "_start"),
@@ -94,7 +97,7 @@ fn start_guard(wasm: &[u8]) -> Result<u32, String> {
     // Skip the local declarations.
     let (groups, mut i) = read_leb(body).ok_or("malformed locals")?;
     for _ in 0..groups {
-        let (_, n) = read_leb(&body[i..]).ok_or("malformed locals")?;
+        let (_, n) = read_leb(body.get(i..).unwrap_or_default()).ok_or("malformed locals")?;
         i += n + 1;
     }
     let ops = &body[i.min(body.len())..];
@@ -130,6 +133,7 @@ fn count_imported_funcs(body: &[u8]) -> Option<u64> {
             1 => i += 1 + limits_len(body.get(i + 1..)?)?,
             2 => i += limits_len(body.get(i..)?)?,
             3 => i += 2,
+            4 => i += 1 + read_leb(body.get(i + 1..)?)?.1,
             _ => return None,
         }
     }
@@ -183,22 +187,23 @@ fn nth_body(code: &[u8], index: u64) -> Option<&[u8]> {
 
 /// One memory, its minimum raised to `pages` (its maximum, if any, kept).
 fn memory_section(body: &[u8], pages: usize) -> Result<Vec<u8>, String> {
-    let (count, mut i) = read_leb(body).ok_or("malformed memory section")?;
+    let malformed = || "malformed memory section".to_string();
+    let (count, mut i) = read_leb(body).ok_or_else(malformed)?;
     if count != 1 {
         return Err(format!("{count} memories (one expected)"));
     }
-    let flags = body[i];
+    let flags = *body.get(i).ok_or_else(malformed)?;
     i += 1;
     if flags & !1 != 0 {
         return Err(format!(
             "memory flags {flags:#x} (shared or 64-bit) are not supported"
         ));
     }
-    let (min, n) = read_leb(&body[i..]).ok_or("malformed memory limits")?;
+    let (min, n) = read_leb(body.get(i..).ok_or_else(malformed)?).ok_or_else(malformed)?;
     i += n;
     let mut out = vec![1, flags];
     write_leb(&mut out, min.max(pages as u64));
-    out.extend_from_slice(&body[i..]);
+    out.extend_from_slice(body.get(i..).ok_or_else(malformed)?);
     Ok(out)
 }
 
@@ -214,7 +219,7 @@ fn check_globals(body: &[u8]) -> Result<(), String> {
     }
 }
 
-/// Active segments for memory 0 holding the non-zero runs of `memory`; runs less than a page
+/// Active segments for memory 0 holding the non-zero runs of `memory`; runs less than 4 KiB
 /// apart share a segment.
 fn data_section(memory: &[u8]) -> Vec<u8> {
     const GAP: usize = 4096;

@@ -12,8 +12,7 @@
 //! initialised, re-reads its arguments and runs the call's program. The plain module stays
 //! the reference path (`PythonRuntime::preinit = false`, and workspaces with extra mounts,
 //! whose preopened folders the snapshot does not know); `sandbox/tests/python.rs` holds the
-//! two equal, output for output. One difference remains: a resumed program starts a frame
-//! deeper (the pre-initialisation run's own), so it meets the recursion limit one call sooner.
+//! two equal, output for output.
 //!
 //! The module is VMware Labs' `python-3.12.0.wasm` (webassembly-language-runtimes release
 //! `python/3.12.0+20231211-040d5a6`, the standard library embedded): [`open`] refuses any
@@ -107,7 +106,11 @@ impl PythonRuntime {
 /// directory and the first entry of `sys.path` (a script's own folder before it, as
 /// `python script.py` does); then `argv[1]` says what to run (`code`, in a fresh `__main__`
 /// module, `path`, or `module`, as `python -m` runs one), `argv[2]` is the code, the script or
-/// the module, the rest its arguments.
+/// the module, `argv[3]` the working directory (`/workspace`, or the shell's after a `cd`),
+/// the rest its arguments. A module the pre-initialised interpreter holds but a fresh start
+/// would not have imported yet is dropped from `sys.modules` when the workspace, the working
+/// directory or the script's folder has a file or folder of its name, so the program imports
+/// that one, as it would after a fresh start.
 ///
 /// It imports nothing the interpreter's start-up has not (`os` is frozen and loaded by
 /// `site`; `runpy` only for a script or a module, before the workspace is on `sys.path`): importing
@@ -120,18 +123,36 @@ impl PythonRuntime {
 /// dropped; the streams are flushed; `SystemExit` read as the interpreter reads it) and then
 /// exits at once: tearing the interpreter down cost more than the program, and the instance
 /// is discarded anyway.
-pub(crate) const PRELUDE: &str = r#"import os, sys
-_mode, _target = sys.argv[1], sys.argv[2]
+pub(crate) const PRELUDE: &str = r#"import os, sys, atexit
+atexit.unregister(os._exit)
+_mode, _target, _cwd = sys.argv[1:4]
 _skip = {"<string>"}
 if _mode != "code":
     import runpy
     _skip |= {"<frozen runpy>", runpy.__file__}
-os.chdir("/workspace")
+try:
+    os.chdir(_cwd)
+except OSError:
+    os.chdir("/workspace")
 sys.path.insert(0, "/workspace")
+_pre = getattr(sys, "_corvid_preloaded", None)
+if _pre:
+    _dirs = {"/workspace", os.getcwd()}
+    if _mode == "path":
+        _dirs.add(os.path.dirname(os.path.abspath(_target)))
+    _local = set()
+    for _dir in _dirs:
+        try:
+            _local.update(n[:-3] if n.endswith(".py") else n for n in os.listdir(_dir))
+        except OSError:
+            pass
+    _evict = _pre[0] | (_pre[1] if _mode == "code" else frozenset())
+    for _n in [n for n in _evict if n.partition(".")[0] in _local]:
+        sys.modules.pop(_n, None)
 _names = []
 def _run():
     if _mode == "code":
-        sys.argv = ["-c"] + sys.argv[3:]
+        sys.argv = ["-c"] + sys.argv[4:]
         main = type(sys)("__main__")
         main.__builtins__ = __builtins__
         sys.modules["__main__"] = main
@@ -139,10 +160,10 @@ def _run():
         exec(compile(_target, "<code>", "exec"), main.__dict__)
     elif _mode == "path":
         sys.path.insert(0, os.path.dirname(os.path.abspath(_target)))
-        sys.argv = [_target] + sys.argv[3:]
+        sys.argv = [_target] + sys.argv[4:]
         _names.append(runpy.run_path(_target, run_name="__main__"))
     else:
-        sys.argv = [_target] + sys.argv[3:]
+        sys.argv = [_target] + sys.argv[4:]
         _names.append(runpy.run_module(_target, run_name="__main__", alter_sys=True))
 try:
     _run()
@@ -159,17 +180,18 @@ except BaseException as _e:
     while _tb is not None and _tb.tb_frame.f_code.co_filename in _skip:
         _tb = _tb.tb_next
     sys.__excepthook__(type(_e), _e.with_traceback(_tb), _tb)
+    _tb = None
     _code = 1
-import atexit, gc
 atexit._run_exitfuncs()
+import gc
 for _m in list(sys.modules.values()):
     if str(getattr(_m, "__file__", None)).startswith(("/workspace/", "/tmp/")):
         _names.append(vars(_m))
 for _d in _names:
     _d.clear()
-del _names, _d, _m
+_names = _d = _m = None
 gc.collect()
-for _s in (sys.stdout, sys.stderr):
+for _s in (sys.stdout, sys.stderr, sys.__stdout__, sys.__stderr__):
     try:
         _s.flush()
     except Exception:
@@ -180,22 +202,35 @@ os._exit(_code if -2**31 <= _code < 2**31 else 1)
 /// What the pre-initialisation run executes before its memory is kept: the interpreter's
 /// start-up, then the standard modules programs and test suites commonly import. It leaves
 /// `sys.path` and the import caches as a fresh start has them (no folder a call mounts is
-/// scanned), and `random` unimported, so each call seeds it from its own entropy. Its objects
-/// are frozen out of the collector's generations: a call's `gc.collect()` walks only what
-/// the call made (36M wasm instructions a call otherwise).
+/// scanned), `random` unimported, so each call seeds it from its own entropy, and in
+/// `sys._corvid_preloaded` what it imported beyond a fresh start (apart, and then
+/// `runpy`'s, which the prelude imports itself for a script). Its objects are frozen out of
+/// the collector's generations: a call's `gc.collect()` walks only what the call made (36M
+/// wasm instructions a call otherwise). It exits from the interpreter's exit handlers, where
+/// no Python frame is live (`os._exit` is a C function): the kept memory holds no evaluation
+/// in progress, so a resumed program starts at the depth a fresh one does.
 pub(crate) const PREINIT_SCRIPT: &str = r#"import os, sys
+_fresh = set(sys.modules)
+import runpy
+_runpy = set(sys.modules) - _fresh
 import argparse, atexit, bisect, collections, copy, csv, dataclasses, datetime, decimal
 import difflib, enum, fnmatch, fractions, functools, gc, heapq, io, itertools, json, math
-import operator, pathlib, pprint, re, runpy, string, textwrap, traceback, types
+import operator, pathlib, pprint, re, string, textwrap, traceback, types
 import typing, unittest, unittest.mock
 assert "random" not in sys.modules
+sys._corvid_preloaded = (frozenset(set(sys.modules) - _fresh - _runpy), frozenset(_runpy))
+del _fresh, _runpy
 sys.path[:] = [p for p in sys.path if p]
 sys.path_importer_cache.clear()
 gc.collect()
 gc.freeze()
 sys.stdout.flush()
-os._exit(0)
+atexit.register(os._exit, 0)
 "#;
+
+/// The shape of the pre-initialised module beyond the script and environment: how
+/// `preinit::with_memory` writes it and the folders the run preopens. Part of its cache key.
+const PREINIT_FORMAT: &str = "with_memory 2; preopens /workspace (read-only), /tmp";
 
 /// Environment of a `python` call beside the sandbox's own (`HOME`, `PWD`, `LANG`): no
 /// bytecode written to the workspace, hashing seeded the same every call (deterministic
@@ -260,6 +295,7 @@ pub(crate) fn compile(
     let mut key = Sha256::new();
     key.update(got.as_bytes());
     key.update(PREINIT_SCRIPT.as_bytes());
+    key.update(PREINIT_FORMAT.as_bytes());
     for (k, v) in GUEST_ENV.iter().chain(PYTHON_ENV.iter()) {
         key.update(format!("{k}={v}\n").as_bytes());
     }
@@ -384,14 +420,15 @@ pub(crate) fn shell_invocation(args: &[String], input: Vec<u8>) -> Result<Invoca
     Ok(("code", code, Vec::new(), Vec::new()))
 }
 
-/// The interpreter's argv for a call: `python -c PRELUDE MODE TARGET ARGS...`.
-pub(crate) fn argv(mode: &str, target: &str, args: &[String]) -> Vec<String> {
+/// The interpreter's argv for a call: `python -c PRELUDE MODE TARGET CWD ARGS...`.
+pub(crate) fn argv(mode: &str, target: &str, cwd: &str, args: &[String]) -> Vec<String> {
     let mut argv = vec![
         "python".to_string(),
         "-c".into(),
         PRELUDE.into(),
         mode.into(),
         target.to_string(),
+        cwd.to_string(),
     ];
     argv.extend_from_slice(args);
     argv

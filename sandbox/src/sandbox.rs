@@ -19,7 +19,7 @@ use crate::python::{PythonRuntime, PYTHON_ENV, PYTHON_MODULE_SHA256};
 use crate::search::SearchIndex;
 use crate::tools::{self, builtin_specs, custom_params, refuse, Refusal, ToolKind, ToolSpec};
 use crate::watch::Watcher;
-use crate::workspace::Workspace;
+use crate::workspace::{Workspace, WORKSPACE_GUEST_PATH};
 use crate::SandboxError;
 
 /// Exit code reported when a wasm call was stopped by a limit (like a
@@ -492,7 +492,7 @@ impl Sandbox {
                             )
                         }
                     };
-                let mut argv = crate::python::argv(mode, target, &[]);
+                let mut argv = crate::python::argv(mode, target, WORKSPACE_GUEST_PATH, &[]);
                 let stdin = match command_input(&mut argv, &args) {
                     Ok(stdin) => stdin,
                     Err(r) => return refusal_output(name, r, start),
@@ -589,7 +589,8 @@ impl Sandbox {
 
     /// How a shell call in `ws` runs the toolbox's `python`: as the `python` tool would (its
     /// limits, the deadline no later than the shell's, a scratch `/tmp` of its own, the
-    /// workspace writable), its output handed back to the pipeline stage; a run that ends
+    /// workspace writable), in the shell's working directory, with randomness of its own, its
+    /// output handed back to the pipeline stage; a run that ends
     /// other than by exiting reports why on standard error, with the status a killed process
     /// gets. `None` where this sandbox has no interpreter.
     fn nested_python(&self, ws: &Workspace) -> Option<NestedPython> {
@@ -601,11 +602,18 @@ impl Sandbox {
             .iter()
             .map(|m| (m.name.clone(), m.host.clone()))
             .collect();
-        Some(Box::new(move |args: Vec<String>, input: Vec<u8>| {
+        let mut runs = 0u64;
+        Some(Box::new(move |entries: Vec<String>, input: Vec<u8>| {
             let Some(py) = &inner.python else {
                 return encode_nested(127, b"", b"python: not available\n");
             };
-            let (mode, target, rest, stdin) = match crate::python::shell_invocation(&args, input) {
+            let Some((cwd, args)) = entries.split_first() else {
+                return encode_nested(2, b"", b"python: no working directory from the shell\n");
+            };
+            // Each run of a line draws its own randomness.
+            runs += 1;
+            let seed = seed ^ runs.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            let (mode, target, rest, stdin) = match crate::python::shell_invocation(args, input) {
                 Ok(call) => call,
                 Err(usage) => return encode_nested(2, b"", format!("{usage}\n").as_bytes()),
             };
@@ -640,7 +648,7 @@ impl Sandbox {
             } else {
                 &py.plain
             };
-            let argv = crate::python::argv(mode, &target, &rest);
+            let argv = crate::python::argv(mode, &target, cwd, &rest);
             match inner.host.run(pre, &dirs, &argv, stdin, &setup, None, true) {
                 Err(e) => encode_nested(1, b"", format!("python: {e}\n").as_bytes()),
                 Ok(raw) => {

@@ -418,6 +418,15 @@ fn a_preinitialised_call_answers_as_the_full_start_up_does() {
             "import unittest\nimport lib\n\nclass T(unittest.TestCase):\n    def test_value(self):\n        self.assertEqual(lib.VALUE, 2)\n\nunittest.main()\n",
         ),
         ("args.py", "import sys\nprint(sys.argv, sys.stdin.read())\n"),
+        ("quits.py", "import sys\nprint('bye')\nsys.exit(3)\n"),
+        ("done.py", "import sys\nsys.exit(0)\n"),
+        (
+            "leaves.py",
+            "def m():\n    f = open('from-script.txt', 'w')\n    f.write('x')\n    raise ValueError('late')\nm()\n",
+        ),
+        ("pkg/main.py", "import os\nprint(os.getcwd())\n"),
+        // A workspace module named like one the snapshot holds is the workspace's.
+        ("string.py", "ascii_letters = 'mine'\n"),
     ];
     let calls: Vec<serde_json::Value> = vec![
         json!({"code": "print(1)"}),
@@ -439,6 +448,20 @@ fn a_preinitialised_call_answers_as_the_full_start_up_does() {
         // A module edited between calls is read again.
         json!({"code": "open('lib.py', 'w').write('VALUE = 2\\n')"}),
         json!({"path": "test_lib.py"}),
+        // Exits from a script, and a file a failing function left open.
+        json!({"path": "quits.py"}),
+        json!({"path": "done.py"}),
+        json!({"path": "leaves.py"}),
+        json!({"code": "print(repr(open('from-script.txt').read()))"}),
+        json!({"path": "pkg/main.py"}),
+        json!({"code": "import string\nprint(string.ascii_letters)"}),
+        // Output written before the program replaced its streams.
+        json!({"code": "import sys\nprint('to stdout')\nsys.stdout = open('log.txt', 'w')\nprint('to log')"}),
+        json!({"code": "print(open('log.txt').read())"}),
+        // The stack a program sees, and how deep it may recurse.
+        json!({"code": "import inspect, sys, traceback\ndef f():\n    traceback.print_stack()\n    return [x.function for x in inspect.stack()]\nprint(f())\nn = 0\nfr = sys._getframe()\nwhile fr is not None:\n    n += 1\n    fr = fr.f_back\nprint(n)"}),
+        json!({"code": "import sys\ndef f(n):\n    try:\n        return f(n + 1)\n    except RecursionError:\n        return n\nprint(f(0), sys.getrecursionlimit())"}),
+        json!({"code": "import threading\nt = threading.Thread(target=print)\ntry:\n    t.start()\nexcept RuntimeError as e:\n    print(type(e).__name__)"}),
     ];
     let mut fast = ws(&files);
     let mut reference = ws(&files);
@@ -456,16 +479,11 @@ fn a_preinitialised_call_answers_as_the_full_start_up_does() {
         b"kept",
         "the file left open was flushed"
     );
-    // The one difference: a resumed program starts a frame deeper (the pre-initialisation
-    // run's own), so it reaches the recursion limit one call sooner.
-    let deep = json!({"code": "import sys\ndef f(n):\n    try:\n        return f(n + 1)\n    except RecursionError:\n        return n\nprint(f(0), sys.getrecursionlimit())"}).to_string();
-    let depth = |o: ToolOutput| -> (i64, String) {
-        let (n, limit) = o.text.trim().split_once(' ').expect("two numbers");
-        (n.parse().expect("a depth"), limit.to_string())
-    };
-    let (a, limit_a) = depth(sandbox().call(&mut fast, "python", &deep));
-    let (b, limit_b) = depth(plain_sandbox().call(&mut reference, "python", &deep));
-    assert_eq!((a + 1, limit_a), (b, limit_b));
+    assert_eq!(
+        fast.read("from-script.txt").expect("written"),
+        b"x",
+        "the file a failing function left open was flushed"
+    );
 }
 
 fn shell(ws: &mut Workspace, command: &str) -> ToolOutput {
@@ -490,6 +508,18 @@ fn the_shell_runs_python_in_its_pipelines() {
         "python3 -c 'print(\"a\"); print(\"b\")' | grep b > out.txt && cat out.txt",
     );
     assert_eq!(o.text, "b\n", "{}", o.text);
+    // After a `cd`, in that folder; empty arguments kept.
+    let o = shell(
+        &mut w,
+        "mkdir sub && cd sub && python -c 'import os, sys; print(os.getcwd(), sys.argv[1:])' '' x",
+    );
+    assert_eq!(o.text, "/workspace/sub ['', 'x']\n", "{}", o.text);
+    let o = shell(&mut w, "python -c ''; echo $?");
+    assert_eq!(o.text, "0\n", "{}", o.text);
+    // Two programs of one line draw different randomness.
+    let o = shell(&mut w, "python -c 'import random; print(random.random())'; python -c 'import random; print(random.random())'");
+    let draws: Vec<&str> = o.text.lines().collect();
+    assert!(draws.len() == 2 && draws[0] != draws[1], "{}", o.text);
     // The program on standard input, and `-m`.
     let o = shell(&mut w, "echo 'print(6 * 7)' | python3");
     assert_eq!(o.text, "42\n", "{}", o.text);

@@ -28,7 +28,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
 use corvid_proto::{ToolCall, ToolStatus};
 use corvid_sandbox::{
@@ -55,9 +55,9 @@ pub struct TaskEnv {
     workspace_parent: Option<PathBuf>,
     python_runtime: PythonRuntime,
     /// The sandbox of tasks that allow `python`, and the one `python` checkers run in (the
-    /// workspace read-only); built on first use, an error naming why they cannot be.
-    python: Arc<OnceLock<Result<Sandbox, String>>>,
-    python_checker: Arc<OnceLock<Result<Sandbox, String>>>,
+    /// workspace read-only); built on first use (a failed build is tried again next time).
+    python: Arc<Mutex<Option<Sandbox>>>,
+    python_checker: Arc<Mutex<Option<Sandbox>>>,
 }
 
 impl std::fmt::Debug for TaskEnv {
@@ -121,18 +121,21 @@ impl TaskEnv {
 
     fn python_sandbox(
         &self,
-        cell: &OnceLock<Result<Sandbox, String>>,
+        cell: &Mutex<Option<Sandbox>>,
         runtime: PythonRuntime,
     ) -> Result<Sandbox, String> {
-        cell.get_or_init(|| {
-            let path = runtime.path.display().to_string();
-            Sandbox::builder()
-                .search_tool(true)
-                .python(runtime)
-                .build()
-                .map_err(|e| format!("the python runtime {path}: {e}"))
-        })
-        .clone()
+        let mut cell = cell.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(s) = cell.as_ref() {
+            return Ok(s.clone());
+        }
+        let path = runtime.path.display().to_string();
+        let sandbox = Sandbox::builder()
+            .search_tool(true)
+            .python(runtime)
+            .build()
+            .map_err(|e| format!("the python runtime {path}: {e}"))?;
+        *cell = Some(sandbox.clone());
+        Ok(sandbox)
     }
 
     fn search_index(&self, task: &TaskInstance) -> Result<Arc<SearchIndex>, TasksError> {

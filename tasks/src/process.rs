@@ -37,7 +37,8 @@ pub enum ProcessRule {
         penalty: f64,
     },
     /// `−penalty` for a call identical (same name, same parsed arguments) to an earlier one
-    /// made since the last successful `write_file`.
+    /// made since the last successful call that can have changed the workspace
+    /// (`write_file`, `python`, a shell line that writes, a task's own tool).
     RepeatCall {
         /// Penalty (finite, `0..=`[`ProcessRule::MAX_WEIGHT`]; it is subtracted).
         penalty: f64,
@@ -156,6 +157,30 @@ pub fn paths_read(call: &ToolCall) -> Vec<String> {
     }
 }
 
+/// Whether a call can have changed the workspace: `write_file`, `python`, a shell command
+/// line with a redirect or a command that writes (`sed -i`, `rm`, `mv`, `cp`, `mkdir`,
+/// `touch`, `python`), or a task's own tool (which may be mounted writable).
+fn may_write(call: &ToolCall) -> bool {
+    match call.name.as_str() {
+        "write_file" | "python" => true,
+        "shell" => {
+            let line = arg_str(call, "command").unwrap_or_default();
+            line.contains('>')
+                || line.contains("sed -i")
+                || line
+                    .split(|c: char| c.is_whitespace() || "|;&".contains(c))
+                    .any(|w| {
+                        matches!(
+                            w,
+                            "rm" | "mv" | "cp" | "mkdir" | "touch" | "python" | "python3"
+                        )
+                    })
+        }
+        "read_file" | "list_dir" | "search" | "answer" => false,
+        _ => true,
+    }
+}
+
 /// Scores each turn: `p_t = Σ_rules component_rule(t)` with the components of
 /// [`ProcessRule`]; infra-failed turns score 0 and are forgotten.
 pub fn score_turns(rules: &[ProcessRule], turns: &[ScoredTurn<'_>]) -> Vec<f64> {
@@ -170,9 +195,9 @@ pub fn score_turns(rules: &[ProcessRule], turns: &[ScoredTurn<'_>]) -> Vec<f64> 
         }
         let key = call_key(turn.call);
         let repeat = !seen_calls.insert(key);
-        // Running the tests again after an edit is progress, not a loop: a written file
-        // starts the count afresh.
-        if turn.call.name == "write_file" && turn.status.is_success() {
+        // Running the tests again after an edit is progress, not a loop: a call that can
+        // have changed the workspace starts the count afresh.
+        if turn.status.is_success() && may_write(turn.call) {
             seen_calls.clear();
         }
         let mut p = 0.0;

@@ -111,6 +111,14 @@ fn pyfix_checker_runs_the_original_tests() {
         assert_eq!(out.result.status, ToolStatus::Ok);
         ep.call(&answer_call("fixed"));
         assert!(!ep.check().passed(), "{}: rewritten tests passed", t.id);
+        // A module that exits while imported.
+        let mut ep = Episode::start(&env, &t).expect("episode");
+        let out = ep.call(&write_call(&module, "import sys\nsys.exit(0)\n"));
+        assert_eq!(out.result.status, ToolStatus::Ok);
+        match ep.check() {
+            Verdict::Fail(why) => assert!(why.contains("importing"), "{why}"),
+            v => panic!("{}: an exiting module judged {v:?}", t.id),
+        }
         // The module deleted: an import error.
         let mut ep = Episode::start(&env, &t).expect("episode");
         ep.call(&corvid_proto::ToolCall {
@@ -216,6 +224,16 @@ fn a_python_pack_checks_the_file_a_script_wrote() {
         // No file at all.
         let mut ep = Episode::start(&env, &t).expect("episode");
         assert!(!ep.check().passed(), "{}", t.id);
+        // Orders rewritten to agree with an empty total: the checker's truth is its own.
+        let out = ep.call(&corvid_proto::ToolCall {
+            name: "python".into(),
+            arguments_json: serde_json::json!({
+                "code": "open('orders.csv', 'w').write('city,item,qty\\n')\nopen('totals.json', 'w').write('{}')"
+            })
+            .to_string(),
+        });
+        assert_eq!(out.result.status, ToolStatus::Ok, "{}", out.text);
+        assert!(!ep.check().passed(), "{}: rewritten orders passed", t.id);
     }
 }
 

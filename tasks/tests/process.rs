@@ -73,15 +73,23 @@ fn a_call_repeated_after_a_write_is_no_repeat() {
     let rules = vec![ProcessRule::RepeatCall { penalty: 0.05 }];
     let calls = [
         call("python", r#"{"path":"test_calc.py"}"#),
-        call("python", r#"{"path":"test_calc.py"}"#), // nothing changed: -0.05
+        call("python", r#"{"path":"test_calc.py"}"#), // failed, nothing changed: -0.05
         call("write_file", r#"{"path":"calc.py","content":"x"}"#),
         call("python", r#"{"path":"test_calc.py"}"#), // after the fix: 0
+        call("shell", r#"{"command":"cat calc.py"}"#),
+        call("shell", r#"{"command":"cat calc.py"}"#), // a read changes nothing: -0.05
+        call("shell", r#"{"command":"sed -i s/x/y/ calc.py"}"#),
+        call("shell", r#"{"command":"cat calc.py"}"#), // after sed -i: 0
         call("write_file", r#"{"path":"/etc","content":"x"}"#),
-        call("python", r#"{"path":"test_calc.py"}"#), // the write failed: -0.05
+        call("shell", r#"{"command":"cat calc.py"}"#), // the write failed: -0.05
     ];
     let st = [
         ToolStatus::ExitNonzero,
         ToolStatus::ExitNonzero,
+        ToolStatus::Ok,
+        ToolStatus::Ok,
+        ToolStatus::Ok,
+        ToolStatus::Ok,
         ToolStatus::Ok,
         ToolStatus::Ok,
         ToolStatus::PermissionDenied,
@@ -94,6 +102,6 @@ fn a_call_repeated_after_a_write_is_no_repeat() {
         .collect();
     assert_eq!(
         score_turns(&rules, &turns),
-        vec![0.0, -0.05, 0.0, 0.0, 0.0, -0.05]
+        vec![0.0, -0.05, 0.0, 0.0, 0.0, -0.05, 0.0, 0.0, 0.0, -0.05]
     );
 }

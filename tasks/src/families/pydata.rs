@@ -72,14 +72,17 @@ enum Question {
 }
 
 impl Question {
-    fn for_level(level: u32, rng: &mut SplitMix64) -> Self {
+    /// The question for `level`, about the region and product of one of the `rows` (so a
+    /// count or a sum is never zero by chance).
+    fn for_level(level: u32, rng: &mut SplitMix64, rows: &[Row]) -> Self {
+        let asked = &rows[rng.below(rows.len() as u64) as usize];
         match level {
             1 | 2 => Question::Count {
-                region: pick(rng, &REGION_NAMES),
+                region: asked.region,
             },
             3 | 4 => Question::Sum {
-                region: pick(rng, &REGION_NAMES),
-                product: pick(rng, &PRODUCTS),
+                region: asked.region,
+                product: asked.product,
             },
             5 | 6 => Question::Join {
                 manager: pick(rng, &MANAGERS),
@@ -209,7 +212,6 @@ impl TaskFamily for PyData {
     fn instance(&self, level: u32, seed: u64) -> Result<TaskInstance, TasksError> {
         check_level(self.name(), level, self.levels())?;
         let mut rng = SplitMix64::derive(seed, &format!("pydata/{level}"));
-        let q = Question::for_level(level, &mut rng);
         // Every manager runs two regions.
         let mut regions = REGION_NAMES;
         rng.shuffle(&mut regions);
@@ -226,6 +228,7 @@ impl TaskFamily for PyData {
                 price: rng.range(2, 99),
             })
             .collect();
+        let q = Question::for_level(level, &mut rng, &rows);
         // A shared top revenue has no single answer: one more unit in a sale of the first
         // product sharing it makes that one lead.
         let expected = loop {

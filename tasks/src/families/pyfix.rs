@@ -194,8 +194,15 @@ fn module_source(functions: &[&Function], bug: &str, depth: usize, fixed: bool) 
 
 /// The test module for `functions`, importing the module `module` as `M`.
 fn test_source(module: &str, functions: &[&Function]) -> String {
-    let mut s =
-        format!("import unittest\n\nimport {module} as M\n\n\nclass Test(unittest.TestCase):\n");
+    format!(
+        "import unittest\n\nimport {module} as M\n\n\n{}",
+        test_class(functions)
+    )
+}
+
+/// The test case class over `functions` (the module imported as `M`).
+fn test_class(functions: &[&Function]) -> String {
+    let mut s = String::from("class Test(unittest.TestCase):\n");
     for (i, f) in functions.iter().enumerate() {
         if i > 0 {
             s.push('\n');
@@ -203,6 +210,20 @@ fn test_source(module: &str, functions: &[&Function]) -> String {
         s += &format!("    def test_{}(self):\n{}", f.name, f.test);
     }
     s
+}
+
+/// The checker: the original tests over the final module. A module that raises or exits
+/// while imported fails, and so does a run where any test fails or fewer than all ran (a
+/// test that calls `sys.exit` is an error, as unittest records it). A module that ends the
+/// interpreter itself (`os._exit(0)`) while imported would pass: in-process checks cannot
+/// rule that out.
+fn checker_source(module: &str, functions: &[&Function]) -> String {
+    format!(
+        "import sys\nimport unittest\n\ntry:\n    import {module} as M\nexcept BaseException as e:\n    sys.exit(f\"importing {module} failed: {{e!r}}\")\n\n\n{}\n\n_result = unittest.main(argv=[\"check\"], exit=False, verbosity=0).result\nif not (_result.wasSuccessful() and _result.testsRun == {}):\n    sys.exit(f\"{{_result.testsRun}} of {} tests ran, {{len(_result.failures)}} failed, {{len(_result.errors)}} errors\")\n",
+        test_class(functions),
+        functions.len(),
+        functions.len()
+    )
 }
 
 impl TaskFamily for PyFix {
@@ -310,9 +331,7 @@ impl TaskFamily for PyFix {
             // The original tests, whatever the episode did to its copy; the checker's
             // arguments are not unittest's.
             checker: Checker::Python {
-                code: Some(format!(
-                    "{tests}\n\nunittest.main(argv=[\"check\"], verbosity=0)\n"
-                )),
+                code: Some(checker_source(module, &functions)),
                 script: None,
                 args: Vec::new(),
             },

@@ -10,7 +10,8 @@ use super::{Io, NOT_FOUND};
 #[cfg(target_arch = "wasm32")]
 #[link(wasm_import_module = "corvid")]
 extern "C" {
-    /// Runs python with the NUL-separated `argv` (the arguments after `python`) and `stdin`;
+    /// Runs python with `argv` (NUL-terminated: the working directory, then the arguments
+    /// after `python`) and `stdin`;
     /// returns the length of the result `python_result` copies out, or -1 where the host has
     /// no interpreter for this call.
     #[link_name = "python"]
@@ -24,8 +25,13 @@ extern "C" {
 /// The host's result for `args` and `input`, or `None` where it has no interpreter.
 #[cfg(target_arch = "wasm32")]
 fn run_on_host(args: &[String], input: &[u8]) -> Option<Vec<u8>> {
+    // NUL-terminated entries: the working directory (a `cd` earlier in the line moved it),
+    // then the arguments.
+    let cwd = std::env::current_dir()
+        .map(|d| d.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| "/workspace".into());
     let mut argv = Vec::new();
-    for a in args {
+    for a in std::iter::once(&cwd).chain(args) {
         argv.extend_from_slice(a.as_bytes());
         argv.push(0);
     }
