@@ -1,5 +1,5 @@
 //! `pydata`: a question about a CSV file, answered by running a script. Levels raise the
-//! data size (6 to 1,200 rows, past what `read_file` shows at once from level 4) and the
+//! data size (6 to 1,200 rows, past the 4,096 bytes `read_file` shows from level 6) and the
 //! steps a script needs: count, then filter and sum, then join a second file, then group and
 //! take the largest.
 //!
