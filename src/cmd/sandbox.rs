@@ -6,7 +6,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Args, Subcommand};
 use corvid_sandbox::serde_json;
-use corvid_sandbox::{Mount, MountSource, Quota, Sandbox, ToolOutput, ToolStatus, Workspace};
+use corvid_sandbox::{
+    Mount, MountSource, PythonRuntime, Quota, Sandbox, ToolOutput, ToolStatus, Workspace,
+};
 
 /// run tools in the sandbox exactly as the policy would.
 #[derive(Args, Debug)]
@@ -14,8 +16,10 @@ use corvid_sandbox::{Mount, MountSource, Quota, Sandbox, ToolOutput, ToolStatus,
   corvid sandbox exec --workspace /tmp/ws -- 'grep -c needle *.txt'
   corvid sandbox exec --workspace /tmp/ws --json -- 'ls -l | sort -k 2 -n'
   corvid sandbox tool --workspace /tmp/ws read_file '{\"path\": \"notes.txt\", \"limit\": 20}'
+  corvid sandbox tool --workspace /tmp/ws python '{\"code\": \"print(1)\"}'
   corvid sandbox toolbox --out packs/wasm/toolbox.wasm   the shell's own module, for a pack's
                                                          custom tool or wasi checker
+  corvid sandbox prepare      compile and cache the python runtime before a first task needs it
 
 The directory is used in place (nothing is copied or deleted). Exit codes:
 0 the call succeeded; the command's own exit code for exit_nonzero (1..=255);
@@ -33,6 +37,10 @@ enum SandboxCmd {
     Tool(ToolArgs),
     /// Write the toolbox module (the WASI program behind `shell`) to a file.
     Toolbox(ToolboxArgs),
+    /// Compile and cache the python runtime (the plain and the pre-initialised module) that
+    /// `make` fetched, as the first sandbox with it would: for an image, or before a fleet's
+    /// first episodes. Prints what it took.
+    Prepare,
 }
 
 #[derive(Args, Debug)]
@@ -71,7 +79,7 @@ struct ExecArgs {
 struct ToolArgs {
     #[command(flatten)]
     common: CommonArgs,
-    /// Tool name (shell, read_file, write_file, list_dir, answer).
+    /// Tool name (shell, python, read_file, write_file, list_dir, answer).
     name: String,
     /// Arguments as a JSON object.
     #[arg(default_value = "{}", value_name = "JSON-ARGS")]
@@ -91,8 +99,16 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         }
         SandboxCmd::Tool(t) => (t.common, t.name, t.args),
         SandboxCmd::Toolbox(t) => return write_toolbox(&t.out),
+        SandboxCmd::Prepare => return prepare(),
     };
-    let sandbox = match Sandbox::new() {
+    // The interpreter only where the call can use it: loading it takes most of a second.
+    let builder = Sandbox::builder();
+    let builder = if name == "python" || json_args.contains("python") {
+        builder.python(PythonRuntime::bootstrapped())
+    } else {
+        builder
+    };
+    let sandbox = match builder.build() {
         Ok(s) => s,
         Err(e) => {
             eprintln!("error: the sandbox could not start: {e}");
@@ -214,6 +230,28 @@ mod tests {
                 ("read_file", "{\"path\":\"a\"}")
             ),
             _ => panic!("not parsed as tool"),
+        }
+    }
+}
+
+/// `corvid sandbox prepare`: builds a sandbox with the bootstrapped python runtime, which
+/// compiles and caches whatever is not cached yet, and times it.
+fn prepare() -> anyhow::Result<ExitCode> {
+    let runtime = PythonRuntime::bootstrapped();
+    let path = runtime.path.clone();
+    let t = std::time::Instant::now();
+    match Sandbox::builder().python(runtime).build() {
+        Ok(_) => {
+            println!(
+                "python runtime {} ready in {:.1} s (compiled modules cached beside it)",
+                path.display(),
+                t.elapsed().as_secs_f64()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: the sandbox could not start with python: {e}");
+            Ok(ExitCode::from(3))
         }
     }
 }

@@ -1029,3 +1029,33 @@ fn a_run_in_a_models_own_tokenizer_stores_the_ids_of_its_template() {
     }
     assert_eq!(summary["greedy"]["episodes"], 2, "{summary}");
 }
+
+#[test]
+fn the_sandbox_command_prepares_and_runs_python() {
+    let out = run_ok(&["sandbox", "prepare"]);
+    assert!(
+        out.contains("python runtime") && out.contains("ready in"),
+        "{out}"
+    );
+    let d = tempfile::tempdir().unwrap();
+    let ws = d.path().display().to_string();
+    let out = run_ok(&[
+        "sandbox",
+        "tool",
+        "--workspace",
+        &ws,
+        "python",
+        r#"{"code": "open('out.txt', 'w').write(str(6 * 7))"}"#,
+    ]);
+    assert_eq!(out, "(no output)\n", "what the policy would be shown");
+    assert_eq!(read(&d.path().join("out.txt")), "42");
+    let out = run_ok(&[
+        "sandbox",
+        "exec",
+        "--workspace",
+        &ws,
+        "--",
+        "cat out.txt | python3 -c 'import sys; print(int(sys.stdin.read()) + 1)'",
+    ]);
+    assert_eq!(out, "43\n");
+}
