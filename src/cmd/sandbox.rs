@@ -170,6 +170,28 @@ fn exit_code(out: &ToolOutput) -> ExitCode {
     }
 }
 
+/// `corvid sandbox prepare`: builds a sandbox with the bootstrapped python runtime, which
+/// compiles and caches whatever is not cached yet, and times it.
+fn prepare() -> anyhow::Result<ExitCode> {
+    let runtime = PythonRuntime::bootstrapped();
+    let path = runtime.path.clone();
+    let t = std::time::Instant::now();
+    match Sandbox::builder().python(runtime).build() {
+        Ok(_) => {
+            println!(
+                "python runtime {} ready in {:.1} s (compiled modules cached beside it)",
+                path.display(),
+                t.elapsed().as_secs_f64()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("error: the sandbox could not start with python: {e}");
+            Ok(ExitCode::from(3))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -230,28 +252,6 @@ mod tests {
                 ("read_file", "{\"path\":\"a\"}")
             ),
             _ => panic!("not parsed as tool"),
-        }
-    }
-}
-
-/// `corvid sandbox prepare`: builds a sandbox with the bootstrapped python runtime, which
-/// compiles and caches whatever is not cached yet, and times it.
-fn prepare() -> anyhow::Result<ExitCode> {
-    let runtime = PythonRuntime::bootstrapped();
-    let path = runtime.path.clone();
-    let t = std::time::Instant::now();
-    match Sandbox::builder().python(runtime).build() {
-        Ok(_) => {
-            println!(
-                "python runtime {} ready in {:.1} s (compiled modules cached beside it)",
-                path.display(),
-                t.elapsed().as_secs_f64()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => {
-            eprintln!("error: the sandbox could not start with python: {e}");
-            Ok(ExitCode::from(3))
         }
     }
 }
