@@ -252,6 +252,17 @@ struct PythonTool {
     plain: InstancePre<ToolState>,
 }
 
+impl PythonTool {
+    /// The module a call in a workspace with (`true`) or without extra mounts runs.
+    fn module_for(&self, extra_mounts: bool) -> &InstancePre<ToolState> {
+        if extra_mounts {
+            &self.plain
+        } else {
+            &self.tool.pre
+        }
+    }
+}
+
 struct Inner {
     // `host` last: its Drop joins the ticker after the modules are gone.
     toolbox: InstancePre<ToolState>,
@@ -509,11 +520,7 @@ impl Sandbox {
                     Err(e) => return infra_output(name, e.to_string(), start),
                 }
                 env = &PYTHON_ENV;
-                let pre = if ws.mounts.is_empty() {
-                    &py.tool.pre
-                } else {
-                    &py.plain
-                };
+                let pre = py.module_for(!ws.mounts.is_empty());
                 (pre, argv, stdin, py.tool.limits, py.tool.writable)
             }
             ToolKind::Shell => {
@@ -643,11 +650,7 @@ impl Sandbox {
                     .map(|(n, h)| (n.as_str(), h.as_path()))
                     .collect(),
             };
-            let pre = if mounts.is_empty() {
-                &py.tool.pre
-            } else {
-                &py.plain
-            };
+            let pre = py.module_for(!mounts.is_empty());
             let argv = crate::python::argv(mode, &target, cwd, &rest);
             match inner.host.run(pre, &dirs, &argv, stdin, &setup, None, true) {
                 Err(e) => encode_nested(1, b"", format!("python: {e}\n").as_bytes()),

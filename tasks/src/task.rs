@@ -25,7 +25,8 @@ pub struct ToolLimits {
 /// A tool the task allows, with its limits.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ToolSpec {
-    /// Tool name (`shell`, `read_file`, `write_file`, `list_dir`, `search`, `answer`).
+    /// Tool name (`shell`, `python`, `read_file`, `write_file`, `list_dir`, `search`,
+    /// `answer`, or a task's own tool).
     pub name: String,
     /// Its limits.
     pub limits: ToolLimits,
@@ -37,6 +38,18 @@ impl ToolSpec {
         Self {
             name: name.to_string(),
             limits: ToolLimits::default(),
+        }
+    }
+
+    /// A tool callable at most `max_calls` times an episode, each call's output cut to
+    /// `max_output_bytes` (`None`: the sandbox default).
+    pub fn limited(name: &str, max_calls: u32, max_output_bytes: Option<u64>) -> Self {
+        Self {
+            name: name.to_string(),
+            limits: ToolLimits {
+                max_calls: Some(max_calls),
+                max_output_bytes,
+            },
         }
     }
 }

@@ -10,6 +10,19 @@ fn call(name: &str, args: &str) -> ToolCall {
     }
 }
 
+/// Each call with its status, scored by `rules`.
+fn score(rules: &[ProcessRule], calls: &[ToolCall], statuses: &[ToolStatus]) -> Vec<f64> {
+    let turns: Vec<ScoredTurn> = calls
+        .iter()
+        .zip(statuses)
+        .map(|(call, status)| ScoredTurn {
+            call,
+            status: *status,
+        })
+        .collect();
+    score_turns(rules, &turns)
+}
+
 #[test]
 fn needed_reads_invalid_and_repeated_calls_score_as_hand_computed() {
     let rules = ProcessRule::defaults(vec!["a.txt".into(), "b.txt".into()]);
@@ -33,12 +46,7 @@ fn needed_reads_invalid_and_repeated_calls_score_as_hand_computed() {
         ToolStatus::InfraError,
         ToolStatus::Ok,
     ];
-    let turns: Vec<ScoredTurn> = calls
-        .iter()
-        .zip(st)
-        .map(|(c, s)| ScoredTurn { call: c, status: s })
-        .collect();
-    let p = score_turns(&rules, &turns);
+    let p = score(&rules, &calls, &st);
     let want = [0.1, -0.05, 0.0, -0.1, 0.1, 0.0, 0.0, 0.0];
     for (i, (a, b)) in p.iter().zip(want).enumerate() {
         assert!((a - b).abs() < 1e-12, "turn {i}: {p:?}");
@@ -60,12 +68,7 @@ fn searches_for_counts_each_term_once_and_unknown_tools_are_invalid() {
         call("browse", r#"{}"#),
     ];
     let st = [ToolStatus::Ok, ToolStatus::Ok, ToolStatus::UnknownTool];
-    let turns: Vec<ScoredTurn> = calls
-        .iter()
-        .zip(st)
-        .map(|(c, s)| ScoredTurn { call: c, status: s })
-        .collect();
-    assert_eq!(score_turns(&rules, &turns), vec![0.2, 0.0, -0.3]);
+    assert_eq!(score(&rules, &calls, &st), vec![0.2, 0.0, -0.3]);
 }
 
 #[test]
@@ -95,13 +98,8 @@ fn a_call_repeated_after_a_write_is_no_repeat() {
         ToolStatus::PermissionDenied,
         ToolStatus::Ok,
     ];
-    let turns: Vec<ScoredTurn> = calls
-        .iter()
-        .zip(st)
-        .map(|(c, s)| ScoredTurn { call: c, status: s })
-        .collect();
     assert_eq!(
-        score_turns(&rules, &turns),
+        score(&rules, &calls, &st),
         vec![0.0, -0.05, 0.0, 0.0, 0.0, -0.05, 0.0, 0.0, 0.0, -0.05]
     );
 }

@@ -39,7 +39,7 @@ use crate::error::TasksError;
 use crate::process::ProcessRule;
 use crate::sim::Simulator;
 use crate::task::{
-    Document, OraclePlan, OracleStep, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
+    Document, OraclePlan, OracleStep, ReadOnlyData, TaskFamily, TaskInstance, ToolSpec,
 };
 
 /// Main-chain tool calls per level (index = level − 1).
@@ -243,13 +243,7 @@ pub(crate) fn reading_instance(
         files,
         read_only: ReadOnlyData::default(),
         tools: vec![
-            ToolSpec {
-                name: "read_file".into(),
-                limits: ToolLimits {
-                    max_calls: Some(2 * n + 4),
-                    max_output_bytes: Some(READ_BYTES),
-                },
-            },
+            ToolSpec::limited("read_file", 2 * n + 4, Some(READ_BYTES)),
             ToolSpec::unlimited("list_dir"),
             ToolSpec::unlimited("answer"),
         ],
@@ -268,16 +262,8 @@ pub(crate) fn reading_instance(
         spec_hash: String::new(),
     };
     if notes.is_some() {
-        inst.tools.insert(
-            1,
-            ToolSpec {
-                name: "write_file".into(),
-                limits: ToolLimits {
-                    max_calls: Some(n + 4),
-                    max_output_bytes: None,
-                },
-            },
-        );
+        inst.tools
+            .insert(1, ToolSpec::limited("write_file", n + 4, None));
     }
     inst.context_budget = budget_for(inst.oracle_tokens());
     inst.seal()

@@ -20,9 +20,7 @@ use crate::checker::Checker;
 use crate::error::TasksError;
 use crate::process::ProcessRule;
 use crate::rng::SplitMix64;
-use crate::task::{
-    check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
-};
+use crate::task::{check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolSpec};
 
 /// Rows of `data/sales.csv`, by level.
 const ROWS: [usize; 8] = [6, 12, 30, 60, 150, 300, 600, 1200];
@@ -306,27 +304,9 @@ impl TaskFamily for PyData {
             files,
             read_only: ReadOnlyData::default(),
             tools: vec![
-                ToolSpec {
-                    name: "python".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(calls + 4),
-                        max_output_bytes: Some(4096),
-                    },
-                },
-                ToolSpec {
-                    name: "shell".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(calls + 4),
-                        max_output_bytes: Some(4096),
-                    },
-                },
-                ToolSpec {
-                    name: "read_file".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(4),
-                        max_output_bytes: Some(4096),
-                    },
-                },
+                ToolSpec::limited("python", calls + 4, Some(4096)),
+                ToolSpec::limited("shell", calls + 4, Some(4096)),
+                ToolSpec::limited("read_file", 4, Some(4096)),
                 ToolSpec::unlimited("answer"),
             ],
             max_turns: calls + 6,

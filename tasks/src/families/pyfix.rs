@@ -20,9 +20,7 @@ use crate::checker::Checker;
 use crate::error::TasksError;
 use crate::process::ProcessRule;
 use crate::rng::SplitMix64;
-use crate::task::{
-    check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
-};
+use crate::task::{check_level, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolSpec};
 
 /// Functions in the module, by level.
 const FUNCTIONS: [usize; 8] = [1, 2, 3, 4, 6, 8, 10, 12];
@@ -296,34 +294,10 @@ impl TaskFamily for PyFix {
             files,
             read_only: ReadOnlyData::default(),
             tools: vec![
-                ToolSpec {
-                    name: "python".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(calls + 4),
-                        max_output_bytes: Some(4096),
-                    },
-                },
-                ToolSpec {
-                    name: "read_file".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(calls + 4),
-                        max_output_bytes: Some(8192),
-                    },
-                },
-                ToolSpec {
-                    name: "write_file".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(4),
-                        max_output_bytes: None,
-                    },
-                },
-                ToolSpec {
-                    name: "shell".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(calls + 4),
-                        max_output_bytes: Some(4096),
-                    },
-                },
+                ToolSpec::limited("python", calls + 4, Some(4096)),
+                ToolSpec::limited("read_file", calls + 4, Some(8192)),
+                ToolSpec::limited("write_file", 4, None),
+                ToolSpec::limited("shell", calls + 4, Some(4096)),
                 ToolSpec::unlimited("answer"),
             ],
             max_turns: calls + 6,

@@ -11,7 +11,7 @@ use crate::error::TasksError;
 use crate::process::ProcessRule;
 use crate::rng::SplitMix64;
 use crate::task::{
-    check_level, Document, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolLimits, ToolSpec,
+    check_level, Document, OraclePlan, ReadOnlyData, TaskFamily, TaskInstance, ToolSpec,
 };
 
 /// Filler bytes per document, by level.
@@ -160,13 +160,7 @@ impl TaskFamily for Search {
             files,
             read_only: ReadOnlyData { corpus },
             tools: vec![
-                ToolSpec {
-                    name: "search".into(),
-                    limits: ToolLimits {
-                        max_calls: Some(2 * hops as u32 + 4),
-                        max_output_bytes: Some(4096),
-                    },
-                },
+                ToolSpec::limited("search", 2 * hops as u32 + 4, Some(4096)),
                 ToolSpec::unlimited("answer"),
             ],
             max_turns: hops as u32 + 4,
