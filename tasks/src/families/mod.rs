@@ -259,6 +259,7 @@ pub(crate) fn reading_instance(
             answer: answer.to_string(),
         },
         custom_tools: Vec::new(),
+        python: Default::default(),
         spec_hash: String::new(),
     };
     if notes.is_some() {

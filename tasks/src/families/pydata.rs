@@ -321,6 +321,7 @@ impl TaskFamily for PyData {
                 answer: expected,
             },
             custom_tools: Vec::new(),
+            python: Default::default(),
             spec_hash: String::new(),
         };
         let budget = budget_for(inst.oracle_tokens() + budget_extra);

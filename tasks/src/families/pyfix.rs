@@ -315,6 +315,7 @@ impl TaskFamily for PyFix {
                 answer: answer.clone(),
             },
             custom_tools: Vec::new(),
+            python: Default::default(),
             spec_hash: String::new(),
         };
         let budget = budget_for(inst.oracle_tokens() + FAILING_RUN_BYTES + PASSING_RUN_BYTES);

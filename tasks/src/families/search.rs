@@ -182,6 +182,7 @@ impl TaskFamily for Search {
                 answer: target_year.to_string(),
             },
             custom_tools: Vec::new(),
+            python: Default::default(),
             spec_hash: String::new(),
         };
         inst.context_budget = budget_for(inst.oracle_tokens());

@@ -119,6 +119,7 @@ impl TaskFamily for Shell {
                 answer: parts.answer,
             },
             custom_tools: Vec::new(),
+            python: Default::default(),
             spec_hash: String::new(),
         };
         inst.context_budget = budget_for(inst.oracle_tokens());

