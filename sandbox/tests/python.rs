@@ -4,9 +4,12 @@
 
 use std::sync::OnceLock;
 
+mod python_cases;
+use python_cases::ws;
+
 use corvid_proto::ToolStatus;
 use corvid_sandbox::python::bootstrap_module_path;
-use corvid_sandbox::{Entry, PythonRuntime, Sandbox, ToolOutput, Workspace, WorkspaceSpec};
+use corvid_sandbox::{Entry, PythonRuntime, Sandbox, ToolOutput, Workspace};
 use serde_json::json;
 
 /// One sandbox with the `python` tool per test binary (compiling the interpreter is the
@@ -41,15 +44,6 @@ fn plain_sandbox() -> &'static Sandbox {
             .build()
             .expect("a sandbox with python builds")
     })
-}
-
-fn ws(files: &[(&str, &str)]) -> Workspace {
-    Workspace::create(WorkspaceSpec::with_files(
-        files
-            .iter()
-            .map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())),
-    ))
-    .expect("workspace")
 }
 
 fn py(ws: &mut Workspace, args: serde_json::Value) -> ToolOutput {
@@ -244,18 +238,8 @@ fn code_runs_as_main_and_a_script_imports_its_neighbours() {
 fn the_host_is_out_of_reach() {
     let mut w = ws(&[]);
     // Host files by absolute path and by traversal.
-    let o = code(
-        &mut w,
-        "import os\n\
-         for p in ['/etc/passwd', '../../etc/passwd', '/workspace/../etc/hostname', '/proc/self/environ']:\n\
-         \x20   try:\n\
-         \x20       open(p).read(); print('READ', p)\n\
-         \x20   except OSError as e:\n\
-         \x20       print('refused', type(e).__name__)\n\
-         print(os.listdir('.'))",
-    );
-    assert!(!o.text.contains("READ"), "{}", o.text);
-    assert_eq!(o.text.matches("refused").count(), 4, "{}", o.text);
+    let o = code(&mut w, python_cases::HOST_FILES);
+    python_cases::assert_refused(&o, 4);
     assert!(o.text.ends_with("\n[]\n"), "{}", o.text);
     // The environment is the sandbox's own, nothing of the host's.
     let o = code(&mut w, "import os; print(sorted(os.environ))");
@@ -264,31 +248,8 @@ fn the_host_is_out_of_reach() {
         "['HOME', 'LANG', 'PWD', 'PYTHONDONTWRITEBYTECODE', 'PYTHONHASHSEED', 'PYTHONIOENCODING', 'PYTHONUTF8']\n"
     );
     // No sockets, no DNS, no processes, no threads.
-    let o = code(
-        &mut w,
-        "import os\n\
-         def attempt(name, f):\n\
-         \x20   try:\n\
-         \x20       f(); print('RAN', name)\n\
-         \x20   except Exception as e:\n\
-         \x20       print('refused', name)\n\
-         def sock():\n\
-         \x20   import socket; socket.create_connection(('93.184.216.34', 80), timeout=1)\n\
-         def dns():\n\
-         \x20   import socket; socket.gethostbyname('example.com')\n\
-         def sub():\n\
-         \x20   import subprocess; subprocess.run(['ls'])\n\
-         def system():\n\
-         \x20   assert os.system('ls') == 0\n\
-         def fork():\n\
-         \x20   os.fork()\n\
-         def thread():\n\
-         \x20   import threading; t = threading.Thread(target=print); t.start(); t.join()\n\
-         for n, f in [('socket', sock), ('dns', dns), ('subprocess', sub), ('system', system), ('fork', fork), ('thread', thread)]:\n\
-         \x20   attempt(n, f)",
-    );
-    assert!(!o.text.contains("RAN"), "{}", o.text);
-    assert_eq!(o.text.matches("refused").count(), 6, "{}", o.text);
+    let o = code(&mut w, python_cases::NETWORK_AND_PROCESSES);
+    python_cases::assert_refused(&o, 6);
     assert_alive(&mut w);
 }
 
@@ -326,11 +287,6 @@ fn a_symlink_the_guest_plants_is_never_followed_by_the_host() {
 fn runaway_programs_end_as_tool_errors() {
     let mut w = ws(&[]);
     let cases = [
-        // An infinite loop: fuel or the deadline.
-        (
-            "while True: pass",
-            &[ToolStatus::ComputeBudget, ToolStatus::Timeout][..],
-        ),
         // Past the memory cap: CPython's MemoryError, or the limiter.
         (
             "x = bytearray(1 << 30)\nprint(len(x))",
@@ -341,29 +297,11 @@ fn runaway_programs_end_as_tool_errors() {
             "import sys\nsys.setrecursionlimit(1000000)\ndef f(n): return f(n + 1)\nf(0)",
             &[ToolStatus::ExitNonzero, ToolStatus::MemoryLimit][..],
         ),
-        // An output flood: the capture cap.
-        (
-            "while True: print('x' * 4096)",
-            &[
-                ToolStatus::OutputTruncated,
-                ToolStatus::ComputeBudget,
-                ToolStatus::Timeout,
-            ][..],
-        ),
     ];
-    for (src, allowed) in cases {
+    // An infinite loop (fuel or the deadline) and an output flood (the capture cap) too.
+    for (src, allowed) in cases.into_iter().chain(python_cases::RUNAWAY_LOOPS) {
         let o = code(&mut w, src);
-        assert!(
-            allowed.contains(&o.result.status),
-            "{src:?}: {:?}: {}",
-            o.result.status,
-            &o.text[o.text.len().saturating_sub(400)..]
-        );
-        assert!(
-            o.text.len() <= 20_000,
-            "{src:?}: {} bytes shown",
-            o.text.len()
-        );
+        python_cases::assert_ended_as(src, &o, allowed);
         assert_alive(&mut w);
     }
 }
