@@ -66,11 +66,12 @@ impl PythonFlavor {
         }
     }
 
+    /// Every flavor, the default first.
+    pub const ALL: [Self; 2] = [Self::Cpython, Self::WasiPython];
+
     /// The flavor named `name` ([`PythonFlavor::name`]).
     pub fn from_name(name: &str) -> Option<Self> {
-        [Self::Cpython, Self::WasiPython]
-            .into_iter()
-            .find(|f| f.name() == name)
+        Self::ALL.into_iter().find(|f| f.name() == name)
     }
 
     /// The module's path under the bootstrap's runtime folder.
@@ -143,23 +144,6 @@ impl PythonFlavor {
     }
 }
 
-/// The default module's file name where the bootstrap puts it.
-pub const PYTHON_MODULE_FILE: &str = PythonFlavor::Cpython.module_file();
-
-/// sha256 of the only CPython 3.12 module [`PythonRuntime::open`] accepts.
-pub const PYTHON_MODULE_SHA256: &str = PythonFlavor::Cpython.module_sha256();
-
-/// Where `make` (scripts/bootstrap.sh, step 6) puts the default module for this checkout:
-/// `.corvid/runtimes/python-3.12.0.wasm` at the repository root.
-pub fn bootstrap_module_path() -> PathBuf {
-    PythonFlavor::Cpython.bootstrap_path()
-}
-
-/// Per-call limits of the default interpreter ([`PythonFlavor::default_limits`]).
-pub fn default_limits() -> Limits {
-    PythonFlavor::Cpython.default_limits()
-}
-
 /// The interpreter, as a [`SandboxBuilder::python`](crate::SandboxBuilder::python) takes it.
 #[derive(Debug, Clone)]
 pub struct PythonRuntime {
@@ -180,7 +164,7 @@ pub struct PythonRuntime {
 
 impl PythonRuntime {
     /// The CPython 3.12 module at `path`, checked when the sandbox is built, with
-    /// [`default_limits`]. Its folder holds the compiled module the sandbox loads without
+    /// [`PythonFlavor::default_limits`]. Its folder holds the compiled module the sandbox loads without
     /// checking its code, so it must be one only this user writes (the bootstrap's runtime
     /// cache is).
     pub fn open(path: impl Into<PathBuf>) -> Self {
@@ -199,9 +183,10 @@ impl PythonRuntime {
         }
     }
 
-    /// The module the bootstrap fetched for this checkout ([`bootstrap_module_path`]).
+    /// The CPython 3.12 module the bootstrap fetched for this checkout
+    /// ([`PythonFlavor::bootstrap_path`]).
     pub fn bootstrapped() -> Self {
-        Self::open(bootstrap_module_path())
+        Self::bootstrapped_flavor(PythonFlavor::Cpython)
     }
 
     /// The `flavor` module the bootstrap fetched ([`PythonFlavor::bootstrap_path`]).

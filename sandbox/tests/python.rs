@@ -4,12 +4,12 @@
 
 use std::sync::OnceLock;
 
+mod common;
 mod python_cases;
-use python_cases::ws;
+use common::ws;
 
 use corvid_proto::ToolStatus;
-use corvid_sandbox::python::bootstrap_module_path;
-use corvid_sandbox::{Entry, PythonRuntime, Sandbox, ToolOutput, Workspace};
+use corvid_sandbox::{Entry, PythonFlavor, PythonRuntime, Sandbox, ToolOutput, Workspace};
 use serde_json::json;
 
 /// One sandbox with the `python` tool per test binary (compiling the interpreter is the
@@ -17,7 +17,7 @@ use serde_json::json;
 fn sandbox() -> &'static Sandbox {
     static S: OnceLock<Sandbox> = OnceLock::new();
     S.get_or_init(|| {
-        let path = bootstrap_module_path();
+        let path = PythonFlavor::Cpython.bootstrap_path();
         assert!(
             path.is_file(),
             "{} is missing: run `make` (scripts/bootstrap.sh, step 6: the sandbox's runtime files \
@@ -37,7 +37,7 @@ fn plain_sandbox() -> &'static Sandbox {
     S.get_or_init(|| {
         let runtime = PythonRuntime {
             preinit: false,
-            ..PythonRuntime::open(bootstrap_module_path())
+            ..PythonRuntime::open(PythonFlavor::Cpython.bootstrap_path())
         };
         Sandbox::builder()
             .python(runtime)
@@ -331,7 +331,7 @@ fn bad_arguments_are_refused_before_anything_runs() {
 #[test]
 fn another_module_is_refused_by_its_checksum() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let fake = dir.path().join(corvid_sandbox::python::PYTHON_MODULE_FILE);
+    let fake = dir.path().join(PythonFlavor::Cpython.module_file());
     std::fs::write(&fake, corvid_sandbox::toolbox_wasm()).expect("write");
     let err = Sandbox::builder()
         .python(PythonRuntime::open(&fake))

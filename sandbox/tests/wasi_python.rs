@@ -5,8 +5,9 @@
 
 use std::sync::OnceLock;
 
+mod common;
 mod python_cases;
-use python_cases::ws;
+use common::ws;
 
 use corvid_proto::ToolStatus;
 use corvid_sandbox::{

