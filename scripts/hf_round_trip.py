@@ -38,10 +38,13 @@ def corvid_lines(corvid, *args):
     return [json.loads(line) for line in out.splitlines() if line.strip()]
 
 
-def stored_ids(raw):
-    """The episode's ids in order and its loss mask (true where the policy generated)."""
+def stored_ids(raw, segment=None):
+    """The episode's ids in order and its loss mask (true where the policy generated); only
+    those of context segment `segment` when given (what the policy saw at once)."""
     ids, mask = [], []
     for step in raw["steps"]:
+        if segment is not None and step.get("segment", 0) != segment:
+            continue
         ids.extend(step["token_ids"])
         mask.extend(step["loss_mask"])
     return ids, mask
@@ -56,7 +59,8 @@ def first_turn(raw):
 
 
 def check_renders(tok, raws, chats, kwargs):
-    """Compares each stored episode with transformers' rendering of its chat export.
+    """Compares each stored episode with transformers' rendering of its chat export, segment by
+    segment for an episode that folded (one chat line per context segment).
 
     Returns counts per kind and the episodes that fail. The rendering is the stored text plus the
     newline ChatML writes after the last turn (`exact` when its ids are the stored ids plus that
@@ -78,15 +82,20 @@ def check_renders(tok, raws, chats, kwargs):
     lays out again counts as `reasoning_rewritten`); a flagged episode that renders back unchanged, or differs otherwise, fails, as
     does anything else.
     """
-    chats = {c["trajectory_id"]: c for c in chats}
+    by_id = {}
+    for c in chats:
+        by_id.setdefault(c["trajectory_id"], []).append(c)
     special = set(tok.added_tokens_decoder)
     counts = dict(exact=0, unclosed=0, non_canonical=0, special_text_kept_plain=0,
-                  reasoning_rewritten=0, template_divergent=0, failed=0)
+                  reasoning_rewritten=0, template_divergent=0, failed=0, segments=0)
     bad = []
-    for raw in raws:
+    segments = [(raw, chat) for raw in raws for chat in by_id.get(raw["header"]["trajectory_id"], [])]
+    for raw, chat in segments:
         tid = raw["header"]["trajectory_id"]
-        chat = chats[tid]
-        ids, mask = stored_ids(raw)
+        if "segment" in chat:
+            tid += f" segment {chat['segment']}"
+        ids, mask = stored_ids(raw, chat.get("segment", 0))
+        counts["segments"] += 1
         want = tok.apply_chat_template(chat["messages"], tools=chat.get("tools"), tokenize=True,
                                        add_generation_prompt=False, **kwargs)
         want = list(want["input_ids"] if hasattr(want, "keys") else want)
@@ -202,8 +211,9 @@ def main():
         for name, store in [("train", os.path.join(a.run, "store")), ("eval", eval_store)]:
             raws = corvid_lines(a.corvid, "replay", "export", "--store", store, "--format", "raw")
             chats = corvid_lines(a.corvid, "replay", "export", "--store", store, "--format", "chat")
-            if len(raws) != len(chats):
-                failed.append(f"{name}: {len(raws)} raw lines, {len(chats)} chat lines")
+            exported = {c["trajectory_id"] for c in chats}
+            if len(raws) != len(exported):
+                failed.append(f"{name}: {len(raws)} raw lines, chat lines of {len(exported)} trajectories")
                 continue
             counts, bad = check_renders(tok, raws, chats, kwargs)
             renders[name] = dict(episodes=len(raws), **counts)

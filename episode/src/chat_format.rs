@@ -368,22 +368,42 @@ impl ChatFormat {
     /// Turn 0's context: the conversation's prompt messages (system, user) with its tools
     /// declared, and the generation prompt.
     pub fn prompt_ids(&self, conversation: &Conversation) -> Result<Vec<u32>, TokenizerError> {
+        let (before, after) = self.prompt_frame(conversation)?;
+        let content = conversation.prompt().last().map_or("", |m| &m.content);
+        self.encode_around(&format!("{before}{SENTINEL}{after}"), content)
+    }
+
+    /// The text of [`prompt_ids`](Self::prompt_ids) around the last prompt message's content:
+    /// what the template writes before it (the system turn, the tools, the user's header)
+    /// and after it (the end of the turn and the generation prompt). The content goes in as
+    /// a stand-in, so that text spelling a special token is encoded as plain text.
+    pub(crate) fn prompt_frame(
+        &self,
+        conversation: &Conversation,
+    ) -> Result<(String, String), TokenizerError> {
+        let template_error = |message: &str| TokenizerError::Template {
+            template: self.turns.template().origin().to_string(),
+            line: None,
+            message: message.into(),
+        };
         let prompt = conversation.prompt();
         let (last, before) = prompt
             .split_last()
-            .ok_or_else(|| TokenizerError::Template {
-                template: self.turns.template().origin().to_string(),
-                line: None,
-                message: "an episode's prompt needs a user message".into(),
-            })?;
-        // The last message's text goes in as a stand-in, so that text spelling a special
-        // token is encoded as plain text.
+            .ok_or_else(|| template_error("an episode's prompt needs a user message"))?;
         let mut messages = self.template_messages(before);
         let mut stand_in = last.clone();
         stand_in.content = SENTINEL.into();
         messages.extend(self.template_messages(std::slice::from_ref(&stand_in)));
         let text = self.turns.prompt(&messages, Some(&conversation.tools))?;
-        self.encode_around(&text, &last.content)
+        let (before, after) = text
+            .split_once(SENTINEL)
+            .ok_or_else(|| template_error("the template does not write the user's message"))?;
+        Ok((before.to_string(), after.to_string()))
+    }
+
+    /// The id that ends every generated turn (the tokenizer's `eos_token`).
+    pub(crate) fn end_id(&self) -> u32 {
+        self.eos
     }
 
     /// The context that opens the turn after `generated`: the tool's result `text` and the
@@ -724,7 +744,7 @@ impl ChatFormat {
     /// The ids of the generation prompt that ends every context (ChatML's
     /// `<|im_start|>assistant\n`): what the template writes after a user turn's end, from its
     /// first non-whitespace character; empty when the template cannot tell.
-    fn generation_prompt_ids(&self) -> Vec<u32> {
+    pub(crate) fn generation_prompt_ids(&self) -> Vec<u32> {
         let eos = self.turns.end_of_turn();
         self.turns
             .prompt(&[json!({"role": "user", "content": SENTINEL})], None)
@@ -737,8 +757,9 @@ impl ChatFormat {
             .unwrap_or_default()
     }
 
-    /// The messages of an episode's turns (`(ids, loss mask)` each): the prompt's messages of
-    /// `conversation` (the one the episode was built from), each generated turn an assistant
+    /// The messages of a segment's turns (`(ids, loss mask)` each): the messages of
+    /// `conversation` (the one the segment opened with: the episode's prompt, or after a fold
+    /// what [`fold::read_opening`](crate::fold::read_opening) reads), each generated turn an assistant
     /// message ([`assistant_message`](Self::assistant_message)), each tool result a tool
     /// message answering the call before it (or answering nothing, when that turn made no
     /// call).
@@ -747,21 +768,12 @@ impl ChatFormat {
         turns: &[(Vec<u32>, Vec<bool>)],
         conversation: &Conversation,
     ) -> Vec<ChatMessage> {
-        let mut out = conversation.prompt().to_vec();
+        // A folded segment's conversation opens with the turns the fold kept, answered.
+        let mut out = conversation.messages.clone();
+        let kept = conversation.assistant_turns();
         let prompt_end = self.generation_prompt_ids();
         for (n, (ids, mask)) in turns.iter().enumerate() {
-            // The generated ids start at the first learnt one; a turn learnt nowhere (a
-            // demonstration's mistake) after the last generation prompt.
-            let first_gen = mask.iter().position(|m| *m).unwrap_or_else(|| {
-                (!prompt_end.is_empty())
-                    .then(|| {
-                        ids.windows(prompt_end.len())
-                            .rposition(|w| w == prompt_end.as_slice())
-                            .map(|at| at + prompt_end.len())
-                    })
-                    .flatten()
-                    .unwrap_or(ids.len())
-            });
+            let first_gen = Self::context_len(ids, mask, &prompt_end);
             if n > 0 {
                 // The environment's answer to a turn without a call is laid out as a tool
                 // message too, so it stays one (answering no call): the template writes it
@@ -781,10 +793,27 @@ impl ChatFormat {
             }
             let generated = &ids[first_gen..];
             if !generated.is_empty() {
-                out.push(self.assistant_message(generated, n));
+                out.push(self.assistant_message(generated, kept + n));
             }
         }
         out
+    }
+
+    /// How many of a turn's ids (`ids`, `mask` its loss mask) are its context, before what
+    /// it generated: up to the first learnt id, or, in a turn learnt nowhere (a
+    /// demonstration's mistake), up to the end of its last generation prompt (`prompt_end`,
+    /// [`generation_prompt_ids`](Self::generation_prompt_ids)).
+    pub(crate) fn context_len(ids: &[u32], mask: &[bool], prompt_end: &[u32]) -> usize {
+        mask.iter().position(|m| *m).unwrap_or_else(|| {
+            (!prompt_end.is_empty())
+                .then(|| {
+                    ids.windows(prompt_end.len())
+                        .rposition(|w| w == prompt_end)
+                        .map(|at| at + prompt_end.len())
+                })
+                .flatten()
+                .unwrap_or(ids.len())
+        })
     }
 
     /// What the model writes for the assistant message `messages[index]`: its reasoning (when

@@ -17,6 +17,7 @@
 
 use corvid_proto::Fold;
 
+use crate::chat_format::ChatFormat;
 use crate::format::{EpisodeFormat, FormatError};
 use crate::transcript::Conversation;
 
@@ -116,6 +117,74 @@ pub fn rebuild(
         }
         keep -= 1;
     }
+}
+
+/// The segment a fold opened, read back from `opening` (the segment's first context) in a
+/// model's own layout, where text cannot be parsed back out of a template's rendering: the
+/// memory is the text under [`MEMORY_HEADING`] up to where the prompt's frame resumes, each
+/// kept turn runs to its end token and its result to the next generation prompt, and a
+/// reading counts only when [`segment`] lays it out as `opening` again, id for id. `None` in
+/// the byte layout (whose markers [`EpisodeFormat::to_messages`] reads directly) and for ids
+/// that no fold of `base` lays out.
+pub fn read_opening(
+    format: &EpisodeFormat,
+    base: &Conversation,
+    opening: &[u32],
+) -> Option<Segment> {
+    let chat = format.chat_format()?;
+    let user = &base.prompt().last()?.content;
+    let (before, after) = chat.prompt_frame(base).ok()?;
+    let text = chat.decode_lossy(opening);
+    let rest = text
+        .strip_prefix(before.as_str())?
+        .strip_prefix(user.as_str())?;
+    // The memory may spell the frame's text itself: each place the frame could resume is a
+    // reading, the layout decides.
+    let mut memories: Vec<Option<&str>> = Vec::new();
+    if rest.starts_with(after.as_str()) {
+        memories.push(None);
+    }
+    if let Some(m) = rest.strip_prefix(format!("\n\n{MEMORY_HEADING}\n").as_str()) {
+        memories.extend(
+            m.match_indices(after.as_str())
+                .map(|(at, _)| Some(&m[..at])),
+        );
+    }
+    memories.into_iter().find_map(|memory| {
+        // The results as the policy read them (a dropped one is the marker): nothing to
+        // mask again, so the layout is `Notes`'s.
+        let prompt = segment(format, base, Fold::Notes, memory, &[]).ok()?;
+        let turns = kept_turns(chat, opening.strip_prefix(prompt.ids.as_slice())?)?;
+        let seg = segment(format, base, Fold::Notes, memory, &turns).ok()?;
+        (seg.ids == opening).then_some(seg)
+    })
+}
+
+/// The turns a fold kept, read from the ids after a folded segment's prompt: each generated
+/// turn up to its end token (a turn its budget cut was closed by its result's, the same
+/// ids), then the result up to the next generation prompt. Tool text is encoded as plain
+/// text, so neither marker can be forged by it. `None` when the ids do not split so.
+fn kept_turns(chat: &ChatFormat, mut ids: &[u32]) -> Option<Vec<FoldedTurn>> {
+    let end_id = chat.end_id();
+    let prompt_end = chat.generation_prompt_ids();
+    if prompt_end.is_empty() {
+        return None;
+    }
+    let mut turns = Vec::new();
+    while !ids.is_empty() {
+        let end = ids.iter().position(|&t| t == end_id)? + 1;
+        let result_end = end
+            + ids[end..]
+                .windows(prompt_end.len())
+                .position(|w| w == prompt_end.as_slice())?
+            + prompt_end.len();
+        let generated = ids[..end].to_vec();
+        let call = chat.parse_call(&generated).ok();
+        let result = chat.tool_result_text(&ids[end..result_end], call.as_ref());
+        turns.push(FoldedTurn { generated, result });
+        ids = &ids[result_end..];
+    }
+    Some(turns)
 }
 
 /// The longest prefix of `text` of at most `max_bytes` bytes that ends on a character

@@ -5,6 +5,7 @@ use corvid_proto::{Step, ToolCall};
 use corvid_tokenizer::{ByteTokenizer, Special};
 use serde::{Deserialize, Serialize};
 
+use crate::chat_format::ChatFormat;
 use crate::format::EpisodeFormat;
 
 /// One message of an OpenAI-style chat transcript, the interchange format of
@@ -232,6 +233,9 @@ impl EpisodeFormat {
     /// [`conversation`](Self::conversation)): a model's own layout takes the prompt's messages
     /// from it, since text cannot be parsed back out of a template's rendering; the byte
     /// layout reads them from the ids, whose markers are unambiguous.
+    ///
+    /// For a segment after a fold, `conversation` is the one it opened with
+    /// ([`segment_conversation`](Self::segment_conversation)).
     pub fn to_messages(&self, steps: &[Step], conversation: &Conversation) -> Vec<ChatMessage> {
         if let Some(chat) = self.chat_format() {
             return chat.to_messages(&joined_turns(steps), conversation);
@@ -277,6 +281,31 @@ impl EpisodeFormat {
             out.push(message);
         }
         out
+    }
+
+    /// The conversation the context segment of `steps` opened with, for
+    /// [`to_messages`](Self::to_messages): `base` (the task's prompt) for an episode's first
+    /// segment and in the byte layout, which reads a fold's opening from its markers; after a
+    /// fold in a model's own layout, the prompt with the carried memory and the turns the fold
+    /// kept, read back from the segment's first context ([`fold::read_opening`]). `None` when
+    /// that context is not one a fold of `base` lays out.
+    ///
+    /// [`fold::read_opening`]: crate::fold::read_opening
+    pub fn segment_conversation(
+        &self,
+        steps: &[Step],
+        base: &Conversation,
+    ) -> Option<Conversation> {
+        let chat = match self.chat_format() {
+            Some(chat) if steps.first().is_some_and(|s| s.segment > 0) => chat,
+            _ => return Some(base.clone()),
+        };
+        // The first turn's steps (an actor splits a long turn): its context is the opening.
+        let first = steps.iter().take_while(|s| s.turn == steps[0].turn).count();
+        let turns = joined_turns(&steps[..first]);
+        let (ids, mask) = turns.first()?;
+        let context = ChatFormat::context_len(ids, mask, &chat.generation_prompt_ids());
+        crate::fold::read_opening(self, base, &ids[..context]).map(|s| s.conversation)
     }
 
     /// The assistant message of the byte layout's turn `generated`: its call in `tool_calls`

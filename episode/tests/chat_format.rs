@@ -404,3 +404,97 @@ fn a_folded_segment_is_transformers_rendering_of_its_conversation() {
         assert_eq!(want, ids);
     }
 }
+
+/// Folded oracle demonstrations in the model's format, exported segment by segment: each
+/// folded segment's opening reads back from its rendering (the prompt with the carried notes,
+/// the kept calls and their outputs, earlier ones dropped under `drop_tool_output`), the
+/// segment's transcript lays out as its ids again and is transformers' rendering of them; ids
+/// that are no fold's opening of the task do not read back.
+#[test]
+fn folded_demonstrations_export_per_segment_as_transformers_rendering() {
+    use corvid_episode::fold::{read_opening, DROPPED_OUTPUT, MEMORY_HEADING};
+    use corvid_episode::{oracle_steps_folded, EpisodeFormat, Mistakes};
+    use corvid_proto::{ContextFold, Fold};
+    let format =
+        EpisodeFormat::chat(ChatFormat::from_folder(&fixture(), ToolCallSyntax::Hermes).unwrap());
+    let env = env();
+    let (mut cases, mut stored) = (Vec::new(), Vec::new());
+    let (mut memories, mut dropped) = (0, 0);
+    let mut an_opening = None;
+    for (family, fold) in [
+        ("ledger", Fold::Notes),
+        ("keychain", Fold::DropToolOutput),
+        ("needles", Fold::DropToolOutput),
+    ] {
+        let task = corvid_tasks::builtin_family(family)
+            .unwrap()
+            .instance(8, 3)
+            .unwrap();
+        let context = ContextFold {
+            window_tokens: 3072,
+            fold,
+            memory_tokens: 256,
+            notes_path: "notes.md".into(),
+        };
+        let demo =
+            oracle_steps_folded(&format, &env, &task, Mistakes::NONE, (&context, 128)).unwrap();
+        assert!(demo.verdict.passed(), "{family}");
+        let base = format.conversation(&env, &task);
+        let tools = format.tools(&env, &task);
+        let ranges = corvid_proto::step_segments(&demo.steps);
+        assert!(ranges.len() >= 3, "{family}: {} segments", ranges.len());
+        for (range, (ids, _)) in ranges.into_iter().zip(demo.flatten_segments()) {
+            let steps = &demo.steps[range];
+            let opening = format
+                .segment_conversation(steps, &base)
+                .unwrap_or_else(|| panic!("{family} segment {}: no reading", steps[0].segment));
+            let messages = format.to_messages(steps, &opening);
+            let (again, _) = format.from_messages(&messages, &tools).unwrap();
+            assert_eq!(again, ids, "{family} segment {}", steps[0].segment);
+            let user = messages.iter().find(|m| m.role == "user").unwrap();
+            assert!(user
+                .content
+                .starts_with(&base.prompt().last().unwrap().content));
+            if steps[0].segment > 0 {
+                // The kept turns come before the segment's own.
+                assert!(opening.assistant_turns() >= 1, "{family}");
+                memories += usize::from(user.content.contains(MEMORY_HEADING));
+                dropped += usize::from(
+                    messages
+                        .iter()
+                        .any(|m| m.role == "tool" && m.content == DROPPED_OUTPUT),
+                );
+                let context = steps[0].loss_mask.iter().position(|m| *m).unwrap();
+                an_opening.get_or_insert((base.clone(), steps[0].token_ids[..context].to_vec()));
+            }
+            let template = format.chat_format().unwrap().template_messages(&messages);
+            cases.push(json!({"messages": template, "tools": tools}));
+            stored.push(ids);
+        }
+    }
+    assert!(memories >= 2, "{memories} segments carry notes");
+    assert!(dropped >= 2, "{dropped} segments drop outputs");
+
+    let tok = format.chat_format().unwrap().tokenizer();
+    let newline = tok.encode("\n").unwrap();
+    for (i, (want, ids)) in transformers_ids(&cases).iter().zip(&stored).enumerate() {
+        assert_eq!(
+            &want[..ids.len().min(want.len())],
+            &ids[..],
+            "segment case {i}"
+        );
+        assert_eq!(&want[ids.len()..], &newline[..], "segment case {i}");
+    }
+
+    // An opening cut short, or read against another task's prompt, is no fold's.
+    let (base, opening) = an_opening.unwrap();
+    assert!(read_opening(&format, &base, &opening).is_some());
+    assert!(read_opening(&format, &base, &opening[..opening.len() - 1]).is_none());
+    let other = corvid_tasks::builtin_family("hops")
+        .unwrap()
+        .instance(2, 1)
+        .unwrap();
+    assert!(read_opening(&format, &format.conversation(&env, &other), &opening).is_none());
+    // The byte layout reads its openings from their markers.
+    assert!(read_opening(&EpisodeFormat::default(), &base, &opening).is_none());
+}

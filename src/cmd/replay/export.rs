@@ -141,7 +141,9 @@ pub(super) fn export_chat(
         Some(_) => Some(crate::cmd::task_env()?),
         None => None,
     };
-    let mut folded_skipped = 0;
+    // Folded trajectories whose openings do not read back as a fold of their task's prompt
+    // in this layout: named, and left out whole, never written in part.
+    let mut unread = Vec::new();
     for rec in store.list(filter) {
         let rec = rec?;
         let steps = stored_steps(store, &rec.header.trajectory_id)?;
@@ -150,14 +152,6 @@ pub(super) fn export_chat(
         if segments.is_empty() {
             segments.push(0..0);
         }
-        if folds > 0 && format.chat_format().is_some() {
-            // A folded segment's opening holds the memory and the kept turns, which a model's
-            // own layout cannot read back out of its rendering.
-            folded_skipped += 1;
-            continue;
-        }
-        summary.steps += steps.len() as u64;
-        summary.tokens += steps.iter().map(|s| s.token_ids.len() as u64).sum::<u64>();
         // The system and user text come from the conversation the episode was built from,
         // re-derived from its task, never parsed back out of a template's rendering.
         let conversation = match &env {
@@ -177,9 +171,16 @@ pub(super) fn export_chat(
         };
         // One conversation per context segment: what the policy saw at once, a folded
         // segment opening with the prompt, the carried memory and the turns it kept.
+        let mut lines = Vec::with_capacity(segments.len());
         for range in segments {
-            let segment = steps.get(range.start).map_or(0, |s| s.segment);
-            let messages = format.to_messages(&steps[range], &conversation);
+            let steps = &steps[range];
+            let segment = steps.first().map_or(0, |s| s.segment);
+            let Some(opening) = format.segment_conversation(steps, &conversation) else {
+                unread.push(format!("{} (segment {segment})", rec.header.trajectory_id));
+                lines.clear();
+                break;
+            };
+            let messages = format.to_messages(steps, &opening);
             let mut line = serde_json::json!({
                 "trajectory_id": rec.header.trajectory_id,
                 "task": rec.header.task,
@@ -195,18 +196,28 @@ pub(super) fn export_chat(
             }
             if let Some(chat) = format.chat_format() {
                 // As the template reads them (a call's arguments as an object where it writes
-                // them with `tojson`), so that `apply_chat_template` renders the episode.
+                // them with `tojson`), so that `apply_chat_template` renders the segment.
                 line["messages"] = serde_json::Value::from(chat.template_messages(&messages));
                 line["tools"] = serde_json::Value::from(conversation.tools.clone());
                 line["template_divergent"] = rec.footer.map(|f| f.template_divergent).into();
             }
+            lines.push(line);
+        }
+        if lines.is_empty() {
+            continue;
+        }
+        for line in lines {
             writeln!(out, "{line}")?;
         }
+        summary.steps += steps.len() as u64;
+        summary.tokens += steps.iter().map(|s| s.token_ids.len() as u64).sum::<u64>();
         summary.trajectories += 1;
     }
-    if folded_skipped > 0 {
+    if !unread.is_empty() {
         eprintln!(
-            "skipped {folded_skipped} folded trajectories: a model's own chat layout cannot yet write a folded segment as a conversation (export them with --format raw)"
+            "skipped {} folded trajectories whose folded context does not read back as a conversation in this chat layout (export them with --format raw): {}",
+            unread.len(),
+            unread.join(", ")
         );
     }
     Ok(summary)

@@ -916,3 +916,91 @@ fn a_folded_episode_exports_one_conversation_per_segment_and_rescores_across_the
     assert!(r.diverged.is_empty(), "{:?}", r.diverged);
     assert_eq!(r.rescored, Some(true), "{}", r.note);
 }
+
+/// A folded episode in a model's own chat layout (a ChatML template with tools): one
+/// conversation per segment, each laid out again as exactly that segment's ids, a folded one
+/// opening with the notes it carried and the turns the fold kept.
+#[test]
+fn a_folded_episode_in_a_models_own_layout_exports_one_conversation_per_segment() {
+    use corvid_episode::fold::MEMORY_HEADING;
+    use corvid_episode::{oracle_steps_folded, ChatFormat, ChatMessage, Mistakes, ToolCallSyntax};
+    use corvid_proto::{ContextFold, Fold};
+    let fixture =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tokenizer/tests/fixtures/chatml_tools");
+    let format = EpisodeFormat::chat(
+        ChatFormat::from_folder(&fixture, ToolCallSyntax::Hermes).expect("fixture"),
+    );
+    let dir = tempfile::tempdir().expect("tmp");
+    let store = Arc::new(TrajectoryStore::open(dir.path().join("store")).expect("store"));
+    let env = crate::cmd::task_env().expect("env");
+    let task = corvid_tasks::builtin_family("ledger")
+        .expect("ledger")
+        .instance(8, 3)
+        .expect("task");
+    let context = ContextFold {
+        window_tokens: 3072,
+        fold: Fold::Notes,
+        memory_tokens: 256,
+        notes_path: "notes.md".into(),
+    };
+    let demo = oracle_steps_folded(&format, &env, &task, Mistakes::NONE, (&context, 128))
+        .expect("demonstration");
+    let segments = demo.flatten_segments();
+    assert!(segments.len() >= 3, "{} segments", segments.len());
+    let header = TrajectoryHeader {
+        trajectory_id: "folded".into(),
+        task: task.task_ref(),
+        actor_id: "test".into(),
+        policy_version: 0,
+        sampling: SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            max_new_tokens: 128,
+            seed: 1,
+        },
+        group_id: "g1".into(),
+        started_unix_ms: 0,
+        routes: None,
+        context: Some(context),
+    };
+    let Begin::New(mut w) = store.begin(header).expect("begin") else {
+        panic!("duplicate")
+    };
+    let n = demo.steps.len();
+    for (seq, step) in demo.steps.iter().cloned().enumerate() {
+        w.append(seq as u64, step).expect("append");
+    }
+    w.finish_blocking(TrajectoryFooter {
+        outcome_reward: 1.0,
+        success: true,
+        termination: Termination::Answered,
+        step_count: n as u64,
+        token_count: demo.len() as u64,
+        generated_token_count: demo.steps.iter().map(|s| s.generated_count() as u64).sum(),
+        wall_ms: 1,
+        finished_unix_ms: 1,
+        template_divergent: false,
+    })
+    .expect("finish");
+
+    let mut buf = Vec::new();
+    let summary = export_chat(&store, &Filter::default(), &format, &mut buf).expect("export");
+    assert_eq!(summary.trajectories, 1);
+    let lines: Vec<serde_json::Value> = String::from_utf8(buf)
+        .expect("utf8")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), segments.len());
+    for (i, (line, (ids, _))) in lines.iter().zip(&segments).enumerate() {
+        assert_eq!(line["segment"], i);
+        assert_eq!(line["segments"], segments.len());
+        let messages: Vec<ChatMessage> =
+            serde_json::from_value(line["messages"].clone()).expect("messages");
+        let tools = line["tools"].as_array().expect("tools");
+        let (again, _) = format.from_messages(&messages, tools).expect("layout");
+        assert_eq!(&again, ids, "segment {i}");
+        let user = messages.iter().find(|m| m.role == "user").expect("user");
+        assert_eq!(user.content.contains(MEMORY_HEADING), i > 0, "segment {i}");
+    }
+}
