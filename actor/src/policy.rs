@@ -1,8 +1,8 @@
 //! The policy weights the engine decodes with: a model, its variables and their version.
 
-use corvid_model::checkpoint::{load_weights_from_bytes, weights_to_bytes};
+use corvid_model::checkpoint::{load_weights_from_bytes, policy_to_bytes, rope_in_bytes};
 use corvid_model::precision::weight_kind_for;
-use corvid_model::{ModelConfig, MoePolicy};
+use corvid_model::{ModelConfig, MoePolicy, RopeScaling};
 use sha2::{Digest, Sha256};
 use tch::{nn, Device, Kind};
 
@@ -17,6 +17,8 @@ pub struct LoadedPolicy {
     vs: nn::VarStore,
     model: MoePolicy,
     version: u64,
+    /// The model config's own RoPE scaling, for blobs that name none.
+    base_rope: RopeScaling,
 }
 
 impl LoadedPolicy {
@@ -38,6 +40,7 @@ impl LoadedPolicy {
             vs,
             model,
             version: 0,
+            base_rope: cfg.rope_scaling,
         })
     }
 
@@ -53,16 +56,32 @@ impl LoadedPolicy {
         Ok(p)
     }
 
-    /// Replaces the weights with the safetensors `bytes` of `version`.
+    /// Replaces the weights with the safetensors `bytes` of `version`, under the RoPE scaling
+    /// the blob names (a context stage's, [`rope_in_bytes`]) or else the model config's own:
+    /// the learner trains each version under the scaling it publishes it with.
     pub fn load(&mut self, bytes: &[u8], version: u64) -> Result<(), ActorError> {
+        let rope = rope_in_bytes(bytes)?.unwrap_or(self.base_rope);
         load_weights_from_bytes(&self.vs, bytes)?;
+        if self.model.config().rope_scaling != rope {
+            let max_pos = self.model.config().max_position_embeddings;
+            self.model.extend_context(max_pos, rope)?;
+            tracing::info!(
+                version,
+                ?rope,
+                "the policy runs under its context stage's RoPE scaling"
+            );
+        }
         self.version = version;
         Ok(())
     }
 
-    /// The weights as safetensors bytes (what `FetchPolicy` serves).
+    /// The weights as safetensors bytes (what `FetchPolicy` serves), naming the RoPE scaling
+    /// they run under when there is one.
     pub fn to_bytes(&self) -> Result<Vec<u8>, ActorError> {
-        Ok(weights_to_bytes(&self.vs)?)
+        Ok(policy_to_bytes(
+            &self.vs,
+            &self.model.config().rope_scaling,
+        )?)
     }
 
     /// The model.
@@ -129,6 +148,7 @@ impl PolicyUpdate {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use corvid_model::checkpoint::weights_to_bytes;
 
     #[test]
     fn checksum_and_size_are_verified() {
@@ -173,5 +193,49 @@ mod tests {
         // And it serves them back in fp32, loadable as they are.
         let again = LoadedPolicy::from_bytes(&cfg, Device::Cpu, &p.to_bytes().unwrap(), 4).unwrap();
         assert_eq!(again.to_bytes().unwrap(), p.to_bytes().unwrap());
+    }
+
+    /// A blob published under a context stage's RoPE scaling decodes under it (the learner's
+    /// logits, which differ from the unscaled model's past the first stage's window), and a
+    /// later blob without one puts the config's own back.
+    #[test]
+    fn a_policy_blob_carries_its_context_stage_s_rope_scaling() {
+        let cfg = ModelConfig {
+            num_hidden_layers: 2,
+            hidden_size: 64,
+            num_attention_heads: 2,
+            max_position_embeddings: 512,
+            ..ModelConfig::tiny()
+        };
+        let yarn = RopeScaling::Yarn {
+            factor: 4.0,
+            original_max_position_embeddings: 128,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        };
+        tch::manual_seed(3);
+        let vs = nn::VarStore::new(Device::Cpu);
+        let mut learner = MoePolicy::new(&vs.root(), &cfg).unwrap();
+        learner.extend_context(512, yarn).unwrap();
+        let bytes = policy_to_bytes(&vs, &yarn).unwrap();
+        assert_eq!(rope_in_bytes(&bytes).unwrap(), Some(yarn));
+        let ids = tch::Tensor::arange(400, (Kind::Int64, Device::Cpu))
+            .remainder(cfg.vocab_size)
+            .view([1, 400]);
+        let logits = |m: &MoePolicy| tch::no_grad(|| m.forward(&ids, false).unwrap().logits_btv);
+        let mut actor = LoadedPolicy::from_bytes(&cfg, Device::Cpu, &bytes, 2).unwrap();
+        assert_eq!(actor.model().config().rope_scaling, yarn);
+        assert!(logits(actor.model()).allclose(&logits(&learner), 1e-5, 1e-5, false));
+        let plain = LoadedPolicy::from_bytes(&cfg, Device::Cpu, &weights_to_bytes(&vs).unwrap(), 2)
+            .unwrap();
+        assert!(!logits(plain.model()).allclose(&logits(&learner), 1e-3, 1e-3, false));
+        // The actor serves what it runs; a blob naming no scaling is the config's own.
+        assert_eq!(
+            rope_in_bytes(&actor.to_bytes().unwrap()).unwrap(),
+            Some(yarn)
+        );
+        actor.load(&weights_to_bytes(&vs).unwrap(), 3).unwrap();
+        assert_eq!(actor.model().config().rope_scaling, RopeScaling::None);
+        assert!(logits(actor.model()).allclose(&logits(plain.model()), 1e-6, 1e-6, false));
     }
 }

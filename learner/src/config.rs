@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::train::config::{RlConfig, SftConfig, TrainConfig};
 use corvid_episode::{ChatFormat, EpisodeFormat, ToolCallSyntax};
-use corvid_model::ModelConfig;
+use corvid_model::{ModelConfig, RopeScaling};
 
 /// A configuration that does not parse or breaks a rule.
 #[derive(Debug, thiserror::Error)]
@@ -412,6 +412,48 @@ pub struct ContextSection {
     /// widens the window as the frontier moves, and levels past the last stage are reached
     /// only by folding. Default false.
     pub follow_curriculum: bool,
+    /// With `follow_curriculum`, how RoPE moves with the stages: `none` (positions past the
+    /// first stage's window run unscaled), `linear` (position interpolation) or `yarn`, each
+    /// stage scaled by its window over the first stage's. Default `none`.
+    pub stage_rope: StageRope,
+}
+
+/// How a run's RoPE scaling follows its context stages (`[rollout.context] stage_rope`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StageRope {
+    /// The model's own RoPE at every stage.
+    #[default]
+    None,
+    /// Position interpolation (arXiv 2306.15595): every frequency divided by the factor.
+    Linear,
+    /// YaRN (arXiv 2309.00071) as transformers computes it (`rope_type = "yarn"`, β_fast 32,
+    /// β_slow 1, the first stage's window as the original context, attention factor
+    /// `0.1·ln s + 1`), so that a checkpoint exports with its scaling.
+    Yarn,
+}
+
+impl StageRope {
+    /// The scaling of a stage whose window is `window` tokens when the first stage's is
+    /// `first`: the factor `window / first`, none at or below 1.
+    pub fn scaling(self, window: u32, first: u32) -> RopeScaling {
+        let factor = f64::from(window) / f64::from(first.max(1));
+        match self {
+            _ if factor <= 1.0 => RopeScaling::None,
+            StageRope::None => RopeScaling::None,
+            StageRope::Linear => RopeScaling::Linear { factor },
+            StageRope::Yarn => RopeScaling::HfYarn {
+                factor,
+                original_max_position_embeddings: i64::from(first),
+                beta_fast: 32.0,
+                beta_slow: 1.0,
+                mscale: 0.0,
+                mscale_all_dim: 0.0,
+                attention_factor: None,
+                truncate: true,
+            },
+        }
+    }
 }
 
 impl Default for ContextSection {
@@ -422,6 +464,7 @@ impl Default for ContextSection {
             memory_tokens: 512,
             notes_path: "notes.md".into(),
             follow_curriculum: false,
+            stage_rope: StageRope::None,
         }
     }
 }
@@ -697,12 +740,47 @@ impl LearnerConfig {
         self.model.episode_format()
     }
 
+    /// The RoPE scaling of the context stage whose window is `stage_tokens`
+    /// (`Curriculum::context_tokens`), `[rollout.context] stage_rope` scaling it by its window
+    /// over the first stage's; `None` unless the run's windows follow the curriculum.
+    pub fn stage_rope_scaling(&self, stage_tokens: u32) -> RopeScaling {
+        let c = &self.rollout.context;
+        let first = self.curriculum.context_stages.first();
+        match first {
+            Some(first) if c.follow_curriculum && c.window_tokens > 0 => c.stage_rope.scaling(
+                stage_tokens.min(c.window_tokens),
+                first.context_tokens.min(c.window_tokens),
+            ),
+            _ => RopeScaling::None,
+        }
+    }
+
     /// Checks every field, naming the offending one.
     pub fn validate(&self) -> Result<(), ConfigError> {
         check_run_name(&self.run_name)?;
         self.listen_addr()?;
         self.torch_device()?;
         let model = self.model.resolve()?;
+        let c = &self.rollout.context;
+        if c.stage_rope != StageRope::None {
+            let why = if !c.follow_curriculum || c.window_tokens == 0 {
+                Some("none unless the windows follow the curriculum's stages ([rollout.context] window_tokens > 0 and follow_curriculum = true)".to_string())
+            } else if model.rope_scaling != RopeScaling::None {
+                Some(format!(
+                    "none for a model with its own rope_scaling ({:?}): a stage's scaling would replace it",
+                    model.rope_scaling
+                ))
+            } else {
+                None
+            };
+            if let Some(why) = why {
+                return Err(invalid(
+                    "rollout.context.stage_rope",
+                    format!("{:?}", c.stage_rope).to_lowercase(),
+                    &why,
+                ));
+            }
+        }
         let vocab = i64::from(self.episode_format()?.vocab_size());
         if model.vocab_size < vocab {
             return Err(invalid(

@@ -271,7 +271,16 @@ pub fn prepare(cfg: LearnerConfig, resume: bool) -> Result<Prepared, LearnerErro
         }
         (true, Some(p)) => {
             let r = CheckpointDir::load(&p)?;
-            if r.model_config != model_config {
+            // A checkpoint records the RoPE scaling of its context stage; the trainer puts the
+            // policy back under it from the saved curriculum.
+            let base = match cfg.rollout.context.stage_rope {
+                crate::config::StageRope::None => r.model_config.clone(),
+                _ => ModelConfig {
+                    rope_scaling: model_config.rope_scaling,
+                    ..r.model_config.clone()
+                },
+            };
+            if base != model_config {
                 return Err(LearnerError::RunDir(format!(
                     "the checkpoint {} holds a different model config than [model] in the config file ({}); resume with the run's own config ({})",
                     p.display(),

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use corvid_model::arch::{self, Family};
-use corvid_model::{AttnGate, ModelConfig, ModelError, MoePolicy};
+use corvid_model::{AttnGate, ModelConfig, ModelError, MoePolicy, RopeScaling};
 use tch::{nn, Device, Kind, Reduction, Tensor};
 
 /// Every fixture and its architecture.
@@ -561,6 +561,56 @@ fn a_corvid_trained_checkpoint_exported_loads_in_transformers_with_corvids_logit
     };
     for name in ["deepseek_v3_qlora", "qwen3_moe", "qwen3_tied_yarn"] {
         trained_export_loads_in_transformers(&python, name);
+    }
+}
+
+/// A policy a run's context stage put under YaRN (`stage_rope = "yarn"`: transformers' YaRN
+/// over the first stage's window) exports with its scaling: transformers runs the export to
+/// Corvid's scaled logits, which differ from the unscaled model's.
+#[test]
+fn a_policy_under_a_stage_s_yarn_exports_with_it_for_transformers() {
+    let Some(python) = oracle_python() else {
+        panic!("no .corvid/venv/bin/python: run `make` (scripts/bootstrap.sh) first");
+    };
+    for name in ["qwen3_moe", "deepseek_v3_qlora"] {
+        let src = fixture(name);
+        let (vs, mut model, mut hf, _) = arch::load(&src, Device::Cpu).unwrap();
+        assert_eq!(hf.model.rope_scaling, RopeScaling::None, "{name}");
+        let probe = expected(name)["input_ids"].shallow_clone();
+        let plain = model.forward(&probe, false).unwrap().logits_btv;
+        let yarn = RopeScaling::HfYarn {
+            factor: 4.0,
+            original_max_position_embeddings: 8,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 0.0,
+            mscale_all_dim: 0.0,
+            attention_factor: None,
+            truncate: true,
+        };
+        let max_pos = hf.model.max_position_embeddings;
+        model.extend_context(max_pos, yarn).unwrap();
+        hf.model.rope_scaling = yarn;
+        let corvid = model.forward(&probe, false).unwrap().logits_btv;
+        assert!(
+            max_abs(&corvid, &plain) > 1e-3,
+            "{name}: YaRN changed the logits"
+        );
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("staged");
+        arch::export(&vs, &hf, &src, &dir, Kind::Float, 1 << 30).unwrap();
+        let theirs = transformers_logits(&python, &dir, &probe);
+        let err = max_abs(&theirs, &corvid);
+        assert!(
+            err <= 1e-4 * scale(&corvid),
+            "{name}: transformers' logits differ by {err}"
+        );
+        // And Corvid reads the export back under the same scaling.
+        assert_eq!(
+            arch::read_config(&dir).unwrap().model.rope_scaling,
+            yarn,
+            "{name}"
+        );
     }
 }
 

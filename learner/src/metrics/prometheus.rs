@@ -279,7 +279,8 @@ fn encode_record(enc: &mut DescriptorEncoder, r: &UpdateRecord) -> fmt::Result {
 
     family(enc, "curriculum_frontier", "Frontier level per task family.",
         c.frontier.iter().map(|(f, &level)| ([("family", f.as_str())], level)))?;
-    gauge(enc, "curriculum_context_tokens", "Context of the current stage, tokens.", c.context_tokens)
+    gauge(enc, "curriculum_context_tokens", "Context of the current stage, tokens.", c.context_tokens)?;
+    gauge(enc, "curriculum_rope_factor", "RoPE scaling factor of the published policy (1: unscaled).", c.rope_factor)
 }
 
 /// The collector behind the endpoint: the live gauges, then the latest record, read at
@@ -338,7 +339,7 @@ fn registry(figures: Figures) -> Registry {
 /// | `corvid_loss_spike` (0 or 1), `corvid_loss_spikes_total` | |
 /// | `corvid_service_{open_groups, groups_waiting, groups_completed, groups_expired, episodes_issued, episodes_reclaimed, actors_active, trajectories_read, batches_skipped}` | |
 /// | `corvid_curriculum_frontier` | `family` |
-/// | `corvid_curriculum_context_tokens` | |
+/// | `corvid_curriculum_context_tokens`, `corvid_curriculum_rope_factor` | |
 ///
 /// Without a record only the live gauges are there.
 pub fn render_prometheus(record: Option<&UpdateRecord>, live: &[(String, f64)]) -> String {

@@ -140,12 +140,30 @@ pub struct SpikeFigures {
 }
 
 /// The curriculum after the update.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CurriculumFigures {
     /// Frontier level per family.
     pub frontier: BTreeMap<String, u32>,
     /// Context window of the current stage, tokens.
     pub context_tokens: u32,
+    /// The RoPE scaling factor the published policy runs under (1: unscaled; a context stage
+    /// scales it with `[rollout.context] stage_rope`). Absent in metrics written before: 1.
+    #[serde(default = "one")]
+    pub rope_factor: f64,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Default for CurriculumFigures {
+    fn default() -> Self {
+        Self {
+            frontier: BTreeMap::new(),
+            context_tokens: 0,
+            rope_factor: 1.0,
+        }
+    }
 }
 
 /// The service side at the update.

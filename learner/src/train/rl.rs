@@ -43,7 +43,9 @@ use super::state::TrainState;
 use super::TrainError;
 use crate::metrics::{LayerRouting, MismatchFigures};
 use corvid_model::routes::merge_agreement;
-use corvid_model::{BalanceStats, MoeHealth, MoePolicy, RouteAgreement, RouteOpts, TokenScores};
+use corvid_model::{
+    BalanceStats, MoeHealth, MoePolicy, RopeScaling, RouteAgreement, RouteOpts, TokenScores,
+};
 use corvid_proto::RouteShape;
 
 /// What one update did; every field is a mean over the generated tokens trained on unless
@@ -801,6 +803,17 @@ impl RlTrainer {
     /// The policy under training, mutably (restore the optimizer, extend the window).
     pub fn state_mut(&mut self) -> &mut TrainState {
         &mut self.state
+    }
+
+    /// Puts the policy and the KL reference under the RoPE scaling `rope` (a context stage's),
+    /// their positions unchanged: both score a trajectory at the same positions the same way.
+    pub fn set_rope(&mut self, rope: RopeScaling) -> Result<(), TrainError> {
+        let max_pos = self.state.model.config().max_position_embeddings;
+        self.state.model.extend_context(max_pos, rope)?;
+        if let Some((_, reference)) = self.reference.as_mut() {
+            reference.extend_context(max_pos, rope)?;
+        }
+        Ok(())
     }
 
     /// Whether a reference policy is loaded.

@@ -31,14 +31,14 @@ use crate::checkpoint::{
     write_policy, CheckpointDir, Restored, RunState, Snapshot, Stage, Totals, STATE_FORMAT,
 };
 use crate::collect::Collector;
-use crate::config::{ConfigError, LearnerConfig};
+use crate::config::{ConfigError, LearnerConfig, StageRope};
 use crate::dispenser::DispenserState;
 use crate::learner::{io_err, LearnerError, RunPaths, Shared, StopReason, Summary};
 use crate::metrics::{MetricsSink, SpikeDetector, UpdateRecord};
 use crate::sft_data::SftData;
 use crate::train::sft::SftTrainer;
 use crate::train::{RlTrainer, TrainState};
-use corvid_model::checkpoint::{weights_to_bytes, WEIGHTS_FILE};
+use corvid_model::checkpoint::{policy_to_bytes, WEIGHTS_FILE};
 use corvid_model::precision::weight_kind_for;
 use corvid_model::{ModelConfig, MoePolicy};
 use corvid_store::now_unix_ms;
@@ -356,9 +356,51 @@ impl Trainer {
         s
     }
 
-    /// The current weights as safetensors bytes.
+    /// The current weights as safetensors bytes, naming the RoPE scaling they run under when
+    /// a context stage scales it ([`policy_to_bytes`]).
     pub fn weights(&self) -> Result<Vec<u8>, LearnerError> {
-        Ok(weights_to_bytes(&self.active().state().vs)?)
+        let state = self.active().state();
+        Ok(policy_to_bytes(
+            &state.vs,
+            &state.model.config().rope_scaling,
+        )?)
+    }
+
+    /// The model config the policy runs under now: the run's, with the RoPE scaling of the
+    /// current context stage (what a checkpoint's `config.json` records, so that evaluating
+    /// or exporting it decodes as the learner trained it).
+    fn live_model_config(&self) -> ModelConfig {
+        ModelConfig {
+            rope_scaling: self.active().state().model.config().rope_scaling,
+            ..self.model_cfg.clone()
+        }
+    }
+
+    /// Puts the RL policy (and its KL reference) under the RoPE scaling of the curriculum's
+    /// current context stage (`[rollout.context] stage_rope`), saying so when it changes.
+    fn follow_stage_rope(&mut self) -> Result<(), LearnerError> {
+        let stage = self
+            .shared
+            .curriculum()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .context_tokens();
+        let rope = match self.cfg.rollout.context.stage_rope {
+            StageRope::None => return Ok(()),
+            _ => self.cfg.stage_rope_scaling(stage),
+        };
+        let Some(ActiveTrainer::Rl(rl)) = self.active.as_mut() else {
+            return Ok(());
+        };
+        if rl.state().model.config().rope_scaling != rope {
+            rl.set_rope(rope)?;
+            tracing::info!(
+                stage_tokens = stage,
+                ?rope,
+                "the policy follows its context stage's RoPE scaling"
+            );
+        }
+        Ok(())
     }
 
     /// The curriculum as JSON.
@@ -386,9 +428,10 @@ impl Trainer {
             .unwrap_or_else(|p| p.into_inner())
             .clone();
         let active = self.active();
+        let model_config = self.live_model_config();
         let saved = self.ckpt.save(Snapshot {
             vs: &active.state().vs,
-            model_config: &self.model_cfg,
+            model_config: &model_config,
             optimizer: active.state().opt.state_tensors(),
             curriculum: &curriculum,
             state,
@@ -399,8 +442,11 @@ impl Trainer {
         Ok(saved)
     }
 
-    /// Publishes the current weights as the current policy version.
+    /// Publishes the current weights as the current policy version, under the RoPE scaling
+    /// of the context stage at its publication: the version is trained under it until the
+    /// next, and actors decode it so (the blob names it).
     fn publish(&mut self) -> Result<(), LearnerError> {
+        self.follow_stage_rope()?;
         let bytes = self.weights()?;
         let blob = self
             .shared

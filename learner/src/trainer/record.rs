@@ -7,6 +7,7 @@ use std::time::Instant;
 use super::Trainer;
 use crate::metrics::{CurriculumFigures, Rate, ServiceFigures, UpdateRecord};
 use crate::train::{Group, UpdateStats};
+use corvid_model::RopeScaling;
 use corvid_store::now_unix_ms;
 
 /// Updates in the episodes/s window of the metrics.
@@ -127,6 +128,12 @@ impl Trainer {
                 .filter_map(|f| c.frontier(f).ok().map(|l| (f.clone(), l)))
                 .collect(),
             context_tokens: c.context_tokens(),
+            rope_factor: match self.active().state().model.config().rope_scaling {
+                RopeScaling::None => 1.0,
+                RopeScaling::Linear { factor }
+                | RopeScaling::Yarn { factor, .. }
+                | RopeScaling::HfYarn { factor, .. } => factor,
+            },
         }
     }
 

@@ -144,11 +144,27 @@ pub fn export(
 ) -> Result<ExportReport, ModelError> {
     let config_path = source.join(CONFIG_FILE);
     let text = std::fs::read_to_string(&config_path).map_err(io(&config_path))?;
-    let config: Value = serde_json::from_str(&text).map_err(|e| ModelError::HfConfig {
+    let mut config: Value = serde_json::from_str(&text).map_err(|e| ModelError::HfConfig {
         file: config_path.display().to_string(),
         key: "<file>".into(),
         problem: format!("not valid JSON: {e}"),
     })?;
+    // A policy trained under a context stage's RoPE scaling (a run's `stage_rope`) exports
+    // with it, so that transformers decodes it as it was trained.
+    if hf.model.rope_scaling != super::read_config(source)?.model.rope_scaling {
+        let rope = super::rope_parameters(hf.model.rope_theta, &hf.model.rope_scaling).ok_or_else(
+            || {
+                ModelError::Input(format!(
+                    "the model runs under {:?}, which transformers' rope_parameters cannot hold",
+                    hf.model.rope_scaling
+                ))
+            },
+        )?;
+        if let Some(c) = config.as_object_mut() {
+            c.remove("rope_scaling");
+            c.insert("rope_parameters".into(), rope);
+        }
+    }
     write(vs, hf, config, Some(source), out, (dtype, max_shard_bytes))
 }
 

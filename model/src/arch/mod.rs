@@ -325,6 +325,47 @@ pub(crate) fn rope_from_keys(
     Ok((theta, scaling))
 }
 
+/// transformers v5's `rope_parameters` for `scaling` at base `theta` (what [`rope_from_keys`]
+/// reads back); `None` for the scalings transformers has no type for here (Corvid's own
+/// `linear` and `yarn`).
+pub(crate) fn rope_parameters(theta: f64, scaling: &RopeScaling) -> Option<serde_json::Value> {
+    match *scaling {
+        RopeScaling::None => Some(serde_json::json!({"rope_type": "default", "rope_theta": theta})),
+        RopeScaling::HfYarn {
+            factor,
+            original_max_position_embeddings,
+            beta_fast,
+            beta_slow,
+            mscale,
+            mscale_all_dim,
+            attention_factor,
+            truncate,
+        } => {
+            let mut p = serde_json::json!({
+                "rope_type": "yarn",
+                "rope_theta": theta,
+                "factor": factor,
+                "original_max_position_embeddings": original_max_position_embeddings,
+                "beta_fast": beta_fast,
+                "beta_slow": beta_slow,
+                "truncate": truncate,
+            });
+            // Zero is transformers' default, and the only value families other than
+            // DeepSeek's read.
+            for (key, v) in [("mscale", mscale), ("mscale_all_dim", mscale_all_dim)] {
+                if v != 0.0 {
+                    p[key] = serde_json::json!(v);
+                }
+            }
+            if let Some(a) = attention_factor {
+                p["attention_factor"] = serde_json::json!(a);
+            }
+            Some(p)
+        }
+        RopeScaling::Linear { .. } | RopeScaling::Yarn { .. } => None,
+    }
+}
+
 /// The sources of one MoE layer's stacked experts (`mlp` is Corvid's prefix, `hf_mlp` the
 /// checkpoint's): per-expert `experts.{j}.{gate,up,down}_proj.weight` (the hub format), or
 /// fused `experts.gate_up_proj` / `experts.down_proj` where the checkpoint has those.

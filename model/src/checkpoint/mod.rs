@@ -19,4 +19,7 @@ pub use self::folder::{
 };
 pub(crate) use self::folder::{with_views, Release};
 pub(crate) use self::safetensors::{kind_and_shape, tensors_to_bytes};
-pub use self::safetensors::{load_weights_from_bytes, read_safetensors, weights_to_bytes};
+pub use self::safetensors::{
+    load_weights_from_bytes, policy_to_bytes, read_safetensors, rope_in_bytes, weights_to_bytes,
+    ROPE_METADATA_KEY,
+};

@@ -18,7 +18,7 @@ use ::safetensors::SafeTensors;
 use serde_json::{Map, Value};
 use tch::{nn, Device, Kind, TchError, Tensor};
 
-use crate::ModelError;
+use crate::{ModelError, RopeScaling};
 
 /// The name errors give when the fault is the file's (its length, its header), not a tensor's.
 pub(super) const HEADER: &str = "<header>";
@@ -63,21 +63,101 @@ pub fn weights_to_bytes(vs: &nn::VarStore) -> Result<Vec<u8>, ModelError> {
     tensors_to_bytes(&vars)
 }
 
+/// The safetensors metadata key of the RoPE scaling a policy blob runs under, when it is not
+/// its model config's own: a run whose context stages scale RoPE
+/// ([`policy_to_bytes`]) publishes each version with the scaling it was trained under.
+pub const ROPE_METADATA_KEY: &str = "corvid.rope_scaling";
+
+/// [`weights_to_bytes`] of a policy whose RoPE runs under `rope`, written in the metadata
+/// ([`ROPE_METADATA_KEY`]) when it is not `None`, so that whoever loads the blob
+/// ([`rope_in_bytes`]) decodes under the scaling the weights were trained under.
+pub fn policy_to_bytes(vs: &nn::VarStore, rope: &RopeScaling) -> Result<Vec<u8>, ModelError> {
+    let vars: BTreeMap<String, Tensor> = vs.variables().into_iter().collect();
+    let rope = match rope {
+        RopeScaling::None => None,
+        r => Some(serde_json::to_string(r).map_err(|e| bad(HEADER, e.to_string()))?),
+    };
+    tensors_to_bytes_with(&vars, rope.map(|r| (ROPE_METADATA_KEY.to_string(), r)))
+}
+
+/// The RoPE scaling safetensors `bytes` name in their metadata ([`ROPE_METADATA_KEY`]), if
+/// any; an unreadable one is an error naming the key.
+pub fn rope_in_bytes(bytes: &[u8]) -> Result<Option<RopeScaling>, ModelError> {
+    let (_, metadata) = SafeTensors::read_metadata(bytes).map_err(|e| explain(bytes, &e))?;
+    metadata
+        .metadata()
+        .as_ref()
+        .and_then(|m| m.get(ROPE_METADATA_KEY))
+        .map(|json| {
+            serde_json::from_str(json).map_err(|e| {
+                bad(
+                    HEADER,
+                    format!("metadata {ROPE_METADATA_KEY} {json:?}: {e}"),
+                )
+            })
+        })
+        .transpose()
+}
+
 /// Serialises `tensors` to safetensors bytes with the metadata `{"format": "pt"}`. The crate
 /// orders the data by dtype (widest first), then by name.
 pub(crate) fn tensors_to_bytes(tensors: &BTreeMap<String, Tensor>) -> Result<Vec<u8>, ModelError> {
+    tensors_to_bytes_with(tensors, None)
+}
+
+/// [`tensors_to_bytes`] with one more metadata entry.
+fn tensors_to_bytes_with(
+    tensors: &BTreeMap<String, Tensor>,
+    extra: Option<(String, String)>,
+) -> Result<Vec<u8>, ModelError> {
     let failure = RefCell::new(None);
     let views = tensors
         .iter()
         .map(|(name, t)| Ok((name.as_str(), Outgoing::new(name, t, &failure)?)))
         .collect::<Result<Vec<_>, ModelError>>()?;
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let mut metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    let several = extra.is_some();
+    metadata.extend(extra);
     let bytes = ::safetensors::serialize(views, Some(metadata))
         .map_err(|e| bad(HEADER, format!("serialising: {e}")))?;
     match failure.into_inner() {
         Some((name, e)) => Err(bad(&name, format!("copying to the host: {e}"))),
+        None if several => sorted_metadata(bytes),
         None => Ok(bytes),
     }
+}
+
+/// `bytes` with the header's `__metadata__` entries in key order: the crate writes them in its
+/// `HashMap`'s order, which differs between maps, and the same weights must give the same
+/// bytes (actors check a blob's SHA-256; a resumed learner republishes the same version).
+fn sorted_metadata(mut bytes: Vec<u8>) -> Result<Vec<u8>, ModelError> {
+    let n = bytes
+        .get(..LEN_BYTES)
+        .and_then(|b| b.try_into().ok())
+        .map(u64::from_le_bytes)
+        .ok_or_else(|| bad(HEADER, "serialised without a header"))? as usize;
+    let header = std::str::from_utf8(&bytes[LEN_BYTES..LEN_BYTES + n])
+        .map_err(|e| bad(HEADER, e.to_string()))?;
+    let prefix = "{\"__metadata__\":";
+    let rest = header
+        .strip_prefix(prefix)
+        .ok_or_else(|| bad(HEADER, "serialised without its metadata first"))?;
+    let mut entries =
+        serde_json::Deserializer::from_str(rest).into_iter::<BTreeMap<String, String>>();
+    let sorted = match entries.next() {
+        Some(Ok(map)) => serde_json::to_string(&map).map_err(|e| bad(HEADER, e.to_string()))?,
+        _ => return Err(bad(HEADER, "serialised metadata that is not a string map")),
+    };
+    let (from, to) = (
+        LEN_BYTES + prefix.len(),
+        LEN_BYTES + prefix.len() + entries.byte_offset(),
+    );
+    // The same entries written compactly in another order: the same length.
+    if to - from != sorted.len() {
+        return Err(bad(HEADER, "serialised metadata of an unexpected length"));
+    }
+    bytes[from..to].copy_from_slice(sorted.as_bytes());
+    Ok(bytes)
 }
 
 /// One variable on its way into the file. Its bytes are copied to the host only when the
@@ -420,6 +500,44 @@ mod tests {
 
     fn var(vs: &nn::VarStore, name: &str) -> Tensor {
         vs.variables()[name].shallow_clone()
+    }
+
+    /// A policy blob names its RoPE scaling (none when unscaled), loads back like any weights,
+    /// and the same weights always give the same bytes, whatever order the crate's map took.
+    #[test]
+    fn a_policy_blob_names_its_rope_and_its_bytes_are_deterministic() {
+        let vs = store(&[
+            ("aw", Tensor::from_slice(&[1.0f32, 2.0])),
+            ("bw", Tensor::from_slice(&[3.0f32])),
+        ]);
+        let rope = RopeScaling::Linear { factor: 2.0 };
+        let first = policy_to_bytes(&vs, &rope).unwrap();
+        for _ in 0..16 {
+            assert!(policy_to_bytes(&vs, &rope).unwrap() == first);
+        }
+        assert_eq!(rope_in_bytes(&first).unwrap(), Some(rope));
+        let header = String::from_utf8_lossy(&first[8..]).to_string();
+        let (c, f) = (
+            header.find(ROPE_METADATA_KEY).unwrap(),
+            header.find("\"format\"").unwrap(),
+        );
+        assert!(c < f, "metadata in key order: {header}");
+        let plain = policy_to_bytes(&vs, &RopeScaling::None).unwrap();
+        assert!(plain == weights_to_bytes(&vs).unwrap());
+        assert_eq!(rope_in_bytes(&plain).unwrap(), None);
+        let other = store(&[
+            ("aw", Tensor::from_slice(&[0.0f32, 0.0])),
+            ("bw", Tensor::from_slice(&[0.0f32])),
+        ]);
+        load_weights_from_bytes(&other, &first).unwrap();
+        assert!(var(&other, "aw").equal(&var(&vs, "aw")));
+        // A metadata value that is not a scaling is named.
+        let bad_rope = file(
+            r#"{"__metadata__":{"corvid.rope_scaling":"{\"type\":\"cubic\"}"},"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#,
+            &[0; 4],
+        );
+        let e = rope_in_bytes(&bad_rope).unwrap_err().to_string();
+        assert!(e.contains(ROPE_METADATA_KEY) && e.contains("cubic"), "{e}");
     }
 
     #[test]

@@ -11,8 +11,7 @@ use super::adapter::{Plan, Source};
 use super::keys::{Keys, COMMON_METADATA};
 use super::{expert_sources, rope_from_keys, HfLayout};
 use crate::config::{
-    Attention, AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, RopeScaling,
-    ScoreFunc,
+    Attention, AttnGate, BalanceMode, ExpertAct, ExpertDispatch, ModelConfig, ScoreFunc,
 };
 use crate::ModelError;
 
@@ -322,36 +321,7 @@ pub(crate) fn from_corvid(cfg: &ModelConfig) -> Result<(serde_json::Value, HfLay
         cfg.latent_eps() != LATENT_NORM_EPS,
         "latent_norm_eps other than 1e-6 (transformers fixes the latent norms' epsilon)",
     );
-    let rope = match cfg.rope_scaling {
-        RopeScaling::None => Some(json!({"rope_type": "default", "rope_theta": cfg.rope_theta})),
-        RopeScaling::HfYarn {
-            factor,
-            original_max_position_embeddings,
-            beta_fast,
-            beta_slow,
-            mscale,
-            mscale_all_dim,
-            attention_factor,
-            truncate,
-        } => {
-            let mut p = json!({
-                "rope_type": "yarn",
-                "rope_theta": cfg.rope_theta,
-                "factor": factor,
-                "original_max_position_embeddings": original_max_position_embeddings,
-                "beta_fast": beta_fast,
-                "beta_slow": beta_slow,
-                "mscale": mscale,
-                "mscale_all_dim": mscale_all_dim,
-                "truncate": truncate,
-            });
-            if let Some(a) = attention_factor {
-                p["attention_factor"] = json!(a);
-            }
-            Some(p)
-        }
-        RopeScaling::Linear { .. } | RopeScaling::Yarn { .. } => None,
-    };
+    let rope = super::rope_parameters(cfg.rope_theta, &cfg.rope_scaling);
     refuse(
         rope.is_none(),
         "rope_scaling linear or Corvid's yarn (use hf_yarn)",
