@@ -22,7 +22,7 @@ use anyhow::{Context, Result};
 use corvid_learner::metrics::UpdateRecord;
 
 use super::inputs::{EvalBucket, Inputs, SftStep, Update};
-use super::plots::{self, HeatMap, Panel, Series};
+use super::plots::{self, HeatMap, Panel, Series, Shape};
 use super::{Plot, Report, Training};
 
 /// What a chart holds, or why there is nothing to draw.
@@ -133,7 +133,7 @@ fn panel(title: &str, y_label: &str, series: Vec<Series>) -> Panel {
         y_label: y_label.into(),
         series,
         y_range: None,
-        step: false,
+        shape: Shape::Line,
     }
 }
 
@@ -199,7 +199,7 @@ fn frontier(u: &[Update], xs: &[f64], families: &BTreeSet<&str>) -> Chart {
         })
         .collect();
     let mut frontier_panel = Panel {
-        step: true,
+        shape: Shape::Staircase,
         ..panel("Curriculum frontier level", "level", curves)
     };
     if by_time {
@@ -474,13 +474,13 @@ fn long_context(inputs: &Inputs) -> Chart {
                 .collect(),
         });
     }
-    let rate_panel = |title: &str, x_label: &str, series: Vec<Series>| Panel {
+    let rate_panel = |title: &str, x_label: &str, series: Vec<Series>, shape| Panel {
         title: title.into(),
         x_label: x_label.into(),
         y_label: "success".into(),
         series,
         y_range: Some((0.0, 1.0)),
-        step: false,
+        shape,
     };
     Chart {
         file: "long_context.png",
@@ -492,12 +492,24 @@ fn long_context(inputs: &Inputs) -> Chart {
             .into(),
         content: lines_or_none(
             vec![
-                rate_panel("Success by episode tokens", "log2 tokens", tokens),
-                rate_panel("Success by fact position", "position", position),
+                rate_panel(
+                    "Success by episode tokens",
+                    "log2 tokens",
+                    tokens,
+                    Shape::Line,
+                ),
+                // Positions are categories: markers, no line between them.
+                rate_panel(
+                    "Success by fact position",
+                    "position",
+                    position,
+                    Shape::Points,
+                ),
                 rate_panel(
                     "Success by distractor density",
                     "log2 distractors per fact",
                     density,
+                    Shape::Line,
                 ),
             ],
             "no evaluation file holds a breakdown",

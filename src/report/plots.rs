@@ -98,8 +98,20 @@ pub struct Panel {
     pub series: Vec<Series>,
     /// Fixed y range (e.g. `[0, 1]` for rates); `None` fits the data.
     pub y_range: Option<(f64, f64)>,
-    /// Draw each curve as a staircase (a value holds until the next point), for levels.
-    pub step: bool,
+    /// How the curves are drawn.
+    pub shape: Shape,
+}
+
+/// How a [`Panel`] draws its curves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// Lines through the points, with markers where there are few.
+    Line,
+    /// A staircase (a value holds until the next point), for levels.
+    Staircase,
+    /// Markers only: the x values are categories, which a line between them would misread
+    /// as a scale.
+    Points,
 }
 
 impl Panel {
@@ -280,7 +292,10 @@ fn draw_panel(area: &Area<'_>, panel: &Panel, text: bool) -> Result<()> {
         .enumerate()
         .map(|(index, series)| {
             let pts = series.finite();
-            let pts = if panel.step { staircase(&pts) } else { pts };
+            let pts = match panel.shape {
+                Shape::Staircase => staircase(&pts),
+                Shape::Line | Shape::Points => pts,
+            };
             Curve { index, series, pts }
         })
         .filter(|c| !c.pts.is_empty())
@@ -322,7 +337,7 @@ fn draw_panel(area: &Area<'_>, panel: &Panel, text: bool) -> Result<()> {
             .label_style((FAMILY, 13))
             .axis_desc_style((FAMILY, 14))
             .x_label_formatter(&|v| format_tick(*v))
-            .y_label_formatter(if panel.step {
+            .y_label_formatter(if panel.shape == Shape::Staircase {
                 &integer_tick
             } else {
                 &|v| format_tick(*v)
@@ -336,6 +351,17 @@ fn draw_panel(area: &Area<'_>, panel: &Panel, text: bool) -> Result<()> {
     for Curve { index, series, pts } in &curves {
         let c = colour(*index);
         let style = c.stroke_width(2);
+        if panel.shape == Shape::Points {
+            let drawn = chart
+                .draw_series(pts.iter().map(|&p| Circle::new(p, 5, c.filled())))
+                .map_err(|e| anyhow!("{e}"))?;
+            if legend {
+                drawn
+                    .label(series.label.as_str())
+                    .legend(move |(x, y)| Circle::new((x + 9, y), 5, c.filled()));
+            }
+            continue;
+        }
         let drawn = chart
             .draw_series(LineSeries::new(pts.iter().copied(), style))
             .map_err(|e| anyhow!("{e}"))?;
@@ -559,7 +585,7 @@ pub(crate) mod tests {
         }
     }
 
-    fn panel(step: bool) -> Panel {
+    fn panel(shape: Shape) -> Panel {
         Panel {
             title: "t".into(),
             x_label: "x".into(),
@@ -580,7 +606,7 @@ pub(crate) mod tests {
                 },
             ],
             y_range: None,
-            step,
+            shape,
         }
     }
 
@@ -591,8 +617,17 @@ pub(crate) mod tests {
         // this shows the charts need no font at all.
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("lines.png");
-        line_panels_with(&p, &[panel(false), panel(true)], false).unwrap();
-        assert_eq!(decode_png(&p), (WIDTH, 2 * PANEL_HEIGHT));
+        line_panels_with(
+            &p,
+            &[
+                panel(Shape::Line),
+                panel(Shape::Staircase),
+                panel(Shape::Points),
+            ],
+            false,
+        )
+        .unwrap();
+        assert_eq!(decode_png(&p), (WIDTH, 3 * PANEL_HEIGHT));
         let h = dir.path().join("heat.png");
         let map = HeatMap {
             title: "h".into(),
@@ -610,8 +645,8 @@ pub(crate) mod tests {
         let dir = tempfile::tempdir().unwrap();
         let with = dir.path().join("with.png");
         let without = dir.path().join("without.png");
-        line_panels_with(&with, &[panel(false)], font_available()).unwrap();
-        line_panels_with(&without, &[panel(false)], false).unwrap();
+        line_panels_with(&with, &[panel(Shape::Line)], font_available()).unwrap();
+        line_panels_with(&without, &[panel(Shape::Line)], false).unwrap();
         assert_eq!(decode_png(&with), (WIDTH, PANEL_HEIGHT));
         if font_available() {
             // Titles and ticks change pixels: the two images differ.
