@@ -80,7 +80,8 @@ def check_renders(tok, raws, chats, kwargs):
     two texts differ only by empty think blocks (Qwen3's template writes one on the last assistant
     turn only) and an unclosed last turn's `<|im_end|>` (one with a `<think>` block the template
     lays out again counts as `reasoning_rewritten`); a flagged episode that renders back unchanged, or differs otherwise, fails, as
-    does anything else.
+    does anything else. The flag is the episode's: of a folded one, a segment that renders back
+    unchanged counts as such, and the episode fails only when every segment does.
     """
     by_id = {}
     for c in chats:
@@ -89,6 +90,7 @@ def check_renders(tok, raws, chats, kwargs):
     counts = dict(exact=0, unclosed=0, non_canonical=0, special_text_kept_plain=0,
                   reasoning_rewritten=0, template_divergent=0, failed=0, segments=0)
     bad = []
+    unchanged = {}  # a flagged folded trajectory: whether every segment so far rendered back unchanged
     segments = [(raw, chat) for raw in raws for chat in by_id.get(raw["header"]["trajectory_id"], [])]
     for raw, chat in segments:
         tid = raw["header"]["trajectory_id"]
@@ -103,6 +105,15 @@ def check_renders(tok, raws, chats, kwargs):
         suffix = next((t for t in ["\n", "<|im_end|>\n"] if want_text == text + t), None)
         at = next((k for k in range(min(len(ids), len(want))) if ids[k] != want[k]),
                   min(len(ids), len(want)))
+        exact = suffix is not None and want == ids + tok(suffix, add_special_tokens=False)["input_ids"]
+        if chat.get("template_divergent") and chat.get("segments", 1) > 1:
+            # The flag is the trajectory's: some of its segments may render back unchanged,
+            # not all of them.
+            key = raw["header"]["trajectory_id"]
+            unchanged[key] = unchanged.get(key, True) and exact
+            if exact:
+                counts["exact" if suffix == "\n" else "unclosed"] += 1
+                continue
         if chat.get("template_divergent"):
             # Compared without empty think blocks, and with an unclosed last turn closed.
             def bare(t):
@@ -123,7 +134,7 @@ def check_renders(tok, raws, chats, kwargs):
             counts["failed"] += 1
             bad.append(dict(id=tid, at=at, stored="flagged template_divergent: " + text[-200:],
                             transformers=rendered[-200:]))
-        elif suffix is not None and want == ids + tok(suffix, add_special_tokens=False)["input_ids"]:
+        elif exact:
             counts["exact" if suffix == "\n" else "unclosed"] += 1
         elif suffix is not None and at < len(ids) and mask[at]:
             counts["non_canonical"] += 1
@@ -136,6 +147,11 @@ def check_renders(tok, raws, chats, kwargs):
             counts["failed"] += 1
             bad.append(dict(id=tid, at=at, stored=tok.decode(ids[max(0, at - 20):at + 20]),
                             transformers=tok.decode(want[max(0, at - 20):at + 20])))
+    for key, all_exact in unchanged.items():
+        if all_exact:
+            counts["failed"] += 1
+            bad.append(dict(id=key, at=0, stored="flagged template_divergent, every segment renders back unchanged",
+                            transformers=""))
     return counts, bad
 
 

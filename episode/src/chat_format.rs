@@ -636,15 +636,17 @@ impl ChatFormat {
     /// writes around the result removed; the whole context's text when it is of another
     /// shape.
     pub fn tool_result_text(&self, context: &[u32], call: Option<&ToolCall>) -> String {
-        self.result_text(context, call, false)
+        self.result_text(context, call, 0, false)
     }
 
     /// [`tool_result_text`](Self::tool_result_text) of a folded segment's opening (`opening`)
-    /// or of a plain tool-result context.
+    /// or of a plain tool-result context, the call made by the conversation's `n`-th
+    /// assistant message (its id, where the template writes one, is the syntax's for `n`).
     pub(crate) fn result_text(
         &self,
         context: &[u32],
         call: Option<&ToolCall>,
+        n: usize,
         opening: bool,
     ) -> String {
         let text = self.decode_lossy(context);
@@ -653,7 +655,7 @@ impl ChatFormat {
         let mut assistant = ChatMessage::text("assistant", "ok");
         let mut tool = ChatMessage::text("tool", SENTINEL);
         if let Some(c) = call {
-            let id = self.syntax.call_id(&c.name, 0);
+            let id = self.syntax.call_id(&c.name, n);
             assistant = ChatMessage {
                 tool_calls: vec![ChatToolCall::new(id.clone(), c.clone())],
                 ..ChatMessage::text("assistant", "")
@@ -786,7 +788,7 @@ impl ChatFormat {
                 let call = answered.as_ref().map(|c| c.function.call());
                 let mut m = ChatMessage::text(
                     "tool",
-                    self.tool_result_text(&ids[..first_gen], call.as_ref()),
+                    self.result_text(&ids[..first_gen], call.as_ref(), kept + n - 1, false),
                 );
                 m.tool_call_id = answered.and_then(|c| c.id);
                 out.push(m);

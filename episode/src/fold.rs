@@ -180,7 +180,7 @@ fn kept_turns(chat: &ChatFormat, mut ids: &[u32]) -> Option<Vec<FoldedTurn>> {
             + prompt_end.len();
         let generated = ids[..end].to_vec();
         let call = chat.parse_call(&generated).ok();
-        let result = chat.tool_result_text(&ids[end..result_end], call.as_ref());
+        let result = chat.result_text(&ids[end..result_end], call.as_ref(), turns.len(), false);
         turns.push(FoldedTurn { generated, result });
         ids = &ids[result_end..];
     }

@@ -289,7 +289,7 @@ impl EpisodeFormat {
                 });
                 tok.decode(body.unwrap_or(context))
             }
-            Layout::Chat(c) => c.result_text(context, call, opening),
+            Layout::Chat(c) => c.result_text(context, call, 0, opening),
         }
     }
 

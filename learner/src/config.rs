@@ -740,6 +740,22 @@ impl LearnerConfig {
         self.model.episode_format()
     }
 
+    /// The window and fold SFT demonstrations are laid out in (and the PTX term's): the
+    /// run's `[rollout.context]`, at the first context stage's window when the windows follow
+    /// the curriculum, so that SFT is the short stage the later ones extend (and, with
+    /// `stage_rope`, trains only positions the first stage runs unscaled).
+    pub fn sft_context(&self) -> Option<ContextFold> {
+        let c = &self.rollout.context;
+        let first = self.curriculum.context_stages.first();
+        c.assignment().map(|fold| match first {
+            Some(first) if c.follow_curriculum => ContextFold {
+                window_tokens: fold.window_tokens.min(first.context_tokens),
+                ..fold
+            },
+            _ => fold,
+        })
+    }
+
     /// The RoPE scaling of the context stage whose window is `stage_tokens`
     /// (`Curriculum::context_tokens`), `[rollout.context] stage_rope` scaling it by its window
     /// over the first stage's; `None` unless the run's windows follow the curriculum.

@@ -1,8 +1,8 @@
 //! RoPE scaling that moves with the curriculum's context stages (`[rollout.context]
 //! stage_rope`): each policy version is published under the scaling of the stage at its
 //! publication (the blob names it, so actors decode it so), trained under it, recorded in the
-//! metrics and the checkpoint, and put back on resume; a config that cannot scale by stage is
-//! refused with the field named.
+//! metrics and the checkpoint, and put back on resume; SFT demonstrations fold at the first
+//! stage's window; a config that cannot scale by stage is refused with the field named.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -160,16 +160,19 @@ fn each_version_is_published_and_checkpointed_under_its_context_stage_s_rope() {
     assert_eq!(cfg.stage_rope_scaling(1024), yarn);
     // A stage past the run's window is the window's.
     assert_eq!(cfg.stage_rope_scaling(4096), yarn);
+    // SFT is the first stage: its demonstrations fold at its window, unscaled.
+    assert_eq!(cfg.sft_context().map(|c| c.window_tokens), Some(256));
     let (mut t, shared) = open(cfg, false);
 
-    // Stage 1: the first version runs unscaled.
+    // Stage 1: the first versions run unscaled.
     feed_group(&shared, "a", 1);
     t.poll().unwrap();
     t.try_update().unwrap().expect("an update");
     assert_eq!(published_rope(&shared), None);
 
-    // Level 2 admitted: the stage's window is 1,024 tokens, and the next version is
-    // published under YaRN ×4 over the first stage's 256.
+    // Level 2 admitted: the stage's window is 1,024 tokens. A checkpoint taken before the
+    // next version keeps the published one's scaling, and a resumed learner publishes that
+    // version again under it: a version never changes its scaling.
     {
         let mut c = shared.curriculum().lock().unwrap();
         while c.highest_admitted() < 2 {
@@ -177,13 +180,29 @@ fn each_version_is_published_and_checkpointed_under_its_context_stage_s_rope() {
         }
         assert_eq!(c.context_tokens(), 1024);
     }
+    let saved = t.checkpoint().unwrap();
+    assert_eq!(
+        CheckpointDir::load(&saved)
+            .unwrap()
+            .model_config
+            .rope_scaling,
+        RopeScaling::None
+    );
+    let unscaled = shared.control.policies.latest().unwrap().bytes.clone();
+    drop(t);
+    drop(shared);
+    let (mut t, shared) = open(config(dir.path(), "yarn", "").unwrap(), true);
+    assert!(t.try_update().unwrap().is_none(), "nothing new to train");
+    assert_eq!(published_rope(&shared), None);
+    assert!(shared.control.policies.latest().unwrap().bytes == unscaled);
+
+    // The next version is published, and trained, under YaRN x4 over the first stage's 256.
     feed_group(&shared, "b", 2);
     t.poll().unwrap();
     let record: UpdateRecord = t.try_update().unwrap().expect("an update");
     assert_eq!(published_rope(&shared), Some(yarn));
     assert_eq!(record.curriculum.rope_factor, 4.0);
     assert_eq!(record.curriculum.context_tokens, 1024);
-    // The version after it is trained under the same scaling: the update runs.
     feed_group(&shared, "c", 3);
     t.poll().unwrap();
     t.try_update().unwrap().expect("an update under YaRN");
@@ -199,8 +218,7 @@ fn each_version_is_published_and_checkpointed_under_its_context_stage_s_rope() {
     drop(shared);
 
     // ... and a resumed learner publishes under it again, with the same weights.
-    let cfg = config(dir.path(), "yarn", "").unwrap();
-    let (mut t, shared) = open(cfg, true);
+    let (mut t, shared) = open(config(dir.path(), "yarn", "").unwrap(), true);
     assert!(t.try_update().unwrap().is_none(), "nothing new to train");
     assert_eq!(published_rope(&shared), Some(yarn));
     assert!(shared.control.policies.latest().unwrap().bytes == weights);

@@ -564,33 +564,39 @@ fn a_corvid_trained_checkpoint_exported_loads_in_transformers_with_corvids_logit
     }
 }
 
-/// A policy a run's context stage put under YaRN (`stage_rope = "yarn"`: transformers' YaRN
-/// over the first stage's window) exports with its scaling: transformers runs the export to
-/// Corvid's scaled logits, which differ from the unscaled model's.
+/// A policy a run's context stage put under YaRN or position interpolation (`stage_rope =
+/// "yarn"`, transformers' YaRN over the first stage's window, or `"linear"`) exports with its
+/// scaling: transformers runs the export to Corvid's scaled logits, which differ from the
+/// unscaled model's.
 #[test]
 fn a_policy_under_a_stage_s_yarn_exports_with_it_for_transformers() {
     let Some(python) = oracle_python() else {
         panic!("no .corvid/venv/bin/python: run `make` (scripts/bootstrap.sh) first");
     };
-    for name in ["qwen3_moe", "deepseek_v3_qlora"] {
+    let yarn = RopeScaling::HfYarn {
+        factor: 4.0,
+        original_max_position_embeddings: 8,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        mscale: 0.0,
+        mscale_all_dim: 0.0,
+        attention_factor: None,
+        truncate: true,
+    };
+    let linear = RopeScaling::Linear { factor: 2.0 };
+    for (name, rope) in [
+        ("qwen3_moe", yarn),
+        ("deepseek_v3_qlora", yarn),
+        ("qwen3_moe", linear),
+    ] {
         let src = fixture(name);
         let (vs, mut model, mut hf, _) = arch::load(&src, Device::Cpu).unwrap();
         assert_eq!(hf.model.rope_scaling, RopeScaling::None, "{name}");
         let probe = expected(name)["input_ids"].shallow_clone();
         let plain = model.forward(&probe, false).unwrap().logits_btv;
-        let yarn = RopeScaling::HfYarn {
-            factor: 4.0,
-            original_max_position_embeddings: 8,
-            beta_fast: 32.0,
-            beta_slow: 1.0,
-            mscale: 0.0,
-            mscale_all_dim: 0.0,
-            attention_factor: None,
-            truncate: true,
-        };
         let max_pos = hf.model.max_position_embeddings;
-        model.extend_context(max_pos, yarn).unwrap();
-        hf.model.rope_scaling = yarn;
+        model.extend_context(max_pos, rope).unwrap();
+        hf.model.rope_scaling = rope;
         let corvid = model.forward(&probe, false).unwrap().logits_btv;
         assert!(
             max_abs(&corvid, &plain) > 1e-3,
@@ -608,7 +614,7 @@ fn a_policy_under_a_stage_s_yarn_exports_with_it_for_transformers() {
         // And Corvid reads the export back under the same scaling.
         assert_eq!(
             arch::read_config(&dir).unwrap().model.rope_scaling,
-            yarn,
+            rope,
             "{name}"
         );
     }

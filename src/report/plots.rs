@@ -302,7 +302,10 @@ fn draw_panel(area: &Area<'_>, panel: &Panel, text: bool) -> Result<()> {
         .collect();
     let all = || curves.iter().flat_map(|c| c.pts.iter().copied());
     let (x0, x1) = bounds(all().map(|p| p.0)).unwrap_or((0.0, 1.0));
-    let (x0, x1) = if (x1 - x0).abs() < 1e-12 {
+    let (x0, x1) = if panel.shape == Shape::Points {
+        // Categories: half a step either side, so no marker sits on the frame.
+        (x0 - 0.5, x1 + 0.5)
+    } else if (x1 - x0).abs() < 1e-12 {
         padded(x0, x1)
     } else {
         (x0, x1)

@@ -288,6 +288,9 @@ impl Trainer {
             }
         }
         tracing::info!(?device, weights = ?kind, routers = "Float", "policy built");
+        // A checkpoint's version runs under the RoPE scaling it was published with, which its
+        // `config.json` records, whatever stage the curriculum has reached since.
+        let restored_rope = restored.as_ref().map(|r| r.model_config.rope_scaling);
         let (mut state, optimizer) = match restored {
             Some(r) => {
                 let (state, optimizer) = resumed_state(r, &vs, &paths.metrics)?;
@@ -314,7 +317,13 @@ impl Trainer {
             )?;
             state.reference_policy = Some(paths.reference.clone());
         }
-        let active = ActiveTrainer::for_stage(&cfg, &model_cfg, (vs, model), &state, optimizer)?;
+        let mut active =
+            ActiveTrainer::for_stage(&cfg, &model_cfg, (vs, model), &state, optimizer)?;
+        if let (Some(rope), ActiveTrainer::Rl(rl)) = (restored_rope, &mut active) {
+            if rope != model_cfg.rope_scaling {
+                rl.set_rope(rope)?;
+            }
+        }
         let collector = restored_collector(&cfg, &shared, &state)?;
         let metrics =
             MetricsSink::open(&paths.metrics).map_err(io_err("opening", &paths.metrics))?;
@@ -377,7 +386,8 @@ impl Trainer {
     }
 
     /// Puts the RL policy (and its KL reference) under the RoPE scaling of the curriculum's
-    /// current context stage (`[rollout.context] stage_rope`), saying so when it changes.
+    /// current context stage (`[rollout.context] stage_rope`), saying so when it changes:
+    /// before a new version is published, which is then trained under it until the next.
     fn follow_stage_rope(&mut self) -> Result<(), LearnerError> {
         let stage = self
             .shared
@@ -443,10 +453,10 @@ impl Trainer {
     }
 
     /// Publishes the current weights as the current policy version, under the RoPE scaling
-    /// of the context stage at its publication: the version is trained under it until the
-    /// next, and actors decode it so (the blob names it).
+    /// the policy runs under (the blob names it, so actors decode it so). A new version
+    /// takes its context stage's first ([`Self::follow_stage_rope`]); a version published
+    /// again (on resume) keeps the one it had.
     fn publish(&mut self) -> Result<(), LearnerError> {
-        self.follow_stage_rope()?;
         let bytes = self.weights()?;
         let blob = self
             .shared

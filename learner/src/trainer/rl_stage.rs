@@ -118,6 +118,7 @@ impl Trainer {
         }
         if self.state.policy_version == 0 {
             self.state.policy_version = 1;
+            self.follow_stage_rope()?;
         }
         // Actors roll out as soon as a policy is published. A checkpoint before that means a
         // store never holds trajectories without one: a learner killed at any point can be
@@ -226,6 +227,7 @@ impl Trainer {
         self.state.rl_step += 1;
         if stats.optimizer_steps > 0 {
             self.state.policy_version += 1;
+            self.follow_stage_rope()?;
             self.publish()?;
         }
         self.shared
@@ -269,7 +271,7 @@ impl Trainer {
                 let data = SftData::new(&sft, &families, self.cfg.episode_format()?)
                     .map_err(err)?
                     .folding(
-                        self.cfg.rollout.context.assignment(),
+                        self.cfg.sft_context(),
                         self.cfg.rollout.sampling.max_new_tokens,
                     );
                 self.ptx_data.insert(data)

@@ -127,7 +127,7 @@ impl Trainer {
         let data = SftData::new(&self.cfg.sft, &families, self.cfg.episode_format()?)
             .map_err(|e| LearnerError::Sft(e.to_string()))?
             .folding(
-                self.cfg.rollout.context.assignment(),
+                self.cfg.sft_context(),
                 self.cfg.rollout.sampling.max_new_tokens,
             );
         let path = self.paths.metrics.with_file_name(SFT_METRICS_FILE);

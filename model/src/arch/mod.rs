@@ -253,8 +253,8 @@ fn is_hf_config(dir: &Path) -> Result<bool, ModelError> {
 }
 
 /// The rotary settings of a config: `rope_theta` and the scaling, from transformers v5's
-/// `rope_parameters` or v4's `rope_theta` + `rope_scaling`. Supported rope types: `default`
-/// and `yarn` (with `mscale` / `mscale_all_dim` where `deepseek_mscale` says the family's
+/// `rope_parameters` or v4's `rope_theta` + `rope_scaling`. Supported rope types: `default`,
+/// `linear` and `yarn` (with `mscale` / `mscale_all_dim` where `deepseek_mscale` says the family's
 /// attention reads them).
 pub(crate) fn rope_from_keys(
     keys: &mut Keys,
@@ -281,6 +281,12 @@ pub(crate) fn rope_from_keys(
     };
     let scaling = match kind.as_str() {
         "default" => RopeScaling::None,
+        // Position interpolation: transformers divides every frequency by the factor.
+        "linear" => RopeScaling::Linear {
+            factor: p
+                .opt_f64("factor")?
+                .ok_or_else(|| p.error("factor", "missing: linear scaling needs a factor"))?,
+        },
         "yarn" => {
             let factor = p
                 .opt_f64("factor")?
@@ -317,7 +323,9 @@ pub(crate) fn rope_from_keys(
         other => {
             return Err(p.error(
                 "rope_type",
-                format!("\"{other}\" is not supported (Corvid implements default and yarn)"),
+                format!(
+                    "\"{other}\" is not supported (Corvid implements default, linear and yarn)"
+                ),
             ))
         }
     };
@@ -326,8 +334,8 @@ pub(crate) fn rope_from_keys(
 }
 
 /// transformers v5's `rope_parameters` for `scaling` at base `theta` (what [`rope_from_keys`]
-/// reads back); `None` for the scalings transformers has no type for here (Corvid's own
-/// `linear` and `yarn`).
+/// reads back); `None` for Corvid's own `yarn`, whose ramp transformers does not compute
+/// (`hf_yarn` is transformers' YaRN).
 pub(crate) fn rope_parameters(theta: f64, scaling: &RopeScaling) -> Option<serde_json::Value> {
     match *scaling {
         RopeScaling::None => Some(serde_json::json!({"rope_type": "default", "rope_theta": theta})),
@@ -362,7 +370,12 @@ pub(crate) fn rope_parameters(theta: f64, scaling: &RopeScaling) -> Option<serde
             }
             Some(p)
         }
-        RopeScaling::Linear { .. } | RopeScaling::Yarn { .. } => None,
+        RopeScaling::Linear { factor } => Some(serde_json::json!({
+            "rope_type": "linear",
+            "rope_theta": theta,
+            "factor": factor,
+        })),
+        RopeScaling::Yarn { .. } => None,
     }
 }
 

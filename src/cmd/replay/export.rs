@@ -214,11 +214,13 @@ pub(super) fn export_chat(
         summary.trajectories += 1;
     }
     if !unread.is_empty() {
-        eprintln!(
-            "skipped {} folded trajectories whose folded context does not read back as a conversation in this chat layout (export them with --format raw): {}",
+        let what = format!(
+            "{} folded trajectories whose folded context does not read back as a conversation in this chat layout (export them with --format raw): {}",
             unread.len(),
             unread.join(", ")
         );
+        anyhow::ensure!(summary.trajectories > 0, "nothing to export: {what}");
+        eprintln!("skipped {what}");
     }
     Ok(summary)
 }

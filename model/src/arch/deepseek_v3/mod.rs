@@ -322,10 +322,7 @@ pub(crate) fn from_corvid(cfg: &ModelConfig) -> Result<(serde_json::Value, HfLay
         "latent_norm_eps other than 1e-6 (transformers fixes the latent norms' epsilon)",
     );
     let rope = super::rope_parameters(cfg.rope_theta, &cfg.rope_scaling);
-    refuse(
-        rope.is_none(),
-        "rope_scaling linear or Corvid's yarn (use hf_yarn)",
-    );
+    refuse(rope.is_none(), "rope_scaling Corvid's yarn (use hf_yarn)");
     if !own.is_empty() {
         return Err(ModelError::Input(format!(
             "the model uses {}, which DeepSeek-V3 has not: export it as `corvid`",
