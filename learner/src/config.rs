@@ -442,16 +442,7 @@ impl StageRope {
             _ if factor <= 1.0 => RopeScaling::None,
             StageRope::None => RopeScaling::None,
             StageRope::Linear => RopeScaling::Linear { factor },
-            StageRope::Yarn => RopeScaling::HfYarn {
-                factor,
-                original_max_position_embeddings: i64::from(first),
-                beta_fast: 32.0,
-                beta_slow: 1.0,
-                mscale: 0.0,
-                mscale_all_dim: 0.0,
-                attention_factor: None,
-                truncate: true,
-            },
+            StageRope::Yarn => RopeScaling::hf_yarn(factor, i64::from(first)),
         }
     }
 }

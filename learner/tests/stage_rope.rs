@@ -146,16 +146,7 @@ fn each_version_is_published_and_checkpointed_under_its_context_stage_s_rope() {
     tch::set_num_threads(1);
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(dir.path(), "yarn", "").unwrap();
-    let yarn = RopeScaling::HfYarn {
-        factor: 4.0,
-        original_max_position_embeddings: 256,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        mscale: 0.0,
-        mscale_all_dim: 0.0,
-        attention_factor: None,
-        truncate: true,
-    };
+    let yarn = RopeScaling::hf_yarn(4.0, 256);
     assert_eq!(cfg.stage_rope_scaling(256), RopeScaling::None);
     assert_eq!(cfg.stage_rope_scaling(1024), yarn);
     // A stage past the run's window is the window's.

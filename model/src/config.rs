@@ -148,6 +148,23 @@ pub enum RopeScaling {
     },
 }
 
+impl RopeScaling {
+    /// transformers' YaRN with its defaults (β_fast 32, β_slow 1, no mscales, attention
+    /// factor `0.1·ln s + 1`, truncated range): `factor` times the `original` context.
+    pub fn hf_yarn(factor: f64, original: i64) -> Self {
+        RopeScaling::HfYarn {
+            factor,
+            original_max_position_embeddings: original,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+            mscale: 0.0,
+            mscale_all_dim: 0.0,
+            attention_factor: None,
+            truncate: true,
+        }
+    }
+}
+
 /// The full model configuration. `#[serde(default)]` fills unspecified fields from `tiny`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]

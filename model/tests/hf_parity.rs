@@ -573,16 +573,7 @@ fn a_policy_under_a_stage_s_yarn_exports_with_it_for_transformers() {
     let Some(python) = oracle_python() else {
         panic!("no .corvid/venv/bin/python: run `make` (scripts/bootstrap.sh) first");
     };
-    let yarn = RopeScaling::HfYarn {
-        factor: 4.0,
-        original_max_position_embeddings: 8,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        mscale: 0.0,
-        mscale_all_dim: 0.0,
-        attention_factor: None,
-        truncate: true,
-    };
+    let yarn = RopeScaling::hf_yarn(4.0, 8);
     let linear = RopeScaling::Linear { factor: 2.0 };
     for (name, rope) in [
         ("qwen3_moe", yarn),
