@@ -177,7 +177,10 @@ fn replay_reproduces_the_actor(cfg: &ModelConfig, what: &str) {
     );
 
     // The actor selects with another balance bias: its routes differ from the learner's.
-    let (avs, mut actor) = build(cfg, 7);
+    let (mut avs, mut actor) = build(cfg, 7);
+    // The learner's weights, copied: tests beside this one draw from libtorch's global
+    // generator, so the same seed need not give the same draws.
+    avs.copy(&vs).unwrap();
     move_bias(&avs, 11, 1.0);
     actor.set_decode_core(learner.decode_core());
     let (tokens, routes, actor_logp) = actor_rollout(&actor, &prompt, 10);
