@@ -177,16 +177,7 @@ fn variants() -> Vec<(&'static str, ModelConfig)> {
                     head_dim: 8,
                     qk_norm: false,
                 },
-                rope_scaling: RopeScaling::HfYarn {
-                    factor: 2.0,
-                    original_max_position_embeddings: 16,
-                    beta_fast: 32.0,
-                    beta_slow: 1.0,
-                    mscale: 0.0,
-                    mscale_all_dim: 0.0,
-                    attention_factor: None,
-                    truncate: true,
-                },
+                rope_scaling: RopeScaling::hf_yarn(2.0, 16),
                 ..gqa_cfg()
             },
         ),
