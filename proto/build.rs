@@ -1,16 +1,17 @@
 //! Compiles `corvid/v1/*.proto` with protox (pure Rust, so no `protoc` is needed)
 //! and generates the prost messages and tonic client/server.
 //!
-//! The server is generated from a second view of the same file in which
+//! The client and server are generated from a second view of the same file in which
 //! `StepChunk.step` is `bytes` instead of a `Step` message. The two are the same on the
-//! wire (both length-delimited), so any client of `learner.proto` talks to it, and the
-//! learner receives each step as the bytes that arrived: it checks them once and stores
-//! them as they are (`corvid_proto::received`).
+//! wire (both length-delimited), so any client of `learner.proto` talks to Corvid's
+//! server and Corvid's client to any server. An actor encodes each step once, for its
+//! journal and the stream alike, and the learner receives it as the bytes that arrived: it
+//! checks them once and stores them as they are (`corvid_proto::encoded`).
 
 use prost_types::field_descriptor_proto::Type;
 use prost_types::{DescriptorProto, OneofDescriptorProto};
 
-/// The messages the received view generates itself; every other type is `crate::pb`'s.
+/// The messages the encoded view generates itself; every other type is `crate::pb`'s.
 const RECEIVED: [&str; 2] = ["TrajectoryPart", "StepChunk"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -20,19 +21,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let fds = protox::compile(protos, ["."])?;
     tonic_prost_build::configure()
-        .build_client(true)
+        .build_client(false)
         .build_server(false)
         .compile_fds(fds.clone())?;
 
-    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("received");
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("encoded");
     std::fs::create_dir_all(&out)?;
-    let mut received = fds;
+    let mut encoded = fds;
     let mut builder = tonic_prost_build::configure()
-        .build_client(false)
+        .build_client(true)
         .build_server(true)
         .out_dir(&out)
         .bytes(".corvid.v1.StepChunk.step");
-    for file in &mut received.file {
+    for file in &mut encoded.file {
         let package = file.package().to_owned();
         for m in &mut file.message_type {
             let name = m.name().to_owned();
@@ -54,7 +55,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 builder.extern_path(format!(".{package}.{name}"), format!("crate::pb::{name}"));
         }
     }
-    builder.compile_fds(received)?;
+    builder.compile_fds(encoded)?;
     Ok(())
 }
 

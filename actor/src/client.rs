@@ -397,7 +397,7 @@ impl LearnerLink {
     /// that does not know the service (UNIMPLEMENTED, NOT_FOUND) is not a Corvid learner of
     /// this protocol: a permanent error.
     pub async fn serving(&self) -> Result<(), LinkError> {
-        let service = corvid_proto::received::learner_server::SERVICE_NAME;
+        let service = corvid_proto::encoded::learner_server::SERVICE_NAME;
         // The health service takes no token, but a token no call could send is a mistake
         // to name now, not after the learner is up.
         check_token(&self.token)?;

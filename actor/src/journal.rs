@@ -17,7 +17,8 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::{Path, PathBuf};
 
-use corvid_proto::pb::{self, trajectory_part::Part};
+use corvid_proto::encoded::{trajectory_part::Part, TrajectoryPart};
+use corvid_proto::pb;
 use corvid_proto::{Step, Termination, TrajectoryFooter, TrajectoryHeader};
 use prost::Message;
 
@@ -62,8 +63,8 @@ impl JournalWriter {
         self.records
     }
 
-    /// Appends a wire part as it is.
-    pub fn append(&mut self, part: &pb::TrajectoryPart) -> Result<(), ActorError> {
+    /// Appends a wire part as it is (a step as the bytes it was encoded to once).
+    pub fn append(&mut self, part: &TrajectoryPart) -> Result<(), ActorError> {
         let bytes = part.encode_to_vec();
         let len = u32::try_from(bytes.len())
             .ok()
@@ -84,34 +85,25 @@ impl JournalWriter {
     }
 
     /// Appends the header; returns its wire part.
-    pub fn header(&mut self, h: &TrajectoryHeader) -> Result<pb::TrajectoryPart, ActorError> {
-        let part = pb::TrajectoryPart {
-            part: Some(Part::Header(h.clone().into())),
-        };
+    pub fn header(&mut self, h: &TrajectoryHeader) -> Result<TrajectoryPart, ActorError> {
+        let part = TrajectoryPart::header(h.clone());
         self.append(&part)?;
         Ok(part)
     }
 
     /// Appends the next step chunk (seq 0, 1, …); returns its wire part.
-    pub fn step(&mut self, s: Step) -> Result<pb::TrajectoryPart, ActorError> {
+    pub fn step(&mut self, s: Step) -> Result<TrajectoryPart, ActorError> {
         self.tokens += s.token_ids.len() as u64;
         self.generated += s.generated_count() as u64;
-        let part = pb::TrajectoryPart {
-            part: Some(Part::Step(pb::StepChunk {
-                seq: self.next_seq,
-                step: Some(s.into()),
-            })),
-        };
+        let part = TrajectoryPart::step(self.next_seq, s);
         self.next_seq += 1;
         self.append(&part)?;
         Ok(part)
     }
 
     /// Appends the footer and makes the whole journal durable; returns its wire part.
-    pub fn footer(&mut self, f: TrajectoryFooter) -> Result<pb::TrajectoryPart, ActorError> {
-        let part = pb::TrajectoryPart {
-            part: Some(Part::Footer(f.into())),
-        };
+    pub fn footer(&mut self, f: TrajectoryFooter) -> Result<TrajectoryPart, ActorError> {
+        let part = TrajectoryPart::footer(f);
         self.append(&part)?;
         self.sync()?;
         Ok(part)
@@ -198,7 +190,7 @@ impl JournalReader {
         self.stopped.as_ref()
     }
 
-    fn stop(&mut self, why: Option<String>) -> Result<Option<pb::TrajectoryPart>, ActorError> {
+    fn stop(&mut self, why: Option<String>) -> Result<Option<TrajectoryPart>, ActorError> {
         let offset = self.valid_len;
         self.done = true;
         self.stopped = Some(match why {
@@ -223,7 +215,7 @@ impl JournalReader {
     }
 
     /// The next part, `None` at the end or at a torn/damaged record.
-    pub fn next_part(&mut self) -> Result<Option<pb::TrajectoryPart>, ActorError> {
+    pub fn next_part(&mut self) -> Result<Option<TrajectoryPart>, ActorError> {
         if self.done {
             return Ok(None);
         }
@@ -250,7 +242,14 @@ impl JournalReader {
         if crc32fast::hash(&payload) != crc {
             return self.stop(Some("fails its checksum".into()));
         }
-        match pb::TrajectoryPart::decode(payload.as_slice()) {
+        // A step chunk's step is bytes on this side; it must decode as a step too.
+        let decoded = TrajectoryPart::decode(payload.as_slice()).and_then(|p| {
+            if let Some(Part::Step(chunk)) = &p.part {
+                pb::Step::decode(chunk.step.as_deref().unwrap_or_default())?;
+            }
+            Ok(p)
+        });
+        match decoded {
             Ok(p) => {
                 self.valid_len += 8 + u64::from(len);
                 Ok(Some(p))
@@ -261,7 +260,7 @@ impl JournalReader {
 }
 
 impl Iterator for JournalReader {
-    type Item = Result<pb::TrajectoryPart, ActorError>;
+    type Item = Result<TrajectoryPart, ActorError>;
     fn next(&mut self) -> Option<Self::Item> {
         self.next_part().transpose()
     }
@@ -308,11 +307,11 @@ pub fn scan(path: &Path) -> Result<JournalSummary, ActorError> {
                 s.header = Some(TrajectoryHeader::try_from(h).map_err(|e| bad(e.to_string()))?)
             }
             Some(Part::Step(c)) => {
-                let step = Step::try_from(
-                    c.step
-                        .ok_or_else(|| bad("step chunk without a step".into()))?,
-                )
-                .map_err(|e| bad(e.to_string()))?;
+                let bytes = c
+                    .step
+                    .ok_or_else(|| bad("step chunk without a step".into()))?;
+                let wire = pb::Step::decode(bytes).map_err(|e| bad(e.to_string()))?;
+                let step = Step::try_from(wire).map_err(|e| bad(e.to_string()))?;
                 s.steps += 1;
                 s.tokens += step.token_ids.len() as u64;
                 s.generated += step.generated_count() as u64;

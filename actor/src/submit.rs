@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use corvid_proto::client::AuthedClient;
+use corvid_proto::encoded::TrajectoryPart;
 use corvid_proto::pb;
 use corvid_proto::{Step, TrajectoryFooter, TrajectoryHeader};
 use tokio::sync::mpsc;
@@ -90,7 +91,7 @@ pub enum Submitted {
 fn journal_parts(
     path: PathBuf,
     limit: Option<u64>,
-    tx: mpsc::Sender<pb::TrajectoryPart>,
+    tx: mpsc::Sender<TrajectoryPart>,
 ) -> JoinHandle<Result<u64, ActorError>> {
     tokio::task::spawn_blocking(move || {
         let mut r = JournalReader::open(&path)?;
@@ -110,7 +111,7 @@ fn journal_parts(
     })
 }
 
-fn receiver_stream(rx: mpsc::Receiver<pb::TrajectoryPart>) -> ReceiverStream<pb::TrajectoryPart> {
+fn receiver_stream(rx: mpsc::Receiver<TrajectoryPart>) -> ReceiverStream<TrajectoryPart> {
     ReceiverStream::new(rx)
 }
 
@@ -118,7 +119,7 @@ fn receiver_stream(rx: mpsc::Receiver<pb::TrajectoryPart>) -> ReceiverStream<pb:
 /// sidesteps a compiler limitation with tonic's generic client-streaming future).
 fn submit_call(
     mut client: AuthedClient,
-    parts: ReceiverStream<pb::TrajectoryPart>,
+    parts: ReceiverStream<TrajectoryPart>,
 ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<pb::SubmitAck, tonic::Status>> + Send>>
 {
     Box::pin(async move {
@@ -157,7 +158,7 @@ pub async fn submit_journal(link: &LearnerLink, path: &Path) -> Result<pb::Submi
 
 /// A live `SubmitTrajectory` stream.
 struct Live {
-    tx: mpsc::Sender<pb::TrajectoryPart>,
+    tx: mpsc::Sender<TrajectoryPart>,
     call: JoinHandle<Result<pb::SubmitAck, tonic::Status>>,
     replay: Option<JoinHandle<Result<u64, ActorError>>>,
 }
@@ -174,7 +175,7 @@ impl Live {
     }
 
     /// Sends one part after the replay; false when the stream is broken.
-    async fn send(&mut self, part: pb::TrajectoryPart) -> bool {
+    async fn send(&mut self, part: TrajectoryPart) -> bool {
         if let Some(r) = self.replay.take() {
             match r.await {
                 Ok(Ok(_)) => {}

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use corvid_learner::server::{serve, Admission, LearnerService};
 use corvid_proto::client::{connect, trajectory_parts, AuthedClient};
+use corvid_proto::encoded;
 use corvid_proto::limits::MAX_STEP_CHUNK_BYTES;
 use corvid_proto::pb::{self, trajectory_part::Part};
 use corvid_proto::synthetic::{self, Shape};
@@ -82,6 +83,7 @@ async fn submit(
     c: &mut AuthedClient,
     parts: Vec<pb::TrajectoryPart>,
 ) -> Result<pb::SubmitAck, tonic::Status> {
+    let parts = parts.into_iter().map(encoded::TrajectoryPart::from);
     c.submit_trajectory(futures::stream::iter(parts))
         .await
         .map(|r| r.into_inner())
@@ -175,9 +177,9 @@ async fn missing_or_wrong_token_is_unauthenticated() {
         .connect()
         .await
         .unwrap();
-    let mut anonymous = pb::learner_client::LearnerClient::new(channel);
+    let mut anonymous = encoded::learner_client::LearnerClient::new(channel);
     let err = anonymous
-        .submit_trajectory(futures::stream::iter(vec![header_part("t1")]))
+        .submit_trajectory(futures::stream::iter(vec![header_part("t1").into()]))
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);

@@ -590,7 +590,7 @@ async fn a_wrong_or_missing_token_is_unauthenticated_on_every_rpc() {
         .connect()
         .await
         .unwrap();
-    let missing = pb::learner_client::LearnerClient::new(channel);
+    let missing = corvid_proto::encoded::learner_client::LearnerClient::new(channel);
 
     macro_rules! check_all {
         ($c:expr) => {{

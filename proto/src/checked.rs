@@ -10,6 +10,7 @@
 use prost::bytes::Bytes;
 use prost::Message;
 
+use crate::step_scan::{scan, Scan};
 use crate::types::ProtoError;
 use crate::{pb, RouteShape, Step};
 
@@ -38,28 +39,10 @@ impl StepRules {
 
     /// Checks step `seq`, the step after the last one checked, against the rules (not its own
     /// invariants: see [`Step::validate`]): segments start at 0 and rise by at most one a
-    /// step; the step opening a segment has no route row for its first token.
+    /// step; token ids lie in the vocabulary; the step opening a segment has no route row for
+    /// its first token.
     pub fn check(&mut self, seq: u64, step: &Step) -> Result<(), ProtoError> {
-        let prev = self.segment;
-        let opens = match prev {
-            None if step.segment != 0 => {
-                Err(format!("{}: the first step is in segment 0", step.segment))
-            }
-            Some(p) if step.segment != p && step.segment != p + 1 => Err(format!(
-                "{} after a step of segment {p}: a step stays in its segment or opens the next",
-                step.segment
-            )),
-            _ => Ok(prev != Some(step.segment)),
-        }
-        .map_err(|reason| {
-            at(
-                seq,
-                ProtoError::Invalid {
-                    field: "step.segment".into(),
-                    reason,
-                },
-            )
-        })?;
+        let opens = self.opens_segment(seq, step.segment)?;
         if let Some(vocab) = self.vocab_size {
             if let Some(i) = step.token_ids.iter().position(|&id| id >= vocab) {
                 return Err(at(
@@ -74,22 +57,61 @@ impl StepRules {
                 ));
             }
         }
+        self.check_routes(seq, step.token_ids.len(), &step.routes, opens)?;
+        self.segment = Some(step.segment);
+        Ok(())
+    }
+
+    /// [`check`](Self::check) for a step whose token ids were checked where they lay.
+    fn check_scanned(&mut self, seq: u64, scan: &Scan<'_>) -> Result<(), ProtoError> {
+        let opens = self.opens_segment(seq, scan.segment)?;
+        self.check_routes(seq, scan.tokens, scan.routes, opens)?;
+        self.segment = Some(scan.segment);
+        Ok(())
+    }
+
+    /// Whether a step of `segment` opens it, after the step before.
+    fn opens_segment(&self, seq: u64, segment: u32) -> Result<bool, ProtoError> {
+        let prev = self.segment;
+        match prev {
+            None if segment != 0 => Err(format!("{segment}: the first step is in segment 0")),
+            Some(p) if segment != p && segment != p + 1 => Err(format!(
+                "{segment} after a step of segment {p}: a step stays in its segment or opens the next"
+            )),
+            _ => Ok(prev != Some(segment)),
+        }
+        .map_err(|reason| {
+            at(
+                seq,
+                ProtoError::Invalid {
+                    field: "step.segment".into(),
+                    reason,
+                },
+            )
+        })
+    }
+
+    fn check_routes(
+        &self,
+        seq: u64,
+        tokens: usize,
+        routes: &[u8],
+        opens: bool,
+    ) -> Result<(), ProtoError> {
         match self.routes {
-            Some(shape) => shape.check_step(seq, step.token_ids.len(), &step.routes, opens),
-            None if !step.routes.is_empty() => Err(at(
+            Some(shape) => shape.check_step(seq, tokens, routes, opens),
+            None if !routes.is_empty() => Err(at(
                 seq,
                 ProtoError::Invalid {
                     field: "step.routes".into(),
                     reason: format!(
                         "{} bytes, but the header declares no route shape",
-                        step.routes.len()
+                        routes.len()
                     ),
                 },
             )),
             None => Ok(()),
-        }?;
-        self.segment = Some(step.segment);
-        Ok(())
+        }
     }
 }
 
@@ -117,9 +139,31 @@ pub struct CheckedStep {
 }
 
 impl CheckedStep {
-    /// Step `seq` as it arrived on the wire: decoded and checked once; the bytes are kept
-    /// as they came when they hold only fields this version knows.
+    /// Step `seq` as it arrived on the wire, checked once; the bytes are kept as they came
+    /// when they hold only fields this version knows. Bytes in prost's own encoding are
+    /// checked where they lie (`step_scan`); any others, and any that break a rule, take
+    /// [`received_decoded`](Self::received_decoded), which names the error.
     pub fn received(seq: u64, bytes: Bytes, rules: &mut StepRules) -> Result<Self, ProtoError> {
+        let Some(scan) = scan(&bytes, rules.vocab_size) else {
+            return Self::received_decoded(seq, bytes, rules);
+        };
+        rules.check_scanned(seq, &scan)?;
+        let (tokens, generated) = (scan.tokens as u64, scan.generated as u64);
+        Ok(Self {
+            bytes,
+            tokens,
+            generated,
+            rules: *rules,
+        })
+    }
+
+    /// The reference path of [`received`](Self::received): decode, convert, check, and
+    /// re-encode bytes that hold fields this version does not know.
+    pub fn received_decoded(
+        seq: u64,
+        bytes: Bytes,
+        rules: &mut StepRules,
+    ) -> Result<Self, ProtoError> {
         let wire = pb::Step::decode(bytes.as_ref()).map_err(|e| {
             at(
                 seq,
@@ -279,5 +323,171 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("the first step is in segment 0"), "{err}");
+    }
+
+    mod fast_path {
+        //! [`CheckedStep::received`]'s scan against its reference, the decoding path.
+        use super::*;
+        use crate::types::{StepTimings, ToolCall, ToolResult, ToolStatus};
+        use proptest::prelude::*;
+
+        const VOCAB: u32 = 300;
+
+        fn shape() -> RouteShape {
+            RouteShape {
+                moe_layers: 2,
+                experts_per_token: 2,
+                routed_experts: 8,
+            }
+        }
+
+        /// Steps a policy writes, and some that break a rule: ids at the vocabulary's edge,
+        /// infinite log-probs, prompt tokens with a log-prob, a wrong route length, a route
+        /// naming an expert the policy lacks.
+        fn step() -> impl Strategy<Value = Step> {
+            let token = (0u32..VOCAB + 2, any::<bool>(), -3.0f32..0.01, 0u8..40);
+            (
+                proptest::collection::vec(token, 0..24),
+                (0u32..3, 0u64..3, 0u32..3),
+                prop_oneof![Just(0.0f32), -1.0f32..1.0, Just(f32::NAN)],
+                (any::<bool>(), any::<bool>(), any::<bool>(), 0usize..3),
+            )
+                .prop_map(|(tokens, (turn, version, segment), reward, extra)| {
+                    let (call, result, timings, routes_off) = extra;
+                    let n = tokens.len();
+                    Step {
+                        turn,
+                        token_ids: tokens.iter().map(|t| t.0).collect(),
+                        loss_mask: tokens.iter().map(|t| t.1).collect(),
+                        logprobs: tokens
+                            .iter()
+                            .map(|t| match (t.1, t.3) {
+                                (_, 0) => f32::INFINITY,
+                                (false, 1) => -0.5,
+                                (false, _) => 0.0,
+                                (true, _) => t.2,
+                            })
+                            .collect(),
+                        policy_version: version,
+                        tool_call: call.then(|| ToolCall {
+                            name: "cat".into(),
+                            arguments_json: if n % 2 == 0 {
+                                String::new()
+                            } else {
+                                "{}".into()
+                            },
+                        }),
+                        tool_result: result.then_some(ToolResult {
+                            status: ToolStatus::Ok,
+                            exit_code: (n % 3) as i32 - 1,
+                            bytes_shown: n as u64,
+                            bytes_total: 0,
+                            fuel_used: 7,
+                            wall_us: 1,
+                        }),
+                        process_reward: reward,
+                        timings: StepTimings {
+                            generate_us: if timings { 5 } else { 0 },
+                            tool_us: 0,
+                        },
+                        routes: tokens
+                            .iter()
+                            .skip(routes_off)
+                            .flat_map(|t| [t.3 % 8, (t.3 + 1) % 8, t.3 % 9, 1])
+                            .collect(),
+                        segment,
+                    }
+                })
+        }
+
+        /// The same step written otherwise: fields prost would not write, or bytes damaged.
+        fn mutate(bytes: &[u8], how: u8, at: usize) -> Vec<u8> {
+            let mut b = bytes.to_vec();
+            let at = if b.is_empty() { 0 } else { at % b.len() };
+            match how {
+                0 => b,
+                // An unknown field (an older writer's per-token versions), a default written out.
+                1 => [b, vec![0x2a, 0x01, 0x03]].concat(),
+                2 => [vec![0x08, 0x00], b].concat(),
+                // An empty packed field, a padded varint, every field twice, one out of order.
+                3 => [vec![0x12, 0x00], b].concat(),
+                4 => [vec![0x08, 0x81, 0x00], b].concat(),
+                5 => [b.clone(), b].concat(),
+                6 => [vec![0x60, 0x01], b].concat(),
+                // A byte flipped, the bytes cut short.
+                7 => {
+                    if let Some(x) = b.get_mut(at) {
+                        *x ^= 0x41;
+                    }
+                    b
+                }
+                _ => {
+                    b.truncate(at);
+                    b
+                }
+            }
+        }
+
+        type Path = fn(u64, Bytes, &mut StepRules) -> Result<CheckedStep, ProtoError>;
+
+        /// A path's outcome: the step's bytes and counts with the rules after, or the error.
+        fn outcome(
+            path: Path,
+            bytes: &[u8],
+            mut rules: StepRules,
+        ) -> Result<(CheckedStep, StepRules), String> {
+            path(3, Bytes::copy_from_slice(bytes), &mut rules)
+                .map(|c| (c, rules))
+                .map_err(|e| e.to_string())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(3000))]
+
+            #[test]
+            fn the_scan_accepts_refuses_and_keeps_what_decoding_does(
+                step in step(),
+                how in 0u8..9,
+                at in any::<usize>(),
+                routed in any::<bool>(),
+                vocab in any::<bool>(),
+                before in prop_oneof![Just(None), (0u32..2).prop_map(Some)],
+            ) {
+                let mut rules = StepRules::new(routed.then(shape), vocab.then_some(VOCAB));
+                // The segment of the step before, if any.
+                rules.segment = before;
+                let bytes = mutate(&pb::Step::from(step).encode_to_vec(), how, at);
+                let fast = outcome(CheckedStep::received, &bytes, rules);
+                let reference = outcome(CheckedStep::received_decoded, &bytes, rules);
+                prop_assert_eq!(fast, reference);
+            }
+
+            /// A valid step as prost writes it never takes the decoding path.
+            #[test]
+            fn a_valid_step_as_prost_writes_it_is_checked_where_it_lies(step in step()) {
+                let step = Step {
+                    token_ids: step.token_ids.iter().map(|id| id % VOCAB).collect(),
+                    logprobs: step
+                        .loss_mask
+                        .iter()
+                        .zip(&step.logprobs)
+                        .map(|(&m, &lp)| if m { lp.clamp(-5.0, 0.0) } else { 0.0 })
+                        .collect(),
+                    process_reward: if step.process_reward.is_nan() { 0.5 } else { step.process_reward },
+                    routes: vec![],
+                    segment: 0,
+                    ..step
+                };
+                step.validate().unwrap();
+                let bytes = pb::Step::from(step.clone()).encode_to_vec();
+                let scan = scan(&bytes, Some(VOCAB));
+                prop_assert!(scan.is_some(), "{:?}", step);
+                let scan = scan.unwrap();
+                prop_assert_eq!(
+                    (scan.tokens, scan.generated, scan.segment),
+                    (step.token_ids.len(), step.generated_count(), step.segment)
+                );
+            }
+        }
     }
 }

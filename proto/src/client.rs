@@ -11,10 +11,10 @@ use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::health_client::HealthClient;
 
 use crate::auth::{bearer, first_invalid_token_byte, AUTH_HEADER};
+use crate::encoded::{learner_client::LearnerClient, TrajectoryPart};
 use crate::limits::{
     CONNECT_TIMEOUT, HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_MESSAGE_BYTES,
 };
-use crate::pb::{self, learner_client::LearnerClient};
 use crate::{Step, TrajectoryFooter, TrajectoryHeader};
 
 /// Adds `authorization: Bearer <token>` to every request.
@@ -146,7 +146,7 @@ pub async fn connect(url: &str, token: &str) -> Result<AuthedClient, ConnectErro
 }
 
 /// Connects to the standard health service (`grpc.health.v1`) on the learner's port at
-/// `url`; it needs no token. Ask it for `received::learner_server::SERVICE_NAME` to learn whether
+/// `url`; it needs no token. Ask it for `encoded::learner_server::SERVICE_NAME` to learn whether
 /// the learner hands out work yet.
 pub async fn connect_health(url: &str) -> Result<HealthClient<Channel>, ConnectError> {
     let endpoint = learner_endpoint(url)?;
@@ -168,10 +168,11 @@ async fn dial(url: &str, endpoint: Endpoint) -> Result<Channel, ConnectError> {
 }
 
 /// A boxed stream of trajectory parts, as `SubmitTrajectory` takes it.
-pub type PartStream = Pin<Box<dyn Stream<Item = pb::TrajectoryPart> + Send>>;
+pub type PartStream = Pin<Box<dyn Stream<Item = TrajectoryPart> + Send>>;
 
 /// The parts of one trajectory — header, steps with seq 0, 1, …, footer — produced
-/// lazily from `steps`, so a long trajectory is never held whole in memory.
+/// lazily from `steps`, each step encoded once as it is sent, so a long trajectory is never
+/// held whole in memory.
 pub fn trajectory_parts<I>(
     header: TrajectoryHeader,
     steps: I,
@@ -181,25 +182,11 @@ where
     I: IntoIterator<Item = Step>,
     I::IntoIter: Send + 'static,
 {
-    use pb::trajectory_part::Part;
-    let head = futures::stream::once(async move {
-        pb::TrajectoryPart {
-            part: Some(Part::Header(header.into())),
-        }
-    });
-    let body = futures::stream::iter(steps.into_iter().enumerate().map(|(seq, step)| {
-        pb::TrajectoryPart {
-            part: Some(Part::Step(pb::StepChunk {
-                seq: seq as u64,
-                step: Some(step.into()),
-            })),
-        }
-    }));
-    let tail = futures::stream::once(async move {
-        pb::TrajectoryPart {
-            part: Some(Part::Footer(footer.into())),
-        }
-    });
+    let head = futures::stream::once(async move { TrajectoryPart::header(header) });
+    let body = futures::stream::iter(
+        (steps.into_iter().enumerate()).map(|(seq, step)| TrajectoryPart::step(seq as u64, step)),
+    );
+    let tail = futures::stream::once(async move { TrajectoryPart::footer(footer) });
     head.chain(body).chain(tail).boxed()
 }
 

@@ -3,10 +3,10 @@
 //!
 //! # Brief overview
 //!
-//! - [`pb`] holds the code generated from `corvid/v1/learner.proto` (prost messages,
-//!   the tonic `Learner` client); [`received`] the server, which takes each step as the
-//!   bytes that came. Nothing outside this crate and the gRPC edges of the learner and
-//!   actor touches them.
+//! - [`pb`] holds the prost messages generated from `corvid/v1/learner.proto`;
+//!   [`encoded`] the tonic `Learner` client and server, which carry each step as its
+//!   encoded bytes (an actor encodes a step once, the learner stores the bytes that came).
+//!   Nothing outside this crate and the gRPC edges of the learner and actor touches them.
 //! - [`types`] holds the domain types: [`TaskRef`], [`TrajectoryHeader`], [`Step`],
 //!   [`TrajectoryFooter`] and friends, with validated conversions to and from the
 //!   wire ([`TryFrom`] from `pb`, [`From`] into `pb`).
@@ -34,23 +34,70 @@ pub mod checked;
 pub mod client;
 pub mod limits;
 pub mod routes;
+mod step_scan;
 pub mod synthetic;
 pub mod trajectory;
 pub mod types;
 
-/// Code generated from `corvid/v1/learner.proto`: its messages and the `Learner` client.
+/// Code generated from `corvid/v1/learner.proto`: its messages.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
 pub mod pb {
     tonic::include_proto!("corvid.v1");
 }
 
-/// The `Learner` server, generated from `learner.proto` with `StepChunk.step` received as
-/// the bytes that came (the same on the wire as the `Step` message clients send), so that
-/// the learner checks a step once and stores exactly what arrived ([`checked`]). Every
-/// other type is [`pb`]'s.
+/// The `Learner` client and server, generated from `learner.proto` with `StepChunk.step` as
+/// the step's encoded bytes (on the wire the same as the `Step` message): an actor encodes
+/// a step once for its journal and the stream, and the learner checks the bytes that came
+/// once and stores them as they are ([`checked`]). Every other type is [`pb`]'s.
 #[allow(missing_docs, clippy::all, clippy::pedantic)]
-pub mod received {
-    include!(concat!(env!("OUT_DIR"), "/received/corvid.v1.rs"));
+pub mod encoded {
+    include!(concat!(env!("OUT_DIR"), "/encoded/corvid.v1.rs"));
+}
+
+impl encoded::TrajectoryPart {
+    /// The header's part.
+    pub fn header(h: TrajectoryHeader) -> Self {
+        Self {
+            part: Some(encoded::trajectory_part::Part::Header(h.into())),
+        }
+    }
+
+    /// Step chunk `seq`, the step encoded once.
+    pub fn step(seq: u64, step: Step) -> Self {
+        use prost::Message;
+        let bytes = pb::Step::from(step).encode_to_vec();
+        Self {
+            part: Some(encoded::trajectory_part::Part::Step(encoded::StepChunk {
+                seq,
+                step: Some(bytes.into()),
+            })),
+        }
+    }
+
+    /// The footer's part.
+    pub fn footer(f: TrajectoryFooter) -> Self {
+        Self {
+            part: Some(encoded::trajectory_part::Part::Footer(f.into())),
+        }
+    }
+}
+
+impl From<pb::TrajectoryPart> for encoded::TrajectoryPart {
+    /// The same part, its step (if any) encoded.
+    fn from(p: pb::TrajectoryPart) -> Self {
+        use encoded::trajectory_part::Part as E;
+        use pb::trajectory_part::Part as P;
+        use prost::Message;
+        let part = p.part.map(|part| match part {
+            P::Header(h) => E::Header(h),
+            P::Footer(f) => E::Footer(f),
+            P::Step(c) => E::Step(encoded::StepChunk {
+                seq: c.seq,
+                step: c.step.map(|s| s.encode_to_vec().into()),
+            }),
+        });
+        Self { part }
+    }
 }
 
 /// The standard gRPC health protocol's messages and client (`grpc.health.v1`), which the

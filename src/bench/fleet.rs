@@ -36,6 +36,7 @@ use anyhow::{bail, ensure, Context, Result};
 use clap::{Args, Subcommand};
 use corvid_learner::server::{serve, LearnerService};
 use corvid_proto::client::{check_token, connect, learner_endpoint, AuthedClient};
+use corvid_proto::encoded::TrajectoryPart;
 use corvid_proto::limits::{MAX_STEPS_PER_TRAJECTORY, MAX_STEP_CHUNK_BYTES};
 use corvid_proto::pb;
 use corvid_proto::synthetic::{self, Shape};
@@ -871,26 +872,22 @@ impl SyntheticParts {
 }
 
 impl Iterator for SyntheticParts {
-    type Item = pb::TrajectoryPart;
+    type Item = TrajectoryPart;
 
-    fn next(&mut self) -> Option<pb::TrajectoryPart> {
-        use pb::trajectory_part::Part;
+    fn next(&mut self) -> Option<TrajectoryPart> {
         let n = self.next;
         let part = if n == 0 {
-            Part::Header(synthetic::header(&self.id, "fleet", 1, 0).into())
+            TrajectoryPart::header(synthetic::header(&self.id, "fleet", 1, 0))
         } else if n <= self.shape.steps {
             let seq = n - 1;
-            Part::Step(pb::StepChunk {
-                seq,
-                step: Some(synthetic::step(&self.id, seq, self.shape).into()),
-            })
+            TrajectoryPart::step(seq, synthetic::step(&self.id, seq, self.shape))
         } else if n == self.shape.steps + 1 {
-            Part::Footer(synthetic::footer(&self.id, self.shape).into())
+            TrajectoryPart::footer(synthetic::footer(&self.id, self.shape))
         } else {
             return None;
         };
         self.next += 1;
-        Some(pb::TrajectoryPart { part: Some(part) })
+        Some(part)
     }
 }
 

@@ -445,7 +445,7 @@ fn the_learner_probes_ask_the_health_service_on_the_grpc_port() {
         probe("readinessProbe"),
         (
             grpc,
-            corvid_proto::received::learner_server::SERVICE_NAME.to_owned()
+            corvid_proto::encoded::learner_server::SERVICE_NAME.to_owned()
         )
     );
 }

@@ -20,7 +20,7 @@ use tonic_health::server::{HealthReporter, HealthService};
 use tonic_health::ServingStatus;
 
 /// The name under which the learner's own service reports its health.
-pub const LEARNER_SERVICE: &str = corvid_proto::received::learner_server::SERVICE_NAME;
+pub const LEARNER_SERVICE: &str = corvid_proto::encoded::learner_server::SERVICE_NAME;
 
 /// The learner's health: what `grpc.health.v1` answers, and the switch that turns it to
 /// NOT_SERVING when the learner stops. Clones share one state.

@@ -15,9 +15,9 @@
 
 use std::sync::Arc;
 
+use corvid_proto::encoded::{trajectory_part::Part, TrajectoryPart};
 use corvid_proto::limits::MAX_STEP_CHUNK_BYTES;
 use corvid_proto::pb;
-use corvid_proto::received::{trajectory_part::Part, TrajectoryPart};
 use corvid_proto::{CheckedStep, RouteShape, StepRules, TrajectoryFooter, TrajectoryHeader};
 use prost::Message;
 use tonic::{Status, Streaming};
