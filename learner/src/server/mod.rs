@@ -26,9 +26,9 @@ use std::future::Future;
 use std::sync::Arc;
 
 use corvid_proto::auth::{self, AUTH_HEADER};
+use corvid_proto::encoded::{self, learner_server::LearnerServer};
 use corvid_proto::limits::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_MESSAGE_BYTES};
 use corvid_proto::pb;
-use corvid_proto::received::{self, learner_server::LearnerServer};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
@@ -167,7 +167,7 @@ pub type PolicyStream =
     std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::PolicyChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
-impl received::learner_server::Learner for LearnerService {
+impl encoded::learner_server::Learner for LearnerService {
     async fn register(
         &self,
         req: Request<pb::RegisterRequest>,
@@ -239,7 +239,7 @@ impl received::learner_server::Learner for LearnerService {
 
     async fn submit_trajectory(
         &self,
-        req: Request<Streaming<received::TrajectoryPart>>,
+        req: Request<Streaming<encoded::TrajectoryPart>>,
     ) -> Result<Response<pb::SubmitAck>, Status> {
         let ack = submit::ingest(&self.store, self.admission.as_ref(), req.into_inner()).await?;
         if let (Some(c), false) = (&self.control, ack.duplicate) {
@@ -257,6 +257,20 @@ impl received::learner_server::Learner for LearnerService {
         }
         Ok(Response::new(ack))
     }
+}
+
+/// The connections `listener` accepts, with Nagle's algorithm off: a response's small
+/// writes (headers, the message, trailers) would otherwise wait for the peer's delayed ACK,
+/// 40 ms on Linux, before the last reaches it (`docs/bench/log.md`, 2026-12-07).
+fn no_delay(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures::StreamExt;
+    TcpListenerStream::new(listener).map(|conn| {
+        let conn = conn?;
+        conn.set_nodelay(true)?;
+        Ok(conn)
+    })
 }
 
 /// Serves `service` on `listener` until `shutdown` resolves, with `token` required
@@ -278,7 +292,7 @@ pub async fn serve(
         .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
         .add_service(health.server())
         .add_service(service.into_server(token))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
+        .serve_with_incoming_shutdown(no_delay(listener), async {
             shutdown.await;
             health.stopping().await;
         })
