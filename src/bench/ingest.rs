@@ -8,7 +8,9 @@
 //! - **baseline**: encode each step and `insert` it straight into a sled tree, one value per
 //!   step under its (id, seq) key (the store cuts a step over 8 KiB into pieces).
 //!
-//! The paths alternate `--repeat` times on fresh stores and the medians are compared.
+//! The paths alternate `--repeat` times on fresh stores and the medians are compared;
+//! `*_cpu_seconds` is the process's CPU time over a run (median), which says how much of
+//! the two cores the client and server share.
 //! `peak_rss_delta_mb` is the largest growth of this process's peak RSS (client and server
 //! together) over its RSS before a gRPC run: neither side holds the trajectory whole, so it
 //! is bounded by sled's memory (`--store-cache-mb`, and ~63 MB sled keeps whatever its
@@ -126,26 +128,27 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
     }
 
     // The two paths alternate, each on a fresh store, and the medians are compared.
-    let (mut grpc, mut raw, mut peak_delta) = (Vec::new(), Vec::new(), 0u64);
+    let (mut grpc, mut raw) = (Vec::new(), Vec::new());
     let (mut bytes, mut route_bytes) = (0, 0);
     for i in 0..args.repeat {
         let grpc_store = match &args.keep {
             Some(p) if i == 0 => p.clone(),
             _ => dir.path().join(format!("grpc-{i}")),
         };
-        let (s, delta) = rt.block_on(grpc_path(grpc_store, cache_bytes, shape, args.routes))?;
-        grpc.push(s);
-        peak_delta = peak_delta.max(delta);
-        let (s, b, r) = raw_sled(
+        grpc.push(rt.block_on(grpc_path(grpc_store, cache_bytes, shape, args.routes))?);
+        let (run, b, r) = raw_sled(
             dir.path().join(format!("raw-{i}")),
             cache_bytes,
             shape,
             args.routes,
         )?;
         (bytes, route_bytes) = (b, r);
-        raw.push(s);
+        raw.push(run);
     }
-    let (grpc_s, raw_s) = (median(grpc.clone()), median(raw.clone()));
+    let seconds = |runs: &[Run]| runs.iter().map(|r| r.seconds).collect::<Vec<_>>();
+    let cpu = |runs: &[Run]| median(runs.iter().map(|r| r.cpu_seconds).collect());
+    let (grpc_s, raw_s) = (median(seconds(&grpc)), median(seconds(&raw)));
+    let peak_delta = grpc.iter().map(|r| r.peak_rss_delta).max().unwrap_or(0);
 
     let tokens = shape.tokens();
     let report = serde_json::json!({
@@ -158,8 +161,10 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
         "repeat": args.repeat,
         "grpc_seconds": grpc_s,
         "raw_sled_seconds": raw_s,
-        "grpc_seconds_each": grpc,
-        "raw_sled_seconds_each": raw,
+        "grpc_seconds_each": seconds(&grpc),
+        "raw_sled_seconds_each": seconds(&raw),
+        "grpc_cpu_seconds": cpu(&grpc),
+        "raw_sled_cpu_seconds": cpu(&raw),
         "tokens_per_s": tokens as f64 / grpc_s,
         "raw_sled_tokens_per_s": tokens as f64 / raw_s,
         "ratio_vs_raw_sled": raw_s / grpc_s,
@@ -179,12 +184,21 @@ pub fn run(args: IngestArgs) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// One run of a path.
+struct Run {
+    seconds: f64,
+    /// CPU time of the whole process (client, server, sled's threads) over the run.
+    cpu_seconds: f64,
+    /// Growth of the process's peak RSS over its RSS before the run (gRPC path only).
+    peak_rss_delta: u64,
+}
+
 async fn grpc_path(
     path: std::path::PathBuf,
     cache_bytes: u64,
     shape: Shape,
     routes: Option<RouteShape>,
-) -> Result<(f64, u64)> {
+) -> Result<Run> {
     const TOKEN: &str = "bench";
     let store = Arc::new(TrajectoryStore::open_with_cache(&path, cache_bytes)?);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -205,7 +219,7 @@ async fn grpc_path(
     super::reset_peak_rss();
     let before = super::rss_bytes().unwrap_or(0);
     let (header, steps) = trajectory(shape, routes);
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), super::cpu_seconds());
     let ack = client
         .submit_trajectory(trajectory_parts(
             header,
@@ -216,6 +230,7 @@ async fn grpc_path(
         .context("streaming the trajectory")?
         .into_inner();
     let elapsed = start.elapsed().as_secs_f64();
+    let cpu = super::cpu_seconds() - cpu;
     let peak = super::peak_rss_bytes().unwrap_or(0);
     anyhow::ensure!(
         ack.tokens_stored == shape.tokens(),
@@ -224,23 +239,27 @@ async fn grpc_path(
     );
     let _ = stop.send(());
     server.await??;
-    Ok((elapsed, peak.saturating_sub(before)))
+    Ok(Run {
+        seconds: elapsed,
+        cpu_seconds: cpu,
+        peak_rss_delta: peak.saturating_sub(before),
+    })
 }
 
-/// The baseline; returns its seconds, the encoded step bytes it wrote and their route bytes.
+/// The baseline; returns its run, the encoded step bytes it wrote and their route bytes.
 fn raw_sled(
     path: std::path::PathBuf,
     cache_bytes: u64,
     shape: Shape,
     routes: Option<RouteShape>,
-) -> Result<(f64, u64, u64)> {
+) -> Result<(Run, u64, u64)> {
     let db = sled::Config::new()
         .path(&path)
         .cache_capacity(cache_bytes)
         .open()?;
     let steps = db.open_tree("steps")?;
     let (mut bytes, mut route_bytes) = (0u64, 0u64);
-    let start = Instant::now();
+    let (start, cpu) = (Instant::now(), super::cpu_seconds());
     for (seq, step) in trajectory(shape, routes).1.enumerate() {
         let mut key = b"bench\0".to_vec();
         key.extend_from_slice(&(seq as u64).to_be_bytes());
@@ -250,5 +269,10 @@ fn raw_sled(
         steps.insert(key, value)?;
     }
     db.flush()?;
-    Ok((start.elapsed().as_secs_f64(), bytes, route_bytes))
+    let run = Run {
+        seconds: start.elapsed().as_secs_f64(),
+        cpu_seconds: super::cpu_seconds() - cpu,
+        peak_rss_delta: 0,
+    };
+    Ok((run, bytes, route_bytes))
 }

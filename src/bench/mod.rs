@@ -82,6 +82,17 @@ pub fn rss_bytes() -> Option<u64> {
     proc_status_kb("VmRSS:").map(|kb| kb * 1024)
 }
 
+/// CPU time this process has used, user and system, all threads, in seconds.
+pub fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage writes one rusage into the zeroed struct it is given.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 * 1e-6;
+    secs(u.ru_utime) + secs(u.ru_stime)
+}
+
 /// Resets the peak-RSS counter (writes 5 to `/proc/self/clear_refs`); best effort.
 pub fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
