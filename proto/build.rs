@@ -12,7 +12,7 @@ use prost_types::field_descriptor_proto::Type;
 use prost_types::{DescriptorProto, OneofDescriptorProto};
 
 /// The messages the encoded view generates itself; every other type is `crate::pb`'s.
-const RECEIVED: [&str; 2] = ["TrajectoryPart", "StepChunk"];
+const ENCODED: [&str; 2] = ["TrajectoryPart", "StepChunk"];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let protos = ["corvid/v1/learner.proto"];
@@ -37,7 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let package = file.package().to_owned();
         for m in &mut file.message_type {
             let name = m.name().to_owned();
-            if !RECEIVED.contains(&name.as_str()) {
+            if !ENCODED.contains(&name.as_str()) {
                 builder =
                     builder.extern_path(format!(".{package}.{name}"), format!("crate::pb::{name}"));
                 continue;

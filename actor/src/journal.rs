@@ -243,12 +243,16 @@ impl JournalReader {
             return self.stop(Some("fails its checksum".into()));
         }
         // A step chunk's step is bytes on this side; it must decode as a step too.
-        let decoded = TrajectoryPart::decode(payload.as_slice()).and_then(|p| {
-            if let Some(Part::Step(chunk)) = &p.part {
-                pb::Step::decode(chunk.step.as_deref().unwrap_or_default())?;
-            }
-            Ok(p)
-        });
+        let decoded = TrajectoryPart::decode(payload.as_slice())
+            .map_err(|e| e.to_string())
+            .and_then(|p| match &p.part {
+                Some(Part::Step(chunk)) => {
+                    pb::Step::decode(chunk.step.as_deref().unwrap_or_default())
+                        .map_err(|e| format!("step chunk seq {}: {e}", chunk.seq))?;
+                    Ok(p)
+                }
+                _ => Ok(p),
+            });
         match decoded {
             Ok(p) => {
                 self.valid_len += 8 + u64::from(len);

@@ -140,7 +140,7 @@ pub struct CheckedStep {
 
 impl CheckedStep {
     /// Step `seq` as it arrived on the wire, checked once; the bytes are kept as they came
-    /// when they hold only fields this version knows. Bytes in prost's own encoding are
+    /// when they are prost's own encoding of the step, else replaced by it. Bytes in prost's own encoding are
     /// checked where they lie (`step_scan`); any others, and any that break a rule, take
     /// [`received_decoded`](Self::received_decoded), which names the error.
     pub fn received(seq: u64, bytes: Bytes, rules: &mut StepRules) -> Result<Self, ProtoError> {
@@ -173,13 +173,15 @@ impl CheckedStep {
                 },
             )
         })?;
-        // Bytes with fields this version does not know (an older writer's per-token versions,
-        // a newer writer's additions) are stored as this version encodes them: nothing
-        // unchecked is kept for a later reader that would know the field.
-        let bytes = if wire.encoded_len() == bytes.len() {
+        // Bytes in any other encoding than prost's (fields this version does not know, an
+        // older writer's per-token versions, a newer writer's additions) are stored as this
+        // version encodes them: nothing unchecked is kept for a later reader that would know
+        // the field.
+        let encoded = wire.encode_to_vec();
+        let bytes = if encoded[..] == bytes[..] {
             bytes
         } else {
-            Bytes::from(wire.encode_to_vec())
+            Bytes::from(encoded)
         };
         let step = Step::try_from(wire).map_err(|e| at(seq, e))?;
         rules.check(seq, &step)?;
@@ -323,6 +325,39 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("the first step is in segment 0"), "{err}");
+    }
+
+    /// Bytes that decode to a valid step but are not prost's encoding of it are stored as
+    /// prost's encoding, by either path: a mask byte of 2, a tool result of prost's length
+    /// holding an unknown field.
+    #[test]
+    fn a_valid_step_in_another_encoding_is_stored_as_prost_writes_it() {
+        let lp = (-0.5f32).to_le_bytes();
+        let mask_two = [
+            &[0x12, 0x01, 0x05, 0x1a, 0x01, 0x02, 0x22, 0x04][..],
+            &lp[..],
+        ]
+        .concat();
+        let tool_result = [
+            0x08, 0x01, 0x10, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x7a, 0x03, 1, 2, 3,
+        ];
+        let unknown_inside = [
+            &[0x12, 0x01, 0x05, 0x1a, 0x01, 0x01, 0x22, 0x04][..],
+            &lp[..],
+            &[0x3a, tool_result.len() as u8][..],
+            &tool_result[..],
+        ]
+        .concat();
+        for odd in [mask_two, unknown_inside] {
+            let wire = pb::Step::decode(&odd[..]).unwrap();
+            let prost = wire.encode_to_vec();
+            assert_ne!(prost, odd);
+            for path in [CheckedStep::received, CheckedStep::received_decoded] {
+                let c = path(0, Bytes::from(odd.clone()), &mut rules(9)).unwrap();
+                assert_eq!(c.bytes(), &prost[..]);
+                assert_eq!((c.tokens(), c.generated()), (1, 1));
+            }
+        }
     }
 
     mod fast_path {

@@ -176,10 +176,12 @@ fn nonzero(v: u64) -> Option<()> {
     (v != 0).then_some(())
 }
 
-/// A small sub-message, decoded, when its bytes are exactly what prost would write for it.
+/// A small sub-message, decoded, when its bytes are exactly what prost would write for it
+/// (an equal length is not enough: a negative `int32` read from 5 bytes is written in 10,
+/// which leaves room for an unknown field of the same size).
 fn canonical<M: Message + Default>(bytes: &[u8]) -> Option<M> {
     let m = M::decode(bytes).ok()?;
-    (m.encoded_len() == bytes.len()).then_some(m)
+    (m.encode_to_vec() == bytes).then_some(m)
 }
 
 /// A cursor over protobuf bytes that refuses what prost would not write.
@@ -237,5 +239,71 @@ impl<'a> Reader<'a> {
     /// A packed or bytes field, which prost writes only when not empty.
     fn packed(&mut self) -> Option<&'a [u8]> {
         self.delimited().filter(|b| !b.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn varint(bytes: &[u8]) -> Option<u64> {
+        let mut r = Reader { bytes, at: 0 };
+        r.varint().filter(|_| r.done())
+    }
+
+    #[test]
+    fn varints_are_read_only_in_their_shortest_form() {
+        assert_eq!(varint(&[0x00]), Some(0));
+        assert_eq!(varint(&[0x96, 0x01]), Some(150));
+        assert_eq!(varint(&[0x80, 0x00]), None, "0 padded to two bytes");
+        assert_eq!(
+            varint(&[0x96, 0x81, 0x00]),
+            None,
+            "150 padded to three bytes"
+        );
+        let mut max = vec![0xff; 9];
+        max.push(0x01);
+        assert_eq!(varint(&max), Some(u64::MAX));
+        max[9] = 0x02;
+        assert_eq!(varint(&max), None, "a tenth byte over 1 overflows");
+        let eleven = [0xff; 10].iter().copied().chain([0x01]).collect::<Vec<_>>();
+        assert_eq!(varint(&eleven), None);
+        let mut r = Reader {
+            bytes: &[0x80, 0x80, 0x80, 0x80, 0x10],
+            at: 0,
+        };
+        assert_eq!(r.varint32(), None, "2^32 does not fit a uint32");
+    }
+
+    #[test]
+    fn ids_of_every_length_are_counted_and_checked_against_the_vocabulary() {
+        let ids: Vec<u32> = vec![0, 127, 128, 16_383, 16_384, 2_097_151, 2_097_152, u32::MAX];
+        let packed = pb::Step {
+            token_ids: ids.clone(),
+            ..Default::default()
+        }
+        .encode_to_vec();
+        let field = &packed[2..]; // tag 0x12 and a one-byte length
+        assert_eq!(count_ids(field, u64::MAX), Some(ids.len()));
+        assert_eq!(count_ids(field, u64::from(u32::MAX)), None);
+        for cut in 0..field.len() {
+            // Every prefix that ends inside an id is refused, and the rest are counted.
+            let whole = field[..cut].last().is_none_or(|&b| b < 0x80);
+            assert_eq!(count_ids(&field[..cut], u64::MAX).is_some(), whole, "{cut}");
+        }
+    }
+
+    /// A `ToolResult` whose `exit_code = -1` is written in 5 bytes (prost writes 10), with
+    /// an unknown field of 3 bytes making up the length.
+    #[test]
+    fn a_sub_message_of_prost_s_length_but_not_its_bytes_is_not_canonical() {
+        let odd = [
+            0x08, 0x01, 0x10, 0xff, 0xff, 0xff, 0xff, 0x0f, 0x7a, 0x03, 1, 2, 3,
+        ];
+        let decoded = pb::ToolResult::decode(&odd[..]).unwrap();
+        assert_eq!((decoded.exit_code, decoded.encoded_len()), (-1, odd.len()));
+        assert!(canonical::<pb::ToolResult>(&odd).is_none());
+        let written = decoded.encode_to_vec();
+        assert!(canonical::<pb::ToolResult>(&written).is_some());
     }
 }

@@ -9,8 +9,9 @@
 //!   step under its (id, seq) key (the store cuts a step over 8 KiB into pieces).
 //!
 //! The paths alternate `--repeat` times on fresh stores and the medians are compared;
-//! `*_cpu_seconds` is the process's CPU time over a run (median), which says how much of
-//! the two cores the client and server share.
+//! `*_cpu_seconds` is the process's CPU time over a run (median; every thread, sled's
+//! background threads of earlier runs included), which says how much of the machine's cores
+//! the client and server share.
 //! `peak_rss_delta_mb` is the largest growth of this process's peak RSS (client and server
 //! together) over its RSS before a gRPC run: neither side holds the trajectory whole, so it
 //! is bounded by sled's memory (`--store-cache-mb`, and ~63 MB sled keeps whatever its

@@ -30,8 +30,8 @@ use corvid_proto::encoded::{self, learner_server::LearnerServer};
 use corvid_proto::limits::{HTTP2_CONNECTION_WINDOW, HTTP2_STREAM_WINDOW, MAX_MESSAGE_BYTES};
 use corvid_proto::pb;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tonic::service::interceptor::InterceptedService;
+use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::dispenser::TaskDispenser;
@@ -259,20 +259,6 @@ impl encoded::learner_server::Learner for LearnerService {
     }
 }
 
-/// The connections `listener` accepts, with Nagle's algorithm off: a response's small
-/// writes (headers, the message, trailers) would otherwise wait for the peer's delayed ACK,
-/// 40 ms on Linux, before the last reaches it (`docs/bench/log.md`, 2026-12-07).
-fn no_delay(
-    listener: TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use futures::StreamExt;
-    TcpListenerStream::new(listener).map(|conn| {
-        let conn = conn?;
-        conn.set_nodelay(true)?;
-        Ok(conn)
-    })
-}
-
 /// Serves `service` on `listener` until `shutdown` resolves, with `token` required
 /// on every call but the health checks.
 pub async fn serve(
@@ -292,10 +278,16 @@ pub async fn serve(
         .initial_connection_window_size(Some(HTTP2_CONNECTION_WINDOW))
         .add_service(health.server())
         .add_service(service.into_server(token))
-        .serve_with_incoming_shutdown(no_delay(listener), async {
-            shutdown.await;
-            health.stopping().await;
-        })
+        // Nagle's algorithm off: a response's small writes (headers, message, trailers)
+        // would otherwise wait for the peer's delayed ACK, 40 ms on Linux, before the last
+        // one leaves (`docs/bench/log.md`, 2026-12-07). A socket that refuses is served as is.
+        .serve_with_incoming_shutdown(
+            TcpIncoming::from(listener).with_nodelay(Some(true)),
+            async {
+                shutdown.await;
+                health.stopping().await;
+            },
+        )
         .await;
     ready.abort();
     result
