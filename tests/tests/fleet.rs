@@ -444,6 +444,15 @@ fn an_actor_hosts_link_down_for_30_s_spools_resends_and_its_late_copies_are_not_
         return;
     };
 
+    // Cut a1 off while it runs an episode, so that it holds an assignment the learner must
+    // hand out again once a1 times out.
+    let active = fleet.path("spool-a1").join("active");
+    wait_for("a1 running an episode", Duration::from_secs(120), || {
+        std::fs::read_dir(&active).is_ok_and(|d| {
+            d.flatten()
+                .any(|e| e.metadata().is_ok_and(|m| m.is_file() && m.len() > 0))
+        })
+    });
     fleet.net.link("a1", false).expect("link down");
     let (before, acked_before) = (fleet.updates(), fleet.acked("a1"));
     std::thread::sleep(Duration::from_secs(30));
