@@ -139,10 +139,10 @@ pub struct CheckedStep {
 }
 
 impl CheckedStep {
-    /// Step `seq` as it arrived on the wire, checked once; the bytes are kept as they came
-    /// when they are prost's own encoding of the step, else replaced by it. Bytes in prost's own encoding are
-    /// checked where they lie (`step_scan`); any others, and any that break a rule, take
-    /// [`received_decoded`](Self::received_decoded), which names the error.
+    /// Step `seq` as it arrived on the wire, checked once. Bytes in prost's own encoding are
+    /// checked where they lie (`step_scan`) and kept as they came; any others, and any that
+    /// break a rule, take [`received_decoded`](Self::received_decoded), which names the
+    /// error.
     pub fn received(seq: u64, bytes: Bytes, rules: &mut StepRules) -> Result<Self, ProtoError> {
         let Some(scan) = scan(&bytes, rules.vocab_size) else {
             return Self::received_decoded(seq, bytes, rules);
@@ -157,8 +157,8 @@ impl CheckedStep {
         })
     }
 
-    /// The reference path of [`received`](Self::received): decode, convert, check, and
-    /// re-encode bytes that hold fields this version does not know.
+    /// The reference path of [`received`](Self::received): decode, convert, check, and keep
+    /// prost's encoding of the step in place of bytes in any other.
     pub fn received_decoded(
         seq: u64,
         bytes: Bytes,

@@ -13,7 +13,8 @@
 
 use prost::Message;
 
-use crate::{pb, types::ToolResult};
+use crate::pb;
+use crate::types::{generated_logprob_fits, ToolResult};
 
 /// What a step's bytes hold, for the checks that need the rules and for the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,13 +79,12 @@ pub(crate) fn scan(bytes: &[u8], vocab: Option<u32>) -> Option<Scan<'_>> {
     if tokens != mask.len() {
         return None;
     }
-    // Branch-free over the tokens: a mask byte is 0 or 1, a generated token's log-prob is
-    // finite and at most 1e-4 (log_softmax's rounding), a prompt token's is 0.
+    // Branch-free over the tokens: a mask byte is 0 or 1, a generated token's log-prob fits
+    // `Step::validate`'s rule, a prompt token's is 0.
     let (mut generated, mut bad) = (0usize, false);
     for (&m, lp) in mask.iter().zip(logprobs.chunks_exact(4)) {
         let lp = f32::from_le_bytes([lp[0], lp[1], lp[2], lp[3]]);
-        let ok_generated = lp.is_finite() & (lp <= 1e-4);
-        bad |= (m > 1) | ((m == 1) & !ok_generated) | ((m == 0) & (lp != 0.0));
+        bad |= (m > 1) | ((m == 1) & !generated_logprob_fits(lp)) | ((m == 0) & (lp != 0.0));
         generated += usize::from(m & 1);
     }
     if bad {

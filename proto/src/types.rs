@@ -436,6 +436,13 @@ pub struct Step {
     pub segment: u32,
 }
 
+/// Whether `lp` is a generated token's log-prob: finite and at most 1e-4 (log_softmax can
+/// round a hair above 0; anything more is a bug upstream).
+#[inline]
+pub(crate) fn generated_logprob_fits(lp: f32) -> bool {
+    lp.is_finite() & (lp <= 1e-4)
+}
+
 fn is_zero(n: &u32) -> bool {
     *n == 0
 }
@@ -504,8 +511,7 @@ impl Step {
         }
         for (i, (&m, &lp)) in self.loss_mask.iter().zip(&self.logprobs).enumerate() {
             if m {
-                // log_softmax can round a hair above 0; anything more is a bug upstream.
-                if !(lp.is_finite() && lp <= 1e-4) {
+                if !generated_logprob_fits(lp) {
                     return Err(invalid(
                         format!("step.logprobs[{i}]"),
                         format!("{lp} is not a finite log-probability <= 0"),
