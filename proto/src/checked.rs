@@ -10,7 +10,7 @@
 use prost::bytes::Bytes;
 use prost::Message;
 
-use crate::step_scan::{scan, Scan};
+use crate::step_scan::{routes_field, scan, Scan};
 use crate::types::ProtoError;
 use crate::{pb, RouteShape, Step};
 
@@ -211,6 +211,20 @@ impl CheckedStep {
     /// The encoded step.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
+    }
+
+    /// The encoded step cut around its `routes` field: the bytes before the field, the
+    /// routes' own bytes, and the bytes after it (`before ‖ after` is the step without
+    /// routes). Without routes: the whole step, then two empty slices.
+    pub fn split_routes(&self) -> (&[u8], &[u8], &[u8]) {
+        match routes_field(&self.bytes) {
+            Some((field, payload)) => (
+                &self.bytes[..field.start],
+                &self.bytes[payload..field.end],
+                &self.bytes[field.end..],
+            ),
+            None => (&self.bytes, &[], &[]),
+        }
     }
 
     /// Its tokens.
@@ -494,6 +508,14 @@ mod tests {
                 let bytes = mutate(&pb::Step::from(step).encode_to_vec(), how, at);
                 let fast = outcome(CheckedStep::received, &bytes, rules);
                 let reference = outcome(CheckedStep::received_decoded, &bytes, rules);
+                // What the store keeps of an accepted step: its routes apart from the rest.
+                if let Ok((c, _)) = &fast {
+                    let (before, routes, after) = c.split_routes();
+                    let whole = pb::Step::decode(c.bytes()).unwrap();
+                    let rest = pb::Step::decode(&[before, after].concat()[..]).unwrap();
+                    prop_assert_eq!(routes, &whole.routes[..]);
+                    prop_assert_eq!(rest, pb::Step { routes: vec![], ..whole });
+                }
                 prop_assert_eq!(fast, reference);
             }
 

@@ -98,6 +98,31 @@ pub(crate) fn scan(bytes: &[u8], vocab: Option<u32>) -> Option<Scan<'_>> {
     })
 }
 
+/// Where the `routes` field (tag, length and bytes) lies in a step in prost's encoding, and
+/// where its bytes start; `None` without one. `bytes` must be a step as prost writes it (a
+/// [`CheckedStep`](crate::CheckedStep)'s are), so each field is met once, in number order.
+pub(crate) fn routes_field(bytes: &[u8]) -> Option<(std::ops::Range<usize>, usize)> {
+    let mut r = Reader { bytes, at: 0 };
+    while !r.done() {
+        let start = r.at;
+        let tag = r.byte()?;
+        match tag & 7 {
+            0 => drop(r.varint()?),
+            5 => drop(r.fixed32()?),
+            2 => {
+                let len = usize::try_from(r.varint()?).ok()?;
+                let payload = r.at;
+                r.at = payload.checked_add(len).filter(|&e| e <= bytes.len())?;
+                if tag >> 3 == 10 {
+                    return Some((start..r.at, payload));
+                }
+            }
+            _ => return None,
+        }
+    }
+    None
+}
+
 /// The number of packed `uint32` varints in `ids`, each in its shortest form and below
 /// `vocab`; `None` otherwise.
 ///

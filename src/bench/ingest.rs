@@ -6,7 +6,9 @@
 //!   (its invariants, routes, vocabulary) → `TrajectoryStore` (record, the step bytes as
 //!   received, indexes, transaction) → flush → ack;
 //! - **baseline**: encode each step and `insert` it straight into a sled tree, one value per
-//!   step under its (id, seq) key (the store cuts a step over 8 KiB into pieces).
+//!   step under its (id, seq) key, routes included (the store cuts a step over 8 KiB into
+//!   pieces, and puts routes of 32 bytes per token or more in a route file, fsynced before
+//!   sled's flush).
 //!
 //! The paths alternate `--repeat` times on fresh stores and the medians are compared;
 //! `*_cpu_seconds` is the process's CPU time over a run (median; every thread, sled's
@@ -14,8 +16,8 @@
 //! the client and server share.
 //! `peak_rss_delta_mb` is the largest growth of this process's peak RSS (client and server
 //! together) over its RSS before a gRPC run: neither side holds the trajectory whole, so it
-//! is bounded by sled's memory (`--store-cache-mb`, and ~63 MB sled keeps whatever its
-//! cache), the HTTP/2 windows and the steps waiting to be written.
+//! is bounded by sled's memory (`--store-cache-mb`), the HTTP/2 windows and the steps
+//! waiting to be written; routes in a route file pass through the kernel's page cache.
 //!
 //! `--routes LAYERSxKxEXPERTS` adds recorded routes of that shape to every step (both
 //! paths), so the figures show what routing replay costs on the wire and in the store;

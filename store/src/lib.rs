@@ -8,7 +8,8 @@
 //! 1. **Acked ⇒ durable.** [`TrajectoryWriter::finish`] returns only after
 //!    `sled::Db::flush` has returned, and sled 0.34 promises that "if this
 //!    succeeds, it is guaranteed that all previous writes will be recovered if the
-//!    system crashes". The learner acks a trajectory only after `finish` returns.
+//!    system crashes", and after its route file, if it has one, was fsynced with its
+//!    name. The learner acks a trajectory only after `finish` returns.
 //! 2. **No half-written trajectory is visible.** Readers ([`TrajectoryStore::get`],
 //!    [`TrajectoryStore::steps`], [`TrajectoryStore::list`], export and the trainer's
 //!    [`TrajectoryStore::finished_since`]) only ever see trajectories whose record
@@ -19,15 +20,18 @@
 //!
 //! # Write path
 //!
-//! 1. `begin`: insert the record (status `Open`) into `meta` and the id into `open`.
+//! 1. `begin`: insert the record (status `Open`) into `meta` and the id into `open`; with a
+//!    route shape of [`ROUTE_FILE_BYTES_PER_TOKEN`] bytes per token or more in the
+//!    header, create the trajectory's route file (`routes.rs`).
 //! 2. `append_checked` (or `append`, which checks a typed step first): insert each step's
 //!    bytes into `steps` under (id, seq) as it arrives, in pieces of at most
-//!    [`STEP_PIECE_BYTES`]; the stream is never held whole in memory.
-//! 3. `finish`: check the footer's totals against what was appended, then one
-//!    transaction over `meta`, `open`, `by_version`, `by_task`, `by_status` and
-//!    `by_seq` flips the record to `Finished` and writes its index entries;
-//!    then `flush` (the only fsync), then return. `finish` runs both on tokio's
-//!    blocking pool, so a slow disk never stalls the RPC workers.
+//!    [`STEP_PIECE_BYTES`], its `routes` field cut out and appended to the route file;
+//!    the stream is never held whole in memory.
+//! 3. `finish`: check the footer's totals against what was appended, fsync the route file
+//!    (and its name), then one transaction over `meta`, `open`, `by_version`, `by_task`,
+//!    `by_status` and `by_seq` flips the record to `Finished` and writes its index entries;
+//!    then sled's `flush`, then return. `finish` runs both on tokio's blocking pool, so a
+//!    slow disk never stalls the RPC workers.
 //!
 //! # Writers against flushes
 //!
@@ -45,9 +49,10 @@
 //! # Recovery rule
 //!
 //! [`TrajectoryStore::open`] deletes every trajectory still listed in `open`
-//! (its steps and its record): it was never acknowledged, so as far as any client
-//! knows it never happened, and the actor resends it under the same id. A writer
-//! dropped without `finish` (a broken stream, a validation error) deletes its
+//! (its steps, its route file and its record): it was never acknowledged, so as far as any
+//! client knows it never happened, and the actor resends it under the same id; then every
+//! route file whose trajectory is not finished (its open record never reached the disk). A
+//! writer dropped without `finish` (a broken stream, a validation error) deletes its
 //! partial data at once in the same way.
 //!
 //! # Damage is refused, not recovered
@@ -67,7 +72,7 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | `meta` | id | [`TrajectoryRecord`] as JSON |
-//! | `steps` | id ‖ 0 ‖ seq (u64 BE) | the step as it arrived (`corvid.v1.Step` bytes), or its first [`STEP_PIECE_BYTES`] |
+//! | `steps` | id ‖ 0 ‖ seq (u64 BE) | the step as it arrived (`corvid.v1.Step` bytes) less its `routes` field when its record says `routes_in_file`, or its first [`STEP_PIECE_BYTES`] |
 //! | `steps` | id ‖ 0 ‖ seq ‖ piece (u32 BE) | the step's next pieces, 1, 2, … |
 //! | `open` | id | empty: begun, not finished |
 //! | `by_version` | policy version (u64 BE) ‖ id | empty |
@@ -75,12 +80,17 @@
 //! | `by_status` | termination (u8) ‖ success (u8) ‖ id | empty |
 //! | `by_seq` | finish order (u64 BE) | id: the trainer's cursor walks this |
 //! | `consumed` | id | trainer step (u64 BE) that consumed it |
+//!
+//! Beside the trees, [`ROUTES_DIR`]`/<id>.routes` holds the routes of a trajectory whose
+//! header declares a route shape of [`ROUTE_FILE_BYTES_PER_TOKEN`] bytes per token or more,
+//! one checksummed frame per step (`routes.rs`).
 
 #![deny(missing_docs)]
 
 mod keys;
 mod open;
 mod read;
+mod routes;
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -93,6 +103,7 @@ use sled::transaction::{ConflictableTransactionError, TransactionError, Transact
 
 pub use open::{is_store, open_existing, open_or_create, OpenError};
 pub use read::{ExportSummary, Filter, StoreStats};
+pub use routes::{FILE_BYTES_PER_TOKEN as ROUTE_FILE_BYTES_PER_TOKEN, ROUTES_DIR};
 
 /// Orders our sled writers against our flushes (see "Writers against flushes"). It is
 /// process-wide because sled's lock is.
@@ -435,6 +446,10 @@ pub struct TrajectoryRecord {
     pub finish_seq: Option<u64>,
     /// When the store finished it, ms since the Unix epoch.
     pub stored_unix_ms: u64,
+    /// Its steps' routes are in its route file ([`ROUTES_DIR`]), not in the steps stored in
+    /// sled (false for a trajectory without routes, and for one stored before route files).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub routes_in_file: bool,
 }
 
 impl TrajectoryRecord {
@@ -574,7 +589,7 @@ impl TrajectoryStore {
             recorded: AtomicU64::new(expected.unwrap_or(0)),
             record_lock: Mutex::new(()),
         };
-        let swept = store.sweep_open()?;
+        let swept = store.sweep_open()? + store.sweep_route_files()?;
         if swept > 0 {
             tracing::warn!(
                 path = %store.path.display(),
@@ -615,8 +630,49 @@ impl TrajectoryStore {
         Ok(ids.len())
     }
 
-    /// Removes an unfinished trajectory's steps, record and open marker.
+    /// Removes `id`'s route file, if it has one.
+    fn remove_route_file(&self, id: &str) -> Result<()> {
+        let path = routes::path(&self.path, id);
+        match std::fs::remove_file(&path) {
+            Err(source) if source.kind() != std::io::ErrorKind::NotFound => Err(StoreError::Io {
+                what: format!("removing {}", path.display()),
+                source,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Makes the route folder where there is none, and removes the route files of
+    /// trajectories that are not finished: a crash can leave one whose open record never
+    /// reached the disk. Returns how many it removed.
+    fn sweep_route_files(&self) -> Result<usize> {
+        let dir = self.path.join(ROUTES_DIR);
+        let io = |what: &str, path: &Path| {
+            let what = format!("{what} {}", path.display());
+            move |source| StoreError::Io { what, source }
+        };
+        if !dir.is_dir() {
+            std::fs::create_dir(&dir).map_err(io("creating", &dir))?;
+            corvid_durable::sync_dir(&self.path).map_err(io("syncing", &self.path))?;
+            return Ok(0);
+        }
+        let mut removed = 0;
+        for entry in std::fs::read_dir(&dir).map_err(io("listing", &dir))? {
+            let name = entry.map_err(io("listing", &dir))?.file_name();
+            let Some(id) = name.to_str().and_then(routes::id_of) else {
+                continue;
+            };
+            if self.get(id)?.is_none() {
+                self.remove_route_file(id)?;
+                removed += 1;
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Removes an unfinished trajectory's route file, steps, record and open marker.
     fn purge_partial(&self, id: &str) -> Result<()> {
+        self.remove_route_file(id)?;
         let mut batch = sled::Batch::default();
         for key in self.steps.scan_prefix(keys::step_prefix(id)).keys() {
             batch.remove(key.map_err(|e| self.sled_err(e))?);
@@ -664,7 +720,7 @@ impl TrajectoryStore {
             }
         }
         // From here on the writer's drop guard owns cleanup of `id`.
-        let writer = TrajectoryWriter {
+        let mut writer = TrajectoryWriter {
             store: Arc::clone(self),
             typed: StepRules::new(header.routes, None),
             header,
@@ -672,6 +728,7 @@ impl TrajectoryStore {
             tokens: 0,
             generated: 0,
             finished: false,
+            routes: None,
         };
         // Re-check under the active lock: a finish may have raced with the check above.
         if let Some(rec) = self.record(&id)? {
@@ -688,6 +745,7 @@ impl TrajectoryStore {
             footer: None,
             finish_seq: None,
             stored_unix_ms: 0,
+            routes_in_file: false,
         };
         self.open
             .insert(id.as_bytes(), &[][..])
@@ -695,6 +753,15 @@ impl TrajectoryStore {
         self.meta
             .insert(id.as_bytes(), rec.encode())
             .map_err(|e| self.sled_err(e))?;
+        if routes::in_file(writer.header.routes) {
+            let path = routes::path(&self.path, &id);
+            writer.routes = Some(routes::RouteWriter::create(path.clone()).map_err(|source| {
+                StoreError::Io {
+                    what: format!("creating {}", path.display()),
+                    source,
+                }
+            })?);
+        }
         Ok(Begin::New(writer))
     }
 
@@ -787,6 +854,8 @@ pub struct TrajectoryWriter {
     finished: bool,
     /// The rules typed steps ([`append`](Self::append)) are checked against, in sequence.
     typed: StepRules,
+    /// Where the steps' routes go, when the header declares a route shape.
+    routes: Option<routes::RouteWriter>,
 }
 
 impl TrajectoryWriter {
@@ -851,9 +920,23 @@ impl TrajectoryWriter {
                 self.header.routes
             )));
         }
+        // With a route file, the routes go there and the rest of the step to `steps`.
+        let joined;
+        let bytes = match &mut self.routes {
+            Some(file) => {
+                let (before, routes, after) = step.split_routes();
+                file.append(seq, routes).map_err(|source| StoreError::Io {
+                    what: format!("writing {}", file.path().display()),
+                    source,
+                })?;
+                joined = [before, after].concat();
+                &joined[..]
+            }
+            None => step.bytes(),
+        };
         // An empty step (no field set) still gets its key.
-        let pieces = step.bytes().chunks(STEP_PIECE_BYTES);
-        let pieces = pieces.chain(step.bytes().is_empty().then_some(&[][..]));
+        let pieces = bytes.chunks(STEP_PIECE_BYTES);
+        let pieces = pieces.chain(bytes.is_empty().then_some(&[][..]));
         for (piece, bytes) in pieces.enumerate() {
             let key = match piece {
                 0 => keys::step_key(self.id(), seq),
@@ -910,6 +993,13 @@ impl TrajectoryWriter {
                 )));
             }
         }
+        // The route file is durable before the record that points at it can be.
+        if let Some(file) = &mut self.routes {
+            file.sync().map_err(|source| StoreError::Io {
+                what: format!("syncing {}", file.path().display()),
+                source,
+            })?;
+        }
         let s = &self.store;
         // The position is drawn under the writer gate, so positions commit in their own
         // order: a reader keeping only the last position it saw (the trainer's cursor)
@@ -923,6 +1013,7 @@ impl TrajectoryWriter {
             footer: Some(footer),
             finish_seq: Some(finish_seq),
             stored_unix_ms: now_unix_ms(),
+            routes_in_file: self.routes.is_some(),
         };
         let id = self.header.trajectory_id.as_bytes();
         let [kv, kt, ks] = keys::index_keys(&self.header, &footer);

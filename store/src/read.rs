@@ -9,6 +9,7 @@ use prost::Message;
 use serde::Serialize;
 
 use super::keys;
+use super::routes::{self, RouteReader};
 use super::{RecordStatus, Result, StoreError, TrajectoryRecord, TrajectoryStore};
 
 /// Which trajectories to list or export. Empty fields match everything.
@@ -129,23 +130,34 @@ impl TrajectoryStore {
     /// time (its pieces joined); `None` if unknown or unfinished. The stream ends after
     /// its first error.
     pub fn steps(&self, id: &str) -> Result<Option<impl Iterator<Item = Result<Step>> + '_>> {
-        if self.get(id)?.is_none() {
+        let Some(rec) = self.get(id)? else {
             return Ok(None);
-        }
+        };
         let owned_id = id.to_owned();
-        let first_len = keys::step_key(id, 0).len();
-        let mut entries = self.steps.scan_prefix(keys::step_prefix(id)).peekable();
         let corrupt = move |reason: String| StoreError::Corrupt {
             id: owned_id.clone(),
             reason,
         };
-        let mut failed = false;
+        let mut routes = match rec.routes_in_file {
+            true => Some(RouteReader::open(&routes::path(&self.path, id)).map_err(&corrupt)?),
+            false => None,
+        };
+        let first_len = keys::step_key(id, 0).len();
+        let mut entries = self.steps.scan_prefix(keys::step_prefix(id)).peekable();
+        let (mut failed, mut read) = (false, 0u64);
         Ok(Some(std::iter::from_fn(move || {
             if failed {
                 return None;
             }
-            let step = self.next_step(&mut entries, first_len, &corrupt)?;
+            let Some(step) = self.next_step(&mut entries, first_len, &corrupt, routes.as_mut())
+            else {
+                // After the last step, no routes may be left over.
+                let end = routes.take().map(|mut r| r.end(read));
+                failed = true;
+                return end?.err().map(|reason| Err(corrupt(reason)));
+            };
             failed = step.is_err();
+            read += 1;
             Some(step)
         })))
     }
@@ -158,6 +170,7 @@ impl TrajectoryStore {
         entries: &mut std::iter::Peekable<sled::Iter>,
         first_len: usize,
         corrupt: &dyn Fn(String) -> StoreError,
+        routes: Option<&mut RouteReader>,
     ) -> Option<Result<Step>> {
         let (key, first) = match entries.next()? {
             Ok(kv) => kv,
@@ -197,7 +210,15 @@ impl TrajectoryStore {
         }
         let step = pb::Step::decode(bytes.as_slice())
             .map_err(|e| corrupt(format!("step chunk seq {seq}: {e}")))
-            .and_then(|wire| {
+            .and_then(|mut wire| {
+                if let Some(file) = routes {
+                    if !wire.routes.is_empty() {
+                        return Err(corrupt(format!(
+                            "step chunk seq {seq}: its routes are both in the step and in its routes file"
+                        )));
+                    }
+                    wire.routes = file.next(seq).map_err(corrupt)?;
+                }
                 Step::try_from(wire).map_err(|e| corrupt(format!("step chunk seq {seq}: {e}")))
             });
         Some(step)
@@ -359,11 +380,11 @@ mod tests {
     use corvid_proto::{RouteShape, Step, TrajectoryFooter};
     use prost::Message;
 
-    use crate::{keys, Begin, TrajectoryStore, STEP_PIECE_BYTES};
+    use crate::{keys, routes, Begin, TrajectoryRecord, TrajectoryStore, STEP_PIECE_BYTES};
 
     const SHAPE: Shape = Shape {
         steps: 2,
-        tokens_per_step: 1000,
+        tokens_per_step: 4000,
     };
     const ROUTES: RouteShape = RouteShape {
         moe_layers: 16,
@@ -399,7 +420,11 @@ mod tests {
     #[test]
     fn a_step_stored_whole_reads_like_one_stored_in_pieces() {
         let (_dir, store, steps) = stored();
-        let whole = encoded(&steps[1]);
+        // Its routes are in the route file.
+        let whole = encoded(&Step {
+            routes: vec![],
+            ..steps[1].clone()
+        });
         assert!(whole.len() > 3 * STEP_PIECE_BYTES);
         // The layout of a store written before pieces: one value per step.
         for key in store.steps.scan_prefix(keys::step_key("t", 1)).keys() {
@@ -444,9 +469,92 @@ mod tests {
         };
         let err = err.to_string();
         assert!(
-            err.contains(&format!("{} steps of 2000 tokens", steps.len())),
+            err.contains(&format!("{} steps of 8000 tokens", steps.len())),
             "{err}"
         );
         assert!(err.contains("footer counts 2 of 7"), "{err}");
+    }
+
+    /// The layout of a store written before route files: each step whole in `steps`, routes
+    /// included, and a record that does not point at a route file.
+    fn without_route_file(store: &TrajectoryStore, steps: &[Step]) {
+        for (seq, s) in steps.iter().enumerate() {
+            for key in store
+                .steps
+                .scan_prefix(keys::step_key("t", seq as u64))
+                .keys()
+            {
+                store.steps.remove(key.unwrap()).unwrap();
+            }
+            store
+                .steps
+                .insert(keys::step_key("t", seq as u64), encoded(s))
+                .unwrap();
+        }
+        let rec = TrajectoryRecord {
+            routes_in_file: false,
+            ..store.get("t").unwrap().unwrap()
+        };
+        store.meta.insert("t", rec.encode()).unwrap();
+        std::fs::remove_file(routes::path(store.path(), "t")).unwrap();
+    }
+
+    #[test]
+    fn routes_stored_in_their_steps_read_back_as_before() {
+        let (_dir, store, steps) = stored();
+        without_route_file(&store, &steps);
+        let (_, t) = store.load("t").unwrap().unwrap();
+        assert!(t.steps == steps, "routes read from the steps themselves");
+    }
+
+    #[test]
+    fn a_damaged_or_missing_route_file_is_reported_with_its_step() {
+        let (_dir, store, steps) = stored();
+        let path = routes::path(store.path(), "t");
+        let bytes = std::fs::read(&path).unwrap();
+        let damaged = |b: &[u8]| {
+            std::fs::write(&path, b).unwrap();
+            store.load("t").unwrap_err().to_string()
+        };
+        let err = damaged(&bytes[..bytes.len() - 10]);
+        assert!(
+            err.contains("step chunk seq 1: the routes file ends before its routes"),
+            "{err}"
+        );
+        let mut flipped = bytes.clone();
+        flipped[40] ^= 4;
+        let err = damaged(&flipped);
+        assert!(
+            err.contains("step chunk seq 0: its routes fail their checksum"),
+            "{err}"
+        );
+        let err = damaged(&[&bytes[..], &[0]].concat());
+        assert!(err.contains("more than its 2 steps' routes"), "{err}");
+        std::fs::remove_file(&path).unwrap();
+        let Err(err) = store.steps("t") else {
+            panic!("a trajectory without its route file was read")
+        };
+        assert!(err.to_string().contains("its routes file"), "{err}");
+        // A step that still holds routes where the record points at a route file.
+        std::fs::write(&path, &bytes).unwrap();
+        store
+            .steps
+            .insert(keys::step_key("t", 0), encoded(&steps[0]))
+            .unwrap();
+        for key in store
+            .steps
+            .scan_prefix(keys::step_key("t", 0))
+            .keys()
+            .skip(1)
+        {
+            store.steps.remove(key.unwrap()).unwrap();
+        }
+        let err = store.load("t").unwrap_err().to_string();
+        assert!(
+            err.contains(
+                "step chunk seq 0: its routes are both in the step and in its routes file"
+            ),
+            "{err}"
+        );
     }
 }

@@ -111,6 +111,101 @@ fn steps_longer_than_a_piece_read_back_whole() {
     );
 }
 
+/// The route files in `store`'s folder, by name.
+fn route_files(store: &TrajectoryStore) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(store.path().join(corvid_store::ROUTES_DIR))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_route_file_lives_and_dies_with_its_trajectory() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = open(&dir);
+    // 32 bytes per token: the smallest shape whose routes go to a file.
+    let shape = corvid_proto::RouteShape {
+        moe_layers: 16,
+        experts_per_token: 2,
+        routed_experts: 64,
+    };
+    assert_eq!(
+        shape.bytes_per_token(),
+        corvid_store::ROUTE_FILE_BYTES_PER_TOKEN
+    );
+    let pattern = synthetic::RoutePattern::new("r", shape);
+    let routed = |id: &str| {
+        let mut header = synthetic::header(id, "hops", 1, 1);
+        header.routes = Some(shape);
+        header
+    };
+    let steps: Vec<_> = synthetic::steps("r", SHAPE)
+        .enumerate()
+        .map(|(seq, s)| pattern.apply(seq as u64, s))
+        .collect();
+    // Finished: its file holds a frame per step (16 bytes, then the routes).
+    let Begin::New(mut w) = store.begin(routed("r")).unwrap() else {
+        panic!()
+    };
+    for (seq, s) in steps.iter().enumerate() {
+        w.append(seq as u64, s.clone()).unwrap();
+    }
+    w.finish_blocking(synthetic::footer("r", SHAPE)).unwrap();
+    let route_bytes: usize = steps.iter().map(|s| 16 + s.routes.len()).sum();
+    let file = store.path().join("routes/r.routes");
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), route_bytes as u64);
+    // Dropped unfinished: its file goes with its steps.
+    let Begin::New(mut w) = store.begin(routed("dropped")).unwrap() else {
+        panic!()
+    };
+    w.append(0, steps[0].clone()).unwrap();
+    assert_eq!(route_files(&store), ["dropped.routes", "r.routes"]);
+    drop(w);
+    assert_eq!(route_files(&store), ["r.routes"]);
+    // Without a route shape, no file; with a smaller one, the routes stay in their steps.
+    write(&store, "plain", "hops", 1, 1);
+    let small = corvid_proto::RouteShape {
+        moe_layers: 15,
+        ..shape
+    };
+    let small_steps: Vec<_> = synthetic::steps("small", SHAPE)
+        .enumerate()
+        .map(|(seq, s)| synthetic::RoutePattern::new("small", small).apply(seq as u64, s))
+        .collect();
+    let mut header = synthetic::header("small", "hops", 1, 1);
+    header.routes = Some(small);
+    let Begin::New(mut w) = store.begin(header).unwrap() else {
+        panic!()
+    };
+    for (seq, s) in small_steps.iter().enumerate() {
+        w.append(seq as u64, s.clone()).unwrap();
+    }
+    w.finish_blocking(synthetic::footer("small", SHAPE)).unwrap();
+    assert_eq!(route_files(&store), ["r.routes"]);
+    assert_eq!(store.load("small").unwrap().unwrap().1.steps, small_steps);
+    assert!(!store.get("small").unwrap().unwrap().routes_in_file);
+    // A file whose trajectory never finished (its open record lost in a crash) is removed
+    // at the next open; a file the store did not name is left alone.
+    let path = store.path().to_path_buf();
+    drop(store);
+    std::fs::write(path.join("routes/lost.routes"), b"partial").unwrap();
+    std::fs::write(path.join("routes/README"), b"mine").unwrap();
+    let store = open(&dir);
+    assert_eq!(route_files(&store), ["README", "r.routes"]);
+    let (_, t) = store.load("r").unwrap().unwrap();
+    assert_eq!(t.steps, steps);
+    assert!(store.get("r").unwrap().unwrap().routes_in_file);
+    assert!(!store.get("plain").unwrap().unwrap().routes_in_file);
+    // Resending a finished id changes nothing, its file included.
+    assert!(matches!(
+        store.begin(routed("r")).unwrap(),
+        Begin::Duplicate(_)
+    ));
+    assert_eq!(std::fs::metadata(&file).unwrap().len(), route_bytes as u64);
+}
+
 #[test]
 fn unfinished_trajectory_is_invisible_to_every_reader() {
     let dir = tempfile::tempdir().unwrap();

@@ -18,6 +18,33 @@ use rand::Rng;
 const ROUNDS: usize = 20;
 const CHILD_ENV: &str = "CORVID_CRASH_CHILD";
 
+/// Every other trajectory records routes of this shape (they go to its route file).
+const ROUTES: corvid_proto::RouteShape = corvid_proto::RouteShape {
+    moe_layers: 8,
+    experts_per_token: 4,
+    routed_experts: 64,
+};
+
+/// Whether trajectory `id` records routes.
+fn routed(id: &str) -> bool {
+    id.bytes().map(u64::from).sum::<u64>() % 2 == 0
+}
+
+/// Trajectory `id`'s header and its steps.
+fn trajectory(id: &str) -> (corvid_proto::TrajectoryHeader, Vec<corvid_proto::Step>) {
+    let mut header = synthetic::header(id, "hops", 1, 0);
+    let steps = synthetic::steps(id, shape_of(id));
+    if !routed(id) {
+        return (header, steps.collect());
+    }
+    header.routes = Some(ROUTES);
+    let pattern = synthetic::RoutePattern::new(id, ROUTES);
+    let steps = steps
+        .enumerate()
+        .map(|(seq, s)| pattern.apply(seq as u64, s));
+    (header, steps.collect())
+}
+
 /// Trajectory shapes vary with the id so kills land mid-trajectory often.
 fn shape_of(id: &str) -> Shape {
     let n = id.bytes().map(u64::from).sum::<u64>();
@@ -38,10 +65,11 @@ fn crash_child_writer() {
     for i in 0.. {
         let id = format!("r{round}-t{i}");
         let shape = shape_of(&id);
-        let Begin::New(mut w) = store.begin(synthetic::header(&id, "hops", 1, 0)).unwrap() else {
+        let (header, steps) = trajectory(&id);
+        let Begin::New(mut w) = store.begin(header).unwrap() else {
             continue;
         };
-        for (seq, step) in synthetic::steps(&id, shape).enumerate() {
+        for (seq, step) in steps.into_iter().enumerate() {
             w.append(seq as u64, step).unwrap();
         }
         w.finish_blocking(synthetic::footer(&id, shape)).unwrap();
@@ -60,13 +88,10 @@ fn verify_intact(store: &TrajectoryStore, id: &str) {
         Some(synthetic::footer(id, shape)),
         "{id} footer"
     );
+    let written = trajectory(id).1;
     let mut n = 0;
     for (seq, step) in store.steps(id).unwrap().unwrap().enumerate() {
-        assert_eq!(
-            step.unwrap(),
-            synthetic::step(id, seq as u64, shape),
-            "{id} step {seq}"
-        );
+        assert!(step.unwrap() == written[seq], "{id} step {seq}");
         n += 1;
     }
     assert_eq!(n, shape.steps, "{id} step count");
@@ -133,9 +158,22 @@ fn sigkill_at_random_moments_loses_no_acknowledged_trajectory() {
         }
         // Whatever is visible is whole, acknowledged or not (the kill may land
         // between the flush and the report).
+        let mut visible_routed = Vec::new();
         for rec in store.list(&Filter::default()) {
-            verify_intact(&store, &rec.unwrap().header.trajectory_id);
+            let id = rec.unwrap().header.trajectory_id;
+            verify_intact(&store, &id);
+            if routed(&id) {
+                visible_routed.push(format!("{id}.routes"));
+            }
         }
+        // No route file outlives its trajectory.
+        let mut files: Vec<String> = std::fs::read_dir(path.join(corvid_store::ROUTES_DIR))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        files.sort();
+        visible_routed.sort();
+        assert_eq!(files, visible_routed, "round {round}: route files");
     }
     assert!(
         acked_total.len() >= ROUNDS,
