@@ -99,9 +99,10 @@ pub(crate) fn scan(bytes: &[u8], vocab: Option<u32>) -> Option<Scan<'_>> {
 }
 
 /// Where the `routes` field (tag, length and bytes) lies in a step in prost's encoding, and
-/// where its bytes start; `None` without one. `bytes` must be a step as prost writes it (a
-/// [`CheckedStep`](crate::CheckedStep)'s are), so each field is met once, in number order.
-pub(crate) fn routes_field(bytes: &[u8]) -> Option<(std::ops::Range<usize>, usize)> {
+/// where its bytes start: `Some(None)` without one, `None` for bytes that do not parse. `bytes`
+/// must be a step as prost writes it (a [`CheckedStep`](crate::CheckedStep)'s are), so the
+/// field is met at most once.
+pub(crate) fn routes_field(bytes: &[u8]) -> Option<Option<(std::ops::Range<usize>, usize)>> {
     let mut r = Reader { bytes, at: 0 };
     while !r.done() {
         let start = r.at;
@@ -114,13 +115,13 @@ pub(crate) fn routes_field(bytes: &[u8]) -> Option<(std::ops::Range<usize>, usiz
                 let payload = r.at;
                 r.at = payload.checked_add(len).filter(|&e| e <= bytes.len())?;
                 if tag >> 3 == 10 {
-                    return Some((start..r.at, payload));
+                    return Some(Some((start..r.at, payload)));
                 }
             }
             _ => return None,
         }
     }
-    None
+    Some(None)
 }
 
 /// The number of packed `uint32` varints in `ids`, each in its shortest form and below

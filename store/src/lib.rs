@@ -72,7 +72,7 @@
 //! | tree | key | value |
 //! |---|---|---|
 //! | `meta` | id | [`TrajectoryRecord`] as JSON |
-//! | `steps` | id ‖ 0 ‖ seq (u64 BE) | the step as it arrived (`corvid.v1.Step` bytes) less its `routes` field when its record says `routes_in_file`, or its first [`STEP_PIECE_BYTES`] |
+//! | `steps` | id ‖ 0 ‖ seq (u64 BE) | the step as it arrived (`corvid.v1.Step` bytes), less its `routes` field when the trajectory has a route file, or its first [`STEP_PIECE_BYTES`] |
 //! | `steps` | id ‖ 0 ‖ seq ‖ piece (u32 BE) | the step's next pieces, 1, 2, … |
 //! | `open` | id | empty: begun, not finished |
 //! | `by_version` | policy version (u64 BE) ‖ id | empty |
@@ -401,7 +401,7 @@ pub enum StoreError {
         /// What sled said.
         reason: String,
     },
-    /// An I/O error outside sled (export).
+    /// An I/O error outside sled (a route file, export).
     #[error("{what}: {source}")]
     Io {
         /// What was being done.
@@ -446,8 +446,10 @@ pub struct TrajectoryRecord {
     pub finish_seq: Option<u64>,
     /// When the store finished it, ms since the Unix epoch.
     pub stored_unix_ms: u64,
-    /// Its steps' routes are in its route file ([`ROUTES_DIR`]), not in the steps stored in
-    /// sled (false for a trajectory without routes, and for one stored before route files).
+    /// Set when it finishes with routes of [`ROUTE_FILE_BYTES_PER_TOKEN`] bytes per token or
+    /// more: its steps' routes are then in its route file ([`ROUTES_DIR`]), not in the steps
+    /// stored in sled. False for a trajectory without routes, one with smaller routes, one
+    /// still open, and one stored before route files.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub routes_in_file: bool,
 }
@@ -670,8 +672,15 @@ impl TrajectoryStore {
         Ok(removed)
     }
 
-    /// Removes an unfinished trajectory's route file, steps, record and open marker.
+    /// Removes an unfinished trajectory's route file, steps, record and open marker; a
+    /// finished one is left as it is.
     fn purge_partial(&self, id: &str) -> Result<()> {
+        if self
+            .record(id)?
+            .is_some_and(|r| r.status == RecordStatus::Finished)
+        {
+            return Ok(());
+        }
         self.remove_route_file(id)?;
         let mut batch = sled::Batch::default();
         for key in self.steps.scan_prefix(keys::step_prefix(id)).keys() {
@@ -729,6 +738,7 @@ impl TrajectoryStore {
             generated: 0,
             finished: false,
             routes: None,
+            broken: false,
         };
         // Re-check under the active lock: a finish may have raced with the check above.
         if let Some(rec) = self.record(&id)? {
@@ -854,8 +864,12 @@ pub struct TrajectoryWriter {
     finished: bool,
     /// The rules typed steps ([`append`](Self::append)) are checked against, in sequence.
     typed: StepRules,
-    /// Where the steps' routes go, when the header declares a route shape.
+    /// The route file the steps' routes go to, when the header declares a route shape of
+    /// [`ROUTE_FILE_BYTES_PER_TOKEN`] bytes per token or more.
     routes: Option<routes::RouteWriter>,
+    /// An append failed part-way (a frame written, its step not stored): the trajectory can
+    /// only be dropped.
+    broken: bool,
 }
 
 impl TrajectoryWriter {
@@ -901,6 +915,11 @@ impl TrajectoryWriter {
     /// Appends step `seq`, which must be the next in sequence, as its checked bytes: written
     /// at once, in pieces of at most [`STEP_PIECE_BYTES`]; nothing is buffered.
     pub fn append_checked(&mut self, seq: u64, step: CheckedStep) -> Result<()> {
+        if self.broken {
+            return Err(self.invalid(format!(
+                "step chunk seq {seq}: an earlier step failed to store; the trajectory is dropped"
+            )));
+        }
         if seq != self.next_seq {
             return Err(self.invalid(format!(
                 "sequence gap: expected step chunk seq {}, got {seq}",
@@ -920,13 +939,23 @@ impl TrajectoryWriter {
                 self.header.routes
             )));
         }
+        // From here a failure leaves a frame or a piece behind: the writer is broken until
+        // it is dropped, which removes them.
+        self.broken = true;
         // With a route file, the routes go there and the rest of the step to `steps`.
         let joined;
         let bytes = match &mut self.routes {
             Some(file) => {
-                let (before, routes, after) = step.split_routes();
+                let Some((before, routes, after)) = step.split_routes() else {
+                    return Err(self.invalid(format!(
+                        "step chunk seq {seq}: its bytes are not a corvid.v1.Step"
+                    )));
+                };
                 file.append(seq, routes).map_err(|source| StoreError::Io {
-                    what: format!("writing {}", file.path().display()),
+                    what: format!(
+                        "writing step chunk seq {seq}'s routes to {}",
+                        file.path().display()
+                    ),
                     source,
                 })?;
                 joined = [before, after].concat();
@@ -947,6 +976,7 @@ impl TrajectoryWriter {
                 .insert(key, bytes)
                 .map_err(|e| self.store.sled_err(e))?;
         }
+        self.broken = false;
         self.next_seq += 1;
         self.tokens += step.tokens();
         self.generated += step.generated();
@@ -978,6 +1008,11 @@ impl TrajectoryWriter {
 
     /// The transaction of write-path step 3 (everything but the flush).
     fn commit(&mut self, footer: TrajectoryFooter) -> Result<TrajectoryRecord> {
+        if self.broken {
+            return Err(
+                self.invalid("a step failed to store; the trajectory cannot finish".to_owned())
+            );
+        }
         for (what, claimed, actual) in [
             ("step_count", footer.step_count, self.next_seq),
             ("token_count", footer.token_count, self.tokens),
@@ -1048,6 +1083,10 @@ impl TrajectoryWriter {
 
 impl Drop for TrajectoryWriter {
     fn drop(&mut self) {
+        // Nothing buffered may reach the file after it is removed and the id is free again.
+        if let Some(file) = self.routes.take() {
+            file.discard();
+        }
         let id = self.header.trajectory_id.clone();
         if !self.finished {
             if let Err(e) = self.store.purge_partial(&id) {

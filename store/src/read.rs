@@ -70,7 +70,7 @@ pub struct StoreStats {
     pub by_termination: BTreeMap<String, u64>,
     /// Finished trajectories per `family/level`.
     pub by_task: BTreeMap<String, u64>,
-    /// Size of the store on disk, bytes.
+    /// Size of the store on disk (sled's files and the route files), bytes.
     pub disk_bytes: u64,
 }
 
@@ -338,7 +338,11 @@ impl TrajectoryStore {
     pub fn stats(&self) -> Result<StoreStats> {
         let mut s = StoreStats {
             open: self.open.len() as u64,
-            disk_bytes: self.db.size_on_disk().map_err(|e| self.sled_err(e))?,
+            disk_bytes: self.db.size_on_disk().map_err(|e| self.sled_err(e))?
+                + routes::folder_bytes(&self.path).map_err(|source| StoreError::Io {
+                    what: format!("listing {}", self.path.join(routes::ROUTES_DIR).display()),
+                    source,
+                })?,
             ..StoreStats::default()
         };
         for kv in self.meta.iter() {
@@ -518,7 +522,8 @@ mod tests {
         };
         let err = damaged(&bytes[..bytes.len() - 10]);
         assert!(
-            err.contains("step chunk seq 1: the routes file ends before its routes"),
+            err.contains("step chunk seq 1: the routes file")
+                && err.contains("ends before its routes"),
             "{err}"
         );
         let mut flipped = bytes.clone();

@@ -6,7 +6,7 @@
 //! through the kernel's page cache (`BENCHMARKS.md`, "Trajectory ingest"). A file costs a
 //! second fsync at finish (13–15 ms on the dev VM, a journal commit however few its bytes),
 //! so routes of fewer than [`FILE_BYTES_PER_TOKEN`] bytes per token stay in their steps.
-//! Above it, a trajectory has one file, [`ROUTES_DIR`]`/<id>.routes`, holding one frame per
+//! From it up, a trajectory has one file, [`ROUTES_DIR`]`/<id>.routes`, holding one frame per
 //! step in order:
 //!
 //! | bytes | field |
@@ -56,6 +56,19 @@ pub(crate) fn id_of(file_name: &str) -> Option<&str> {
         .filter(|id| corvid_proto::validate_trajectory_id(id).is_ok())
 }
 
+/// The bytes of the route files in the store folder `store` (0 without a route folder).
+pub(crate) fn folder_bytes(store: &Path) -> io::Result<u64> {
+    let dir = match std::fs::read_dir(store.join(ROUTES_DIR)) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        dir => dir?,
+    };
+    let mut bytes = 0;
+    for entry in dir {
+        bytes += entry?.metadata()?.len();
+    }
+    Ok(bytes)
+}
+
 /// Appends frames to a trajectory's route file.
 #[derive(Debug)]
 pub(crate) struct RouteWriter {
@@ -64,9 +77,15 @@ pub(crate) struct RouteWriter {
 }
 
 impl RouteWriter {
-    /// Creates (or empties) the file at `path`.
+    /// Creates the file at `path`, which must not exist: the store removes an unfinished
+    /// trajectory's file before its id is begun again, so one there belongs to another id (a
+    /// case-insensitive file system) and is never emptied.
     pub fn create(path: PathBuf) -> io::Result<Self> {
-        let file = BufWriter::with_capacity(64 << 10, File::create(&path)?);
+        let file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&path)?;
+        let file = BufWriter::with_capacity(64 << 10, file);
         Ok(Self { file, path })
     }
 
@@ -87,6 +106,11 @@ impl RouteWriter {
         self.file.write_all(routes)
     }
 
+    /// Drops what is buffered without writing it: for a writer whose file is being removed.
+    pub fn discard(self) {
+        drop(self.file.into_parts());
+    }
+
     /// Makes everything appended durable, the file's name included.
     pub fn sync(&mut self) -> io::Result<()> {
         self.file.flush()?;
@@ -102,6 +126,7 @@ impl RouteWriter {
 #[derive(Debug)]
 pub(crate) struct RouteReader {
     file: BufReader<File>,
+    path: PathBuf,
 }
 
 impl RouteReader {
@@ -110,17 +135,19 @@ impl RouteReader {
         File::open(path)
             .map(|f| Self {
                 file: BufReader::with_capacity(64 << 10, f),
+                path: path.to_path_buf(),
             })
             .map_err(|e| format!("its routes file {}: {e}", path.display()))
     }
 
     /// Step `seq`'s routes: the next frame, which must be `seq`'s and whole.
     pub fn next(&mut self, seq: u64) -> Result<Vec<u8>, String> {
+        let file = self.path.display().to_string();
         let cut = |e: io::Error| match e.kind() {
             io::ErrorKind::UnexpectedEof => {
-                format!("step chunk seq {seq}: the routes file ends before its routes")
+                format!("step chunk seq {seq}: the routes file {file} ends before its routes")
             }
-            _ => format!("step chunk seq {seq}: reading its routes: {e}"),
+            _ => format!("step chunk seq {seq}: reading its routes from {file}: {e}"),
         };
         let mut header = [0u8; FRAME_HEADER];
         self.file.read_exact(&mut header).map_err(cut)?;
@@ -128,21 +155,21 @@ impl RouteReader {
         let found = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
         if found != seq {
             return Err(format!(
-                "step chunk seq {seq}: the routes file holds step chunk seq {found}'s routes in its place"
+                "step chunk seq {seq}: the routes file {file} holds step chunk seq {found}'s routes in its place"
             ));
         }
         let len = word(8) as usize;
         // No step's routes exceed a chunk: a larger length is damage, not an allocation.
         if len > corvid_proto::limits::MAX_STEP_CHUNK_BYTES {
             return Err(format!(
-                "step chunk seq {seq}: the routes file claims {len} route bytes"
+                "step chunk seq {seq}: the routes file {file} claims {len} route bytes"
             ));
         }
         let mut routes = vec![0; len];
         self.file.read_exact(&mut routes).map_err(cut)?;
         if crc32fast::hash(&routes) != word(12) {
             return Err(format!(
-                "step chunk seq {seq}: its routes fail their checksum in the routes file"
+                "step chunk seq {seq}: its routes fail their checksum in the routes file {file}"
             ));
         }
         Ok(routes)
@@ -154,9 +181,13 @@ impl RouteReader {
         match self.file.read(&mut byte) {
             Ok(0) => Ok(()),
             Ok(_) => Err(format!(
-                "the routes file holds more than its {steps} steps' routes"
+                "the routes file {} holds more than its {steps} steps' routes",
+                self.path.display()
             )),
-            Err(e) => Err(format!("reading its routes file: {e}")),
+            Err(e) => Err(format!(
+                "reading its routes file {}: {e}",
+                self.path.display()
+            )),
         }
     }
 }
@@ -220,6 +251,11 @@ mod tests {
         }
         let err = RouteReader::open(&path.with_extension("gone")).unwrap_err();
         assert!(err.contains("its routes file"), "{err}");
+        // A file already there is never emptied.
+        let before = std::fs::read(&path).unwrap();
+        let err = RouteWriter::create(path.clone()).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&path).unwrap(), before);
     }
 
     #[test]

@@ -182,7 +182,8 @@ fn a_route_file_lives_and_dies_with_its_trajectory() {
     for (seq, s) in small_steps.iter().enumerate() {
         w.append(seq as u64, s.clone()).unwrap();
     }
-    w.finish_blocking(synthetic::footer("small", SHAPE)).unwrap();
+    w.finish_blocking(synthetic::footer("small", SHAPE))
+        .unwrap();
     assert_eq!(route_files(&store), ["r.routes"]);
     assert_eq!(store.load("small").unwrap().unwrap().1.steps, small_steps);
     assert!(!store.get("small").unwrap().unwrap().routes_in_file);
