@@ -111,11 +111,9 @@ pub(crate) fn routes_field(bytes: &[u8]) -> Option<Option<(std::ops::Range<usize
             0 => drop(r.varint()?),
             5 => drop(r.fixed32()?),
             2 => {
-                let len = usize::try_from(r.varint()?).ok()?;
-                let payload = r.at;
-                r.at = payload.checked_add(len).filter(|&e| e <= bytes.len())?;
+                let len = r.delimited()?.len();
                 if tag >> 3 == 10 {
-                    return Some(Some((start..r.at, payload)));
+                    return Some(Some((start..r.at, r.at - len)));
                 }
             }
             _ => return None,

@@ -166,6 +166,18 @@ pub fn steps(id: &str, shape: Shape) -> impl Iterator<Item = Step> + Send + 'sta
     (0..shape.steps).map(move |seq| step(&id, seq, shape))
 }
 
+/// All steps of synthetic trajectory `id` with route bytes of `routes` ([`RoutePattern`]).
+pub fn routed_steps(
+    id: &str,
+    shape: Shape,
+    routes: RouteShape,
+) -> impl Iterator<Item = Step> + Send + 'static {
+    let pattern = RoutePattern::new(id, routes);
+    steps(id, shape)
+        .enumerate()
+        .map(move |(seq, s)| pattern.apply(seq as u64, s))
+}
+
 /// The footer that matches `shape`.
 pub fn footer(id: &str, shape: Shape) -> TrajectoryFooter {
     let generated = u64::from(shape.tokens_per_step - shape.context_len()) * shape.steps;

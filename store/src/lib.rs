@@ -675,8 +675,11 @@ impl TrajectoryStore {
     /// Removes an unfinished trajectory's route file, steps, record and open marker; a
     /// finished one is left as it is.
     fn purge_partial(&self, id: &str) -> Result<()> {
-        if self
-            .record(id)?
+        // Only the writer that owns `id` (or `open`, before any) purges it, so the record
+        // read here is still the record when it is removed below.
+        let record = self.record(id)?;
+        if record
+            .as_ref()
             .is_some_and(|r| r.status == RecordStatus::Finished)
         {
             return Ok(());
@@ -692,10 +695,8 @@ impl TrajectoryStore {
                 .apply_batch(batch)
                 .map_err(|e| self.sled_err(e))?;
         }
-        if let Some(bytes) = self.meta.get(id).map_err(|e| self.sled_err(e))? {
-            if TrajectoryRecord::decode(id, &bytes)?.status == RecordStatus::Open {
-                self.meta.remove(id).map_err(|e| self.sled_err(e))?;
-            }
+        if record.is_some() {
+            self.meta.remove(id).map_err(|e| self.sled_err(e))?;
         }
         self.open.remove(id).map_err(|e| self.sled_err(e))?;
         Ok(())

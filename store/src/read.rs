@@ -400,11 +400,7 @@ mod tests {
     fn stored() -> (tempfile::TempDir, Arc<TrajectoryStore>, Vec<Step>) {
         let dir = tempfile::tempdir().unwrap();
         let store = Arc::new(TrajectoryStore::open(dir.path().join("s")).unwrap());
-        let pattern = synthetic::RoutePattern::new("t", ROUTES);
-        let steps: Vec<Step> = synthetic::steps("t", SHAPE)
-            .enumerate()
-            .map(|(seq, s)| pattern.apply(seq as u64, s))
-            .collect();
+        let steps: Vec<Step> = synthetic::routed_steps("t", SHAPE, ROUTES).collect();
         let mut header = synthetic::header("t", "hops", 1, 1);
         header.routes = Some(ROUTES);
         let Begin::New(mut w) = store.begin(header).unwrap() else {

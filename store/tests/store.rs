@@ -111,6 +111,25 @@ fn steps_longer_than_a_piece_read_back_whole() {
     );
 }
 
+/// Writes synthetic trajectory `id` completely, with routes of `routes`; returns its steps.
+fn write_routed(
+    store: &Arc<TrajectoryStore>,
+    id: &str,
+    routes: corvid_proto::RouteShape,
+) -> Vec<corvid_proto::Step> {
+    let steps: Vec<_> = synthetic::routed_steps(id, SHAPE, routes).collect();
+    let mut header = synthetic::header(id, "hops", 1, 1);
+    header.routes = Some(routes);
+    let Begin::New(mut w) = store.begin(header).unwrap() else {
+        panic!("{id} already stored")
+    };
+    for (seq, s) in steps.iter().enumerate() {
+        w.append(seq as u64, s.clone()).unwrap();
+    }
+    w.finish_blocking(synthetic::footer(id, SHAPE)).unwrap();
+    steps
+}
+
 /// The route files in `store`'s folder, by name.
 fn route_files(store: &TrajectoryStore) -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir(store.path().join(corvid_store::ROUTES_DIR))
@@ -135,24 +154,13 @@ fn a_route_file_lives_and_dies_with_its_trajectory() {
         shape.bytes_per_token(),
         corvid_store::ROUTE_FILE_BYTES_PER_TOKEN
     );
-    let pattern = synthetic::RoutePattern::new("r", shape);
     let routed = |id: &str| {
         let mut header = synthetic::header(id, "hops", 1, 1);
         header.routes = Some(shape);
         header
     };
-    let steps: Vec<_> = synthetic::steps("r", SHAPE)
-        .enumerate()
-        .map(|(seq, s)| pattern.apply(seq as u64, s))
-        .collect();
     // Finished: its file holds a frame per step (16 bytes, then the routes).
-    let Begin::New(mut w) = store.begin(routed("r")).unwrap() else {
-        panic!()
-    };
-    for (seq, s) in steps.iter().enumerate() {
-        w.append(seq as u64, s.clone()).unwrap();
-    }
-    w.finish_blocking(synthetic::footer("r", SHAPE)).unwrap();
+    let steps = write_routed(&store, "r", shape);
     let route_bytes: usize = steps.iter().map(|s| 16 + s.routes.len()).sum();
     let file = store.path().join("routes/r.routes");
     assert_eq!(std::fs::metadata(&file).unwrap().len(), route_bytes as u64);
@@ -170,20 +178,7 @@ fn a_route_file_lives_and_dies_with_its_trajectory() {
         moe_layers: 15,
         ..shape
     };
-    let small_steps: Vec<_> = synthetic::steps("small", SHAPE)
-        .enumerate()
-        .map(|(seq, s)| synthetic::RoutePattern::new("small", small).apply(seq as u64, s))
-        .collect();
-    let mut header = synthetic::header("small", "hops", 1, 1);
-    header.routes = Some(small);
-    let Begin::New(mut w) = store.begin(header).unwrap() else {
-        panic!()
-    };
-    for (seq, s) in small_steps.iter().enumerate() {
-        w.append(seq as u64, s.clone()).unwrap();
-    }
-    w.finish_blocking(synthetic::footer("small", SHAPE))
-        .unwrap();
+    let small_steps = write_routed(&store, "small", small);
     assert_eq!(route_files(&store), ["r.routes"]);
     assert_eq!(store.load("small").unwrap().unwrap().1.steps, small_steps);
     assert!(!store.get("small").unwrap().unwrap().routes_in_file);

@@ -33,16 +33,14 @@ fn routed(id: &str) -> bool {
 /// Trajectory `id`'s header and its steps.
 fn trajectory(id: &str) -> (corvid_proto::TrajectoryHeader, Vec<corvid_proto::Step>) {
     let mut header = synthetic::header(id, "hops", 1, 0);
-    let steps = synthetic::steps(id, shape_of(id));
     if !routed(id) {
-        return (header, steps.collect());
+        return (header, synthetic::steps(id, shape_of(id)).collect());
     }
     header.routes = Some(ROUTES);
-    let pattern = synthetic::RoutePattern::new(id, ROUTES);
-    let steps = steps
-        .enumerate()
-        .map(|(seq, s)| pattern.apply(seq as u64, s));
-    (header, steps.collect())
+    (
+        header,
+        synthetic::routed_steps(id, shape_of(id), ROUTES).collect(),
+    )
 }
 
 /// Trajectory shapes vary with the id so kills land mid-trajectory often.
